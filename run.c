@@ -1,0 +1,1699 @@
+/* run.c: inference for Llama-architecture models, about rotary position embeddings.
+
+   One file, read top to bottom: the checkpoint (config, weights, loading), rotary
+   position embeddings (RoPE and p-RoPE), the forward pass, the BPE tokenizer, the
+   sampler, and the programs built from them (generate, tokenize, perplexity,
+   inspect, chat), then the command line.
+
+   RoPE (Su et al., RoFormer, 2021) rotates each pair i of query/key dimensions by
+   the angle pos * theta^(-2i/head_size), so that q_m . k_n depends on m - n only.
+   p-RoPE (Barbero et al., "Round and Round We Go!", ICLR 2025) keeps only the first
+   rope_angles = floor(p * head_size / 2) pairs, the highest frequencies, and leaves
+   the rest unrotated. The README's chapter "How RoPE works, in this code" walks
+   through the equations and names the functions here that implement them.
+
+   Dependencies: libc and libm; OpenMP when the compiler has it. No other library.
+   Compiled with -DRUN_TESTING the CLI is left out, so tests can #include "run.c". */
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+// ----------------------------------------------------------------------------
+// Names for the numbers the program depends on
+
+enum { EXIT_OK = 0, EXIT_BAD_INPUT = 1, EXIT_BAD_USAGE = 2 };       // exit codes
+enum { TOKEN_UNK = 0, TOKEN_BOS = 1, TOKEN_EOS = 2, TOKEN_BYTE0 = 3 }; // SentencePiece ids
+
+#define MAGIC_LLAMA2C_V1 0x616b3432u  // llama2.c's export "version 1": "ak42"
+#define MAGIC_ROPE 0x45504f52u        // our format: the bytes "ROPE"
+#define HEADER_BYTES 256              // both versioned formats pad their header to 256
+#define LEGACY_HEADER_BYTES 28        // llama2.c legacy: seven int32
+
+// Sanity limits on header fields: far above any real model, low enough that no
+// product of them overflows 64 bits. The file size check does the real work.
+#define MAX_DIM (1 << 16)
+#define MAX_HIDDEN (1 << 20)
+#define MAX_LAYERS 1024
+#define MAX_VOCAB (1 << 22)
+#define MAX_SEQ_LEN (1 << 20)
+#define MAX_KV_CACHE_BYTES (64ull << 30)
+
+// ----------------------------------------------------------------------------
+// Errors: a function that fails writes one line here and returns -1; main prints
+// it as "run: error: ..." and exits. Library code never exits, so fuzzers and
+// tests can call it.
+
+static char error_message[512];
+
+static int fail(const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(error_message, sizeof(error_message), fmt, args);
+    va_end(args);
+    return -1;
+}
+
+// ----------------------------------------------------------------------------
+// Transformer model: config and weights
+
+typedef enum { FORMAT_LLAMA2C_LEGACY, FORMAT_LLAMA2C_V1, FORMAT_ROPE } CheckpointFormat;
+
+typedef struct {
+    int dim;               // transformer width
+    int hidden_dim;        // feed-forward width
+    int n_layers;          // number of layers
+    int n_heads;           // number of query heads
+    int n_kv_heads;        // number of key/value heads (< n_heads: grouped-query attention)
+    int vocab_size;        // vocabulary size
+    int seq_len;           // maximum sequence length
+    int shared_classifier; // 1: the classifier reuses the token embedding
+    float norm_eps;        // RMSNorm epsilon
+    float rope_theta;      // base wavelength theta of the rotary frequencies
+    float rope_fraction;   // p: the fraction of rotary pairs that rotate (p-RoPE)
+    float rope_scale;      // linear position scale: every frequency is divided by it
+} Config;
+
+typedef struct {
+    const float *token_embedding; // (vocab_size, dim)
+    const float *rms_att;         // (layer, dim) RMSNorm weights before attention
+    const float *rms_ffn;         // (layer, dim) RMSNorm weights before the feed-forward
+    const float *wq;              // (layer, n_heads * head_size, dim)
+    const float *wk;              // (layer, n_kv_heads * head_size, dim)
+    const float *wv;              // (layer, n_kv_heads * head_size, dim)
+    const float *wo;              // (layer, dim, n_heads * head_size)
+    const float *w1;              // (layer, hidden_dim, dim) gate
+    const float *w2;              // (layer, dim, hidden_dim) down
+    const float *w3;              // (layer, hidden_dim, dim) up
+    const float *rms_final;       // (dim,)
+    const float *wcls;            // (vocab_size, dim) classifier
+} TransformerWeights;
+
+// Accumulators for -m inspect: how much of each head's signal lives at each rotary
+// frequency, and where its attention goes. NULL when not inspecting.
+typedef struct {
+    double *q_norm;   // (layer, n_heads, head_size/2) sum over positions of |q chunk i|
+    double *k_norm;   // (layer, n_heads, head_size/2) same for the key head it reads
+    double *attn;     // (layer, n_heads, 3) sum over positions of weight on BOS, current, previous
+    long positions;   // positions summed into q_norm, k_norm
+    long attn_positions; // positions (pos >= 1) summed into attn
+} InspectStats;
+
+// The prompt is processed PREFILL_BLOCK tokens at a time (matrix-matrix products);
+// decoding is the same code with a block of one token.
+#define PREFILL_BLOCK 32
+
+typedef struct {
+    // activations for a block of up to PREFILL_BLOCK tokens, one row per token
+    float *x;      // (block, dim) the residual stream
+    float *xb;     // (block, dim) normalized input / attention output
+    float *xb2;    // (block, dim) output of wo, w2
+    float *hb;     // (block, hidden_dim) gate activations
+    float *hb2;    // (block, hidden_dim) up activations
+    float *q;      // (block, dim) queries
+    float *k;      // (block, kv_dim) keys, written into the cache
+    float *v;      // (block, kv_dim) values, written into the cache
+    float *att;    // (block, n_heads, seq_len) attention scores
+    float *logits; // (block, vocab_size)
+    float *key_cache;   // (layer, seq_len, kv_dim)
+    float *value_cache; // (layer, seq_len, kv_dim)
+    // RoPE tables, computed once: cos/sin of pos * frequency(i) for each rotated pair
+    float *rope_cos; // (seq_len, rope_angles)
+    float *rope_sin; // (seq_len, rope_angles)
+    InspectStats *inspect;
+} RunState;
+
+typedef struct {
+    Config config;
+    CheckpointFormat format;
+    TransformerWeights weights;
+    RunState state;
+    void *mapped;     // the memory-mapped checkpoint
+    size_t file_size; // its size in bytes
+} Transformer;
+
+static int head_size_of(const Config *c) { return c->dim / c->n_heads; }
+static int kv_dim_of(const Config *c) { return c->n_kv_heads * head_size_of(c); }
+
+// rope_angles = floor(p * head_size / 2): the number of rotary pairs that rotate.
+// p is stored as float32, so 0.7 arrives as 0.69999999; the 1e-4 absorbs that
+// rounding (head sizes are far below 1e4 / float32's 6e-8).
+static int rope_angles_of(const Config *c) {
+    int n = (int)floor((double)c->rope_fraction * (head_size_of(c) / 2) + 1e-4);
+    int pairs = head_size_of(c) / 2;
+    return n < pairs ? n : pairs;
+}
+
+// ----------------------------------------------------------------------------
+// Loading a checkpoint: detect the format, check the header, check the file size,
+// then point the weights into the mapped file.
+
+static uint32_t read_u32(const unsigned char *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static int32_t read_i32(const unsigned char *p) { return (int32_t)read_u32(p); }
+static float read_f32(const unsigned char *p) {
+    uint32_t u = read_u32(p);
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+static int check_range(const char *name, long value, long lo, long hi) {
+    if (value < lo || value > hi)
+        return fail("header field %s = %ld is out of range [%ld, %ld]", name, value, lo, hi);
+    return 0;
+}
+
+// Checks that the sizes are positive, bounded and consistent with each other.
+static int validate_config(const Config *c) {
+    if (check_range("dim", c->dim, 1, MAX_DIM) || check_range("hidden_dim", c->hidden_dim, 1, MAX_HIDDEN) ||
+        check_range("n_layers", c->n_layers, 1, MAX_LAYERS) || check_range("n_heads", c->n_heads, 1, c->dim) ||
+        check_range("n_kv_heads", c->n_kv_heads, 1, c->n_heads) ||
+        check_range("vocab_size", c->vocab_size, 1, MAX_VOCAB) || check_range("seq_len", c->seq_len, 1, MAX_SEQ_LEN))
+        return -1;
+    if (c->dim % c->n_heads != 0) return fail("dim %d is not divisible by n_heads %d", c->dim, c->n_heads);
+    if (c->n_heads % c->n_kv_heads != 0)
+        return fail("n_heads %d is not divisible by n_kv_heads %d", c->n_heads, c->n_kv_heads);
+    if (head_size_of(c) % 2 != 0) return fail("head size %d is odd; RoPE rotates pairs", head_size_of(c));
+    if (!isfinite(c->norm_eps) || c->norm_eps <= 0) return fail("norm_eps %g must be finite and > 0", c->norm_eps);
+    if (!isfinite(c->rope_theta) || c->rope_theta <= 0)
+        return fail("rope_theta %g must be finite and > 0", c->rope_theta);
+    if (!(c->rope_fraction >= 0 && c->rope_fraction <= 1))
+        return fail("rope_fraction %g must be in [0, 1]", c->rope_fraction);
+    if (!isfinite(c->rope_scale) || c->rope_scale <= 0)
+        return fail("rope_scale %g must be finite and > 0", c->rope_scale);
+    uint64_t kv_bytes = 2ull * c->n_layers * c->seq_len * (uint64_t)kv_dim_of(c) * sizeof(float);
+    if (kv_bytes > MAX_KV_CACHE_BYTES)
+        return fail("the KV cache would need %llu MiB (n_layers * seq_len * kv_dim too large)",
+                    (unsigned long long)(kv_bytes >> 20));
+    return 0;
+}
+
+// Number of floats in the weights, in the order our format stores them (without
+// llama2.c legacy's freq_cis tables, which are counted separately).
+static uint64_t weight_floats(const Config *c) {
+    uint64_t dim = c->dim, hidden = c->hidden_dim, layers = c->n_layers, vocab = c->vocab_size;
+    uint64_t q_dim = (uint64_t)c->n_heads * head_size_of(c), kv = kv_dim_of(c);
+    uint64_t per_layer = 2 * dim + q_dim * dim + 2 * kv * dim + dim * q_dim + 3 * hidden * dim;
+    return vocab * dim + layers * per_layer + dim + (c->shared_classifier ? 0 : vocab * dim);
+}
+
+// Reads the header of any of the three formats from the first bytes of a file.
+// Sets *data_offset to where the weights start and *expected_size to the size the
+// header implies. Works on memory only, so the fuzzer can drive it.
+static int parse_header(const unsigned char *data, size_t size, Config *c, CheckpointFormat *format,
+                        size_t *data_offset, uint64_t *expected_size) {
+    memset(c, 0, sizeof(*c));
+    c->norm_eps = 1e-5f; // the llama2.c formats: fixed by llama2.c's model.py
+    c->rope_theta = 10000.0f;
+    c->rope_fraction = 1.0f;
+    c->rope_scale = 1.0f;
+    if (size < LEGACY_HEADER_BYTES) return fail("file is too small (%zu bytes) to hold a checkpoint header", size);
+    uint32_t magic = read_u32(data);
+    if (magic == MAGIC_ROPE || magic == MAGIC_LLAMA2C_V1) {
+        if (size < HEADER_BYTES) return fail("file is too small (%zu bytes) for its 256-byte header", size);
+        int version = read_i32(data + 4);
+        if (version != 1)
+            return fail("%s checkpoint version %d is not supported (only 1)",
+                        magic == MAGIC_ROPE ? "ROPE" : "llama2.c", version);
+        *format = magic == MAGIC_ROPE ? FORMAT_ROPE : FORMAT_LLAMA2C_V1;
+    } else {
+        *format = FORMAT_LLAMA2C_LEGACY;
+    }
+    const unsigned char *p = *format == FORMAT_LLAMA2C_LEGACY ? data : data + 8;
+    c->dim = read_i32(p);
+    c->hidden_dim = read_i32(p + 4);
+    c->n_layers = read_i32(p + 8);
+    c->n_heads = read_i32(p + 12);
+    c->n_kv_heads = read_i32(p + 16);
+    c->vocab_size = read_i32(p + 20);
+    c->seq_len = read_i32(p + 24);
+    if (*format == FORMAT_LLAMA2C_LEGACY) {
+        // a negative vocab_size is llama2.c's way of saying "unshared classifier"
+        c->shared_classifier = c->vocab_size > 0;
+        if (c->vocab_size < 0 && c->vocab_size != INT32_MIN) c->vocab_size = -c->vocab_size;
+    } else if (*format == FORMAT_LLAMA2C_V1) {
+        if (data[36] > 1) return fail("shared-classifier flag is %d, expected 0 or 1", data[36]);
+        c->shared_classifier = data[36];
+        for (int i = 37; i < HEADER_BYTES; i++)
+            if (data[i] != 0) return fail("header padding byte %d is not zero", i);
+    } else {
+        int shared = read_i32(data + 36);
+        if (shared != 0 && shared != 1) return fail("shared_classifier is %d, expected 0 or 1", shared);
+        c->shared_classifier = shared;
+        c->norm_eps = read_f32(data + 40);
+        c->rope_theta = read_f32(data + 44);
+        c->rope_fraction = read_f32(data + 48);
+        c->rope_scale = read_f32(data + 52);
+        for (int i = 56; i < HEADER_BYTES; i++)
+            if (data[i] != 0) return fail("reserved header byte %d is not zero (a newer format?)", i);
+    }
+    if (validate_config(c) != 0) return -1;
+    *data_offset = *format == FORMAT_LLAMA2C_LEGACY ? LEGACY_HEADER_BYTES : HEADER_BYTES;
+    uint64_t floats = weight_floats(c);
+    if (*format == FORMAT_LLAMA2C_LEGACY) floats += (uint64_t)c->seq_len * head_size_of(c); // freq_cis real+imag
+    *expected_size = *data_offset + floats * sizeof(float);
+    return 0;
+}
+
+// Points the weights into the mapped file. llama2.c's version 1 stores all the
+// norms first, then the embedding and the matrices; the legacy format and ours
+// start with the embedding and interleave the norms.
+static void map_weights(TransformerWeights *w, const Config *c, CheckpointFormat format, const float *ptr) {
+    uint64_t dim = c->dim, hidden = c->hidden_dim, layers = c->n_layers;
+    uint64_t q_dim = (uint64_t)c->n_heads * head_size_of(c), kv = kv_dim_of(c);
+    if (format == FORMAT_LLAMA2C_V1) {
+        w->rms_att = ptr;   ptr += layers * dim;
+        w->rms_ffn = ptr;   ptr += layers * dim;
+        w->rms_final = ptr; ptr += dim;
+    }
+    w->token_embedding = ptr;
+    ptr += (uint64_t)c->vocab_size * dim;
+    if (format != FORMAT_LLAMA2C_V1) {
+        w->rms_att = ptr; ptr += layers * dim;
+    }
+    w->wq = ptr; ptr += layers * q_dim * dim;
+    w->wk = ptr; ptr += layers * kv * dim;
+    w->wv = ptr; ptr += layers * kv * dim;
+    w->wo = ptr; ptr += layers * dim * q_dim;
+    if (format != FORMAT_LLAMA2C_V1) {
+        w->rms_ffn = ptr; ptr += layers * dim;
+    }
+    w->w1 = ptr; ptr += layers * hidden * dim;
+    w->w2 = ptr; ptr += layers * dim * hidden;
+    w->w3 = ptr; ptr += layers * hidden * dim;
+    if (format != FORMAT_LLAMA2C_V1) {
+        w->rms_final = ptr; ptr += dim;
+    }
+    if (format == FORMAT_LLAMA2C_LEGACY) ptr += (uint64_t)c->seq_len * head_size_of(c); // skip freq_cis
+    w->wcls = c->shared_classifier ? w->token_embedding : ptr;
+}
+
+// Opens and maps a checkpoint. Nothing is allocated until the file size agrees
+// with the header.
+static int load_checkpoint(Transformer *t, const char *path) {
+    memset(t, 0, sizeof(*t));
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return fail("cannot open checkpoint %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return fail("checkpoint %s is not a regular file", path);
+    }
+    size_t size = (size_t)st.st_size;
+    if (size == 0) {
+        close(fd);
+        return fail("checkpoint %s is empty", path);
+    }
+    void *mapped = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (mapped == MAP_FAILED) return fail("cannot map checkpoint %s: %s", path, strerror(errno));
+    size_t offset = 0;
+    uint64_t expected = 0;
+    if (parse_header(mapped, size, &t->config, &t->format, &offset, &expected) != 0 || expected != size) {
+        if (expected != size && error_message[0] == '\0')
+            fail("checkpoint %s has %zu bytes but its header implies %llu (truncated or not a checkpoint?)",
+                 path, size, (unsigned long long)expected);
+        munmap(mapped, size);
+        return -1;
+    }
+    t->mapped = mapped;
+    t->file_size = size;
+    map_weights(&t->weights, &t->config, t->format, (const float *)((const char *)mapped + offset));
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Rotary position embeddings (RoPE and p-RoPE)
+//
+// Pair i of a head is the two dims (2i, 2i+1) (llama2.c's adjacent layout). At
+// position pos it is rotated by the angle pos * omega_i, where
+//     omega_i = theta^(-2i / head_size) / rope_scale,       i = 0 .. head_size/2 - 1
+// is the angular frequency: i = 0 turns fastest (one radian per token), the last
+// pairs slowest. The rotation is the 2x2 block of RoFormer's R(theta, m):
+//     [x'_2i  ]   [cos a  -sin a] [x_2i  ]
+//     [x'_2i+1] = [sin a   cos a] [x_2i+1],   a = pos * omega_i.
+// p-RoPE rotates only pairs i < rope_angles = floor(p * head_size / 2), with the
+// same omega_i as full RoPE; the others keep their values (an infinite wavelength).
+// We loop over the rotated pairs only: the paper's pos / infinity is never computed.
+
+// omega_i, computed in float exactly as llama2.c does, so its outputs match ours.
+static float rope_frequency(const Config *c, int i) {
+    float freq = 1.0f / powf(c->rope_theta, (float)(2 * i) / (float)head_size_of(c));
+    return c->rope_scale == 1.0f ? freq : freq / c->rope_scale;
+}
+
+// The plain version: rotates one head vector at position pos, computing the angles
+// on the spot. The tests check it against the explicit matrix R(theta, m), and the
+// table-driven rope_apply below (what the forward pass uses) against it.
+__attribute__((unused)) static void rope_rotate_head(float *vec, const Config *c, int pos) {
+    int n_rotated = rope_angles_of(c);
+    for (int i = 0; i < n_rotated; i++) {
+        float angle = pos * rope_frequency(c, i);
+        float cos_a = cosf(angle), sin_a = sinf(angle);
+        float x0 = vec[2 * i], x1 = vec[2 * i + 1];
+        vec[2 * i] = x0 * cos_a - x1 * sin_a;
+        vec[2 * i + 1] = x0 * sin_a + x1 * cos_a;
+    }
+}
+
+// The refinement used in the forward pass: cos and sin of every (pos, pair) are
+// computed once per run into tables (seq_len x rope_angles), since the same angles
+// recur for every layer, head and token.
+static void rope_build_tables(float *cos_table, float *sin_table, const Config *c) {
+    int n_rotated = rope_angles_of(c);
+    for (int pos = 0; pos < c->seq_len; pos++) {
+        for (int i = 0; i < n_rotated; i++) {
+            float angle = pos * rope_frequency(c, i);
+            cos_table[(size_t)pos * n_rotated + i] = cosf(angle);
+            sin_table[(size_t)pos * n_rotated + i] = sinf(angle);
+        }
+    }
+}
+
+// Rotates n_heads consecutive head vectors at one position, from the tables.
+static void rope_apply(float *vec, int n_heads, int head_size, int n_rotated, const float *cos_pos,
+                       const float *sin_pos) {
+    for (int h = 0; h < n_heads; h++) {
+        float *head = vec + h * head_size;
+        for (int i = 0; i < n_rotated; i++) {
+            float x0 = head[2 * i], x1 = head[2 * i + 1];
+            head[2 * i] = x0 * cos_pos[i] - x1 * sin_pos[i];
+            head[2 * i + 1] = x0 * sin_pos[i] + x1 * cos_pos[i];
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Run state: activations, KV cache and RoPE tables
+
+static void free_run_state(RunState *s) {
+    free(s->x);
+    free(s->xb);
+    free(s->xb2);
+    free(s->hb);
+    free(s->hb2);
+    free(s->q);
+    free(s->k);
+    free(s->v);
+    free(s->att);
+    free(s->logits);
+    free(s->key_cache);
+    free(s->value_cache);
+    free(s->rope_cos);
+    free(s->rope_sin);
+    memset(s, 0, sizeof(*s));
+}
+
+// Allocates the state for the current config. Call again (after free_run_state)
+// when the rotary settings change, to rebuild the tables.
+static int build_run_state(RunState *s, const Config *c) {
+    memset(s, 0, sizeof(*s));
+    size_t B = PREFILL_BLOCK, kv_dim = kv_dim_of(c);
+    size_t cache = (size_t)c->n_layers * c->seq_len * kv_dim;
+    size_t angles = rope_angles_of(c) > 0 ? rope_angles_of(c) : 1;
+    s->x = calloc(B * c->dim, sizeof(float));
+    s->xb = calloc(B * c->dim, sizeof(float));
+    s->xb2 = calloc(B * c->dim, sizeof(float));
+    s->hb = calloc(B * c->hidden_dim, sizeof(float));
+    s->hb2 = calloc(B * c->hidden_dim, sizeof(float));
+    s->q = calloc(B * c->dim, sizeof(float));
+    s->k = calloc(B * kv_dim, sizeof(float));
+    s->v = calloc(B * kv_dim, sizeof(float));
+    s->att = calloc(B * c->n_heads * (size_t)c->seq_len, sizeof(float));
+    s->logits = calloc(B * c->vocab_size, sizeof(float));
+    s->key_cache = calloc(cache, sizeof(float));
+    s->value_cache = calloc(cache, sizeof(float));
+    s->rope_cos = calloc((size_t)c->seq_len * angles, sizeof(float));
+    s->rope_sin = calloc((size_t)c->seq_len * angles, sizeof(float));
+    if (!s->x || !s->xb || !s->xb2 || !s->hb || !s->hb2 || !s->q || !s->k || !s->v || !s->att || !s->logits ||
+        !s->key_cache || !s->value_cache || !s->rope_cos || !s->rope_sin) {
+        free_run_state(s);
+        return fail("out of memory allocating the run state (KV cache %zu MiB)", cache * 2 * sizeof(float) >> 20);
+    }
+    rope_build_tables(s->rope_cos, s->rope_sin, c);
+    return 0;
+}
+
+static void free_transformer(Transformer *t) {
+    free_run_state(&t->state);
+    if (t->mapped) munmap(t->mapped, t->file_size);
+    memset(t, 0, sizeof(*t));
+}
+
+// ----------------------------------------------------------------------------
+// Neural net blocks: the dynamics of the Transformer
+
+// o = w * x / sqrt(mean(x^2) + eps)   (RMSNorm; the order of operations is llama2.c's)
+static void rmsnorm(float *o, const float *x, const float *weight, int size, float eps) {
+    float ss = 0.0f;
+    for (int j = 0; j < size; j++) ss += x[j] * x[j];
+    ss /= size;
+    ss += eps;
+    ss = 1.0f / sqrtf(ss);
+    for (int j = 0; j < size; j++) o[j] = weight[j] * (ss * x[j]);
+}
+
+// x = exp(x - max) / sum(exp(x - max)), in place
+static void softmax(float *x, int size) {
+    float max_val = x[0];
+    for (int i = 1; i < size; i++)
+        if (x[i] > max_val) max_val = x[i];
+    float sum = 0.0f;
+    for (int i = 0; i < size; i++) {
+        x[i] = expf(x[i] - max_val);
+        sum += x[i];
+    }
+    for (int i = 0; i < size; i++) x[i] /= sum;
+}
+
+// a * b + c. With FMA hardware (-mfma, implied by -march=native on x86-64) it is
+// one fused instruction; without, a multiply and an add. The build disables the
+// compiler's own contraction (-ffp-contract=off) so that every dot product below is
+// computed with exactly the same roundings, whichever kernel computes it.
+static inline float mul_add(float a, float b, float c) {
+#ifdef __FMA__
+    return fmaf(a, b, c);
+#else
+    return a * b + c;
+#endif
+}
+
+// The dot product every matmul uses: eight interleaved partial sums (lane l takes
+// j = l, l+8, l+16, ...), added pairwise at the end. Eight lanes is one AVX register;
+// the compiler vectorizes the inner loop. A plain running sum would compute the same
+// value up to rounding, but could not be vectorized without changing its result.
+#define DOT_LANES 8
+
+static float reduce_lanes(const float acc[DOT_LANES]) {
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+static float dot(const float *a, const float *b, int n) {
+    float acc[DOT_LANES] = {0};
+    int j = 0;
+    for (; j + DOT_LANES <= n; j += DOT_LANES)
+        for (int l = 0; l < DOT_LANES; l++) acc[l] = mul_add(a[j + l], b[j + l], acc[l]);
+    for (int l = 0; j < n; j++, l++) acc[l] = mul_add(a[j], b[j], acc[l]);
+    return reduce_lanes(acc);
+}
+
+// W (d,n) @ x (n,) -> xout (d,): one token. Decoding streams every weight from
+// memory once per token, so this is bound by memory bandwidth; the rows are split
+// across threads.
+static void matmul(float *xout, const float *x, const float *w, int n, int d) {
+    int i;
+#pragma omp parallel for private(i)
+    for (i = 0; i < d; i++) xout[i] = dot(w + (size_t)i * n, x, n);
+}
+
+// X (B,n) @ W^T (n,d) -> XOUT (B,d): a block of B tokens, xout[b*d + i] = W[i,:] . x[b,:].
+// The refinement of matmul for prompts: a tile of TILE_ROWS weight rows is loaded
+// once and used for TILE_TOKENS tokens, so each weight read from memory feeds
+// several multiply-adds and the job becomes compute-bound. Each output is still
+// the same dot() arithmetic (lanes, order, reduction), so the block result equals,
+// bit for bit, what matmul gives token by token.
+#define TILE_ROWS 4
+#define TILE_TOKENS 4
+
+static void matmul_tile(float *xout, const float *x, const float *w, int n, int d, int i0, int b0) {
+    float acc[TILE_ROWS][TILE_TOKENS][DOT_LANES] = {{{0}}};
+    int j = 0;
+    for (; j + DOT_LANES <= n; j += DOT_LANES)
+        for (int r = 0; r < TILE_ROWS; r++)
+            for (int b = 0; b < TILE_TOKENS; b++)
+                for (int l = 0; l < DOT_LANES; l++)
+                    acc[r][b][l] = mul_add(w[(size_t)(i0 + r) * n + j + l], x[(size_t)(b0 + b) * n + j + l],
+                                           acc[r][b][l]);
+    for (int r = 0; r < TILE_ROWS; r++)
+        for (int b = 0; b < TILE_TOKENS; b++) {
+            for (int jj = j, l = 0; jj < n; jj++, l++)
+                acc[r][b][l] = mul_add(w[(size_t)(i0 + r) * n + jj], x[(size_t)(b0 + b) * n + jj], acc[r][b][l]);
+            xout[(size_t)(b0 + b) * d + i0 + r] = reduce_lanes(acc[r][b]);
+        }
+}
+
+static void matmul_block(float *xout, const float *x, const float *w, int B, int n, int d) {
+    int full_rows = d - d % TILE_ROWS, full_tokens = B - B % TILE_TOKENS;
+    int i;
+#pragma omp parallel for private(i) schedule(static)
+    for (i = 0; i < d; i += TILE_ROWS) {
+        if (i < full_rows) {
+            for (int b = 0; b < full_tokens; b += TILE_TOKENS) matmul_tile(xout, x, w, n, d, i, b);
+            for (int b = full_tokens; b < B; b++)
+                for (int r = 0; r < TILE_ROWS; r++) xout[(size_t)b * d + i + r] = dot(w + (size_t)(i + r) * n, x + (size_t)b * n, n);
+        } else {
+            for (int b = 0; b < B; b++)
+                for (int r = i; r < d; r++) xout[(size_t)b * d + r] = dot(w + (size_t)r * n, x + (size_t)b * n, n);
+        }
+    }
+}
+
+// One matmul entry point for the forward pass: a single token takes the
+// matrix-vector path, a block the tiled matrix-matrix path.
+static void matmul_tokens(float *xout, const float *x, const float *w, int B, int n, int d) {
+    if (B == 1)
+        matmul(xout, x, w, n, d);
+    else
+        matmul_block(xout, x, w, B, n, d);
+}
+
+// Adds the query/key chunk norms and the attention summary of one position to the
+// inspect accumulators. The rotation preserves |chunk i|, so measuring before or
+// after it gives the same number.
+static void inspect_record_chunks(InspectStats *st, const Config *c, int layer, const float *q, const float *k) {
+    int head_size = head_size_of(c), pairs = head_size / 2, group = c->n_heads / c->n_kv_heads;
+    for (int h = 0; h < c->n_heads; h++) {
+        const float *qh = q + h * head_size, *kh = k + (h / group) * head_size;
+        double *qn = st->q_norm + ((size_t)layer * c->n_heads + h) * pairs;
+        double *kn = st->k_norm + ((size_t)layer * c->n_heads + h) * pairs;
+        for (int i = 0; i < pairs; i++) {
+            qn[i] += sqrt((double)qh[2 * i] * qh[2 * i] + (double)qh[2 * i + 1] * qh[2 * i + 1]);
+            kn[i] += sqrt((double)kh[2 * i] * kh[2 * i] + (double)kh[2 * i + 1] * kh[2 * i + 1]);
+        }
+    }
+}
+
+static void inspect_record_attention(InspectStats *st, const Config *c, int layer, int h, const float *att, int pos) {
+    if (pos < 1) return; // position 0 can only attend to itself
+    double *a = st->attn + ((size_t)layer * c->n_heads + h) * 3;
+    a[0] += att[0];       // BOS
+    a[1] += att[pos];     // current token
+    a[2] += att[pos - 1]; // previous token
+}
+
+// Grouped-query causal attention for token b of the block, at position pos, layer l.
+// For each head h: score_t = q_h . k_t / sqrt(head_size) over t = 0..pos,
+// a = softmax(score), out_h = sum_t a_t v_t, using the key/value head h / group.
+static void attention(Transformer *t, int l, int b, int pos) {
+    const Config *c = &t->config;
+    RunState *s = &t->state;
+    int head_size = head_size_of(c), kv_dim = kv_dim_of(c), group = c->n_heads / c->n_kv_heads;
+    size_t layer_offset = (size_t)l * c->seq_len * kv_dim;
+    int h;
+#pragma omp parallel for private(h)
+    for (h = 0; h < c->n_heads; h++) {
+        const float *q = s->q + (size_t)b * c->dim + h * head_size;
+        float *att = s->att + ((size_t)b * c->n_heads + h) * c->seq_len;
+        for (int tt = 0; tt <= pos; tt++) {
+            const float *k = s->key_cache + layer_offset + (size_t)tt * kv_dim + (h / group) * head_size;
+            float score = 0.0f;
+            for (int i = 0; i < head_size; i++) score += q[i] * k[i];
+            att[tt] = score / sqrtf(head_size);
+        }
+        softmax(att, pos + 1);
+        if (s->inspect) inspect_record_attention(s->inspect, c, l, h, att, pos);
+        float *out = s->xb + (size_t)b * c->dim + h * head_size;
+        memset(out, 0, head_size * sizeof(float));
+        for (int tt = 0; tt <= pos; tt++) {
+            const float *v = s->value_cache + layer_offset + (size_t)tt * kv_dim + (h / group) * head_size;
+            float a = att[tt];
+            for (int i = 0; i < head_size; i++) out[i] += a * v[i];
+        }
+    }
+}
+
+// The forward pass for a block of n_tokens tokens at positions pos0 .. pos0+n-1
+// (n_tokens <= PREFILL_BLOCK, pos0 + n_tokens <= seq_len). Fills the KV cache for
+// every position. Returns the logits, one row of vocab_size per token; with
+// all_logits == 0 only the last row is computed (generation needs no other).
+static float *forward_block(Transformer *t, const int *tokens, int n_tokens, int pos0, int all_logits) {
+    const Config *c = &t->config;
+    const TransformerWeights *w = &t->weights;
+    RunState *s = &t->state;
+    int dim = c->dim, hidden = c->hidden_dim, kv_dim = kv_dim_of(c), head_size = head_size_of(c);
+    int n_rotated = rope_angles_of(c);
+    int B = n_tokens;
+
+    for (int b = 0; b < B; b++)
+        memcpy(s->x + (size_t)b * dim, w->token_embedding + (size_t)tokens[b] * dim, dim * sizeof(float));
+
+    for (int l = 0; l < c->n_layers; l++) {
+        // attention: xb = rmsnorm(x); q = Wq xb, k = Wk xb, v = Wv xb
+        for (int b = 0; b < B; b++)
+            rmsnorm(s->xb + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_att + (size_t)l * dim, dim, c->norm_eps);
+        matmul_tokens(s->q, s->xb, w->wq + (size_t)l * dim * dim, B, dim, dim);
+        matmul_tokens(s->k, s->xb, w->wk + (size_t)l * dim * kv_dim, B, dim, kv_dim);
+        matmul_tokens(s->v, s->xb, w->wv + (size_t)l * dim * kv_dim, B, dim, kv_dim);
+
+        // rotate q and k by their positions, then store k and v in the cache
+        size_t layer_offset = (size_t)l * c->seq_len * kv_dim;
+        for (int b = 0; b < B; b++) {
+            int pos = pos0 + b;
+            float *q = s->q + (size_t)b * dim, *k = s->k + (size_t)b * kv_dim;
+            if (s->inspect) inspect_record_chunks(s->inspect, c, l, q, k);
+            const float *cos_pos = s->rope_cos + (size_t)pos * n_rotated, *sin_pos = s->rope_sin + (size_t)pos * n_rotated;
+            rope_apply(q, c->n_heads, head_size, n_rotated, cos_pos, sin_pos);
+            rope_apply(k, c->n_kv_heads, head_size, n_rotated, cos_pos, sin_pos);
+            memcpy(s->key_cache + layer_offset + (size_t)pos * kv_dim, k, kv_dim * sizeof(float));
+            memcpy(s->value_cache + layer_offset + (size_t)pos * kv_dim, s->v + (size_t)b * kv_dim, kv_dim * sizeof(float));
+        }
+        if (s->inspect) s->inspect->positions += l == 0 ? B : 0;
+        if (s->inspect && l == 0)
+            for (int b = 0; b < B; b++) s->inspect->attn_positions += pos0 + b >= 1;
+
+        // causal attention: token b sees positions 0 .. pos0 + b, including the
+        // earlier tokens of its own block, which are already in the cache
+        for (int b = 0; b < B; b++) attention(t, l, b, pos0 + b);
+
+        // x = x + Wo att
+        matmul_tokens(s->xb2, s->xb, w->wo + (size_t)l * dim * dim, B, dim, dim);
+        for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] += s->xb2[i];
+
+        // feed-forward (SwiGLU): x = x + W2 (silu(W1 xb) * W3 xb), xb = rmsnorm(x)
+        for (int b = 0; b < B; b++)
+            rmsnorm(s->xb + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_ffn + (size_t)l * dim, dim, c->norm_eps);
+        matmul_tokens(s->hb, s->xb, w->w1 + (size_t)l * dim * hidden, B, dim, hidden);
+        matmul_tokens(s->hb2, s->xb, w->w3 + (size_t)l * dim * hidden, B, dim, hidden);
+        for (size_t i = 0; i < (size_t)B * hidden; i++) {
+            float val = s->hb[i];
+            val *= (1.0f / (1.0f + expf(-val))); // silu(x) = x * sigmoid(x)
+            s->hb[i] = val * s->hb2[i];
+        }
+        matmul_tokens(s->xb2, s->hb, w->w2 + (size_t)l * dim * hidden, B, hidden, dim);
+        for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] += s->xb2[i];
+    }
+
+    // final norm and classifier: logits = Wcls rmsnorm(x)
+    int first = all_logits ? 0 : B - 1;
+    for (int b = first; b < B; b++) rmsnorm(s->x + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_final, dim, c->norm_eps);
+    matmul_tokens(s->logits, s->x + (size_t)first * dim, w->wcls, B - first, dim, c->vocab_size);
+    return s->logits;
+}
+
+// One token at position pos: the decoding step. Returns vocab_size logits.
+static float *forward(Transformer *t, int token, int pos) { return forward_block(t, &token, 1, pos, 1); }
+
+// Runs tokens[0..n) at positions pos0.. through the model in blocks, filling the
+// KV cache. Returns the logits of the last token.
+static float *prefill(Transformer *t, const int *tokens, int n, int pos0) {
+    float *logits = NULL;
+    for (int i = 0; i < n; i += PREFILL_BLOCK) {
+        int len = n - i < PREFILL_BLOCK ? n - i : PREFILL_BLOCK;
+        logits = forward_block(t, tokens + i, len, pos0 + i, 0);
+    }
+    return logits;
+}
+
+// ----------------------------------------------------------------------------
+// The Byte Pair Encoding (BPE) tokenizer: strings <-> tokens, in llama2.c's
+// tokenizer.bin format (int32 max_token_length; then per token: float32 score,
+// int32 length, the bytes). SentencePiece's '▁' is stored as a plain space.
+
+typedef struct {
+    const char *str;
+    int id;
+} TokenIndex;
+
+typedef struct {
+    char **vocab;            // the piece of each token, NUL-terminated
+    int *vocab_length;       // its length in bytes
+    float *vocab_scores;     // merge priority: higher merges first
+    TokenIndex *sorted_vocab; // the pieces that text may produce, sorted for lookup
+    int n_sorted;
+    int vocab_size;
+    int max_token_length;
+    unsigned char byte_pieces[512]; // "\x00\0\x01\0..." for byte fallback tokens
+} Tokenizer;
+
+static int compare_tokens(const void *a, const void *b) {
+    return strcmp(((const TokenIndex *)a)->str, ((const TokenIndex *)b)->str);
+}
+
+// Recognizes a byte-fallback piece "<0xXX>" and returns its byte, or -1.
+static int byte_piece_value(const char *piece, int length) {
+    if (length != 6 || strncmp(piece, "<0x", 3) != 0 || piece[5] != '>') return -1;
+    int value = 0;
+    for (int i = 3; i < 5; i++) {
+        char ch = piece[i];
+        int digit = ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'A' && ch <= 'F' ? ch - 'A' + 10 : -1;
+        if (digit < 0) return -1;
+        value = value * 16 + digit;
+    }
+    return value;
+}
+
+static void free_tokenizer(Tokenizer *t) {
+    if (t->vocab)
+        for (int i = 0; i < t->vocab_size; i++) free(t->vocab[i]);
+    free(t->vocab);
+    free(t->vocab_length);
+    free(t->vocab_scores);
+    free(t->sorted_vocab);
+    memset(t, 0, sizeof(*t));
+}
+
+// Builds a tokenizer from the bytes of a tokenizer.bin. The file must hold exactly
+// vocab_size pieces.
+static int build_tokenizer_from_memory(Tokenizer *t, const unsigned char *data, size_t size, int vocab_size,
+                                       const char *name) {
+    memset(t, 0, sizeof(*t));
+    for (int i = 0; i < 256; i++) {
+        t->byte_pieces[i * 2] = (unsigned char)i;
+        t->byte_pieces[i * 2 + 1] = '\0';
+    }
+    if (size < 4) return fail("tokenizer %s is too small (%zu bytes)", name, size);
+    int max_len = read_i32(data);
+    if (max_len < 1 || max_len > 1024) return fail("tokenizer %s: max_token_length %d is out of range", name, max_len);
+    t->max_token_length = max_len;
+    t->vocab_size = vocab_size;
+    t->vocab = calloc(vocab_size, sizeof(char *));
+    t->vocab_length = calloc(vocab_size, sizeof(int));
+    t->vocab_scores = calloc(vocab_size, sizeof(float));
+    t->sorted_vocab = calloc(vocab_size, sizeof(TokenIndex));
+    if (!t->vocab || !t->vocab_length || !t->vocab_scores || !t->sorted_vocab) {
+        free_tokenizer(t);
+        return fail("out of memory loading tokenizer %s", name);
+    }
+    size_t off = 4;
+    for (int i = 0; i < vocab_size; i++) {
+        if (size - off < 8) {
+            free_tokenizer(t);
+            return fail("tokenizer %s ends at token %d, but the model has %d tokens", name, i, vocab_size);
+        }
+        t->vocab_scores[i] = read_f32(data + off);
+        int len = read_i32(data + off + 4);
+        off += 8;
+        if (len < 0 || len > max_len || (size_t)len > size - off) {
+            free_tokenizer(t);
+            return fail("tokenizer %s: token %d has a bad length %d", name, i, len);
+        }
+        if (!isfinite(t->vocab_scores[i])) {
+            free_tokenizer(t);
+            return fail("tokenizer %s: token %d has a non-finite score", name, i);
+        }
+        t->vocab[i] = malloc(len + 1);
+        if (!t->vocab[i]) {
+            free_tokenizer(t);
+            return fail("out of memory loading tokenizer %s", name);
+        }
+        memcpy(t->vocab[i], data + off, len);
+        t->vocab[i][len] = '\0';
+        t->vocab_length[i] = len;
+        off += len;
+    }
+    if (off != size) {
+        free_tokenizer(t);
+        return fail("tokenizer %s has more than the model's %d tokens (%zu bytes left over)", name, vocab_size,
+                    size - off);
+    }
+    // Text may produce every piece except the control tokens and the byte pieces
+    // (SentencePiece never matches "<s>" or "<0x0A>" in user text), and except
+    // pieces with an embedded NUL, which C strings cannot hold.
+    for (int i = 0; i < vocab_size; i++) {
+        int control = i == TOKEN_UNK || i == TOKEN_BOS || i == TOKEN_EOS;
+        if (control || byte_piece_value(t->vocab[i], t->vocab_length[i]) >= 0) continue;
+        if ((int)strlen(t->vocab[i]) != t->vocab_length[i] || t->vocab_length[i] == 0) continue;
+        t->sorted_vocab[t->n_sorted].str = t->vocab[i];
+        t->sorted_vocab[t->n_sorted].id = i;
+        t->n_sorted++;
+    }
+    qsort(t->sorted_vocab, t->n_sorted, sizeof(TokenIndex), compare_tokens);
+    return 0;
+}
+
+static int build_tokenizer(Tokenizer *t, const char *path, int vocab_size) {
+    memset(t, 0, sizeof(*t));
+    FILE *file = fopen(path, "rb");
+    if (!file) return fail("cannot open tokenizer %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(file), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(file);
+        return fail("tokenizer %s is not a regular file", path);
+    }
+    size_t size = (size_t)st.st_size;
+    unsigned char *data = malloc(size ? size : 1);
+    if (!data || fread(data, 1, size, file) != size) {
+        free(data);
+        fclose(file);
+        return fail("cannot read tokenizer %s", path);
+    }
+    fclose(file);
+    int result = build_tokenizer_from_memory(t, data, size, vocab_size, path);
+    free(data);
+    return result;
+}
+
+// The text of token `token` when it follows `prev_token`. SentencePiece's leading
+// space after BOS is dropped; byte pieces "<0xXX>" become the byte itself.
+static const char *decode(const Tokenizer *t, int prev_token, int token) {
+    if (token < 0 || token >= t->vocab_size) return "";
+    const char *piece = t->vocab[token];
+    if (prev_token == TOKEN_BOS && piece[0] == ' ') piece++;
+    int byte = byte_piece_value(t->vocab[token], t->vocab_length[token]);
+    if (byte >= 0) piece = (const char *)t->byte_pieces + byte * 2;
+    return piece;
+}
+
+// Prints a piece, leaving out raw control bytes (a model can emit "<0x1B>", the
+// terminal escape). Whitespace and UTF-8 bytes (>= 0x80) pass through.
+static void safe_print(const char *piece) {
+    for (const unsigned char *p = (const unsigned char *)piece; *p; p++)
+        if (isprint(*p) || isspace(*p) || *p >= 0x80) putchar(*p);
+}
+
+// Binary search of the sorted vocabulary; -1 if str is not a piece text can produce.
+static int str_lookup(const char *str, const TokenIndex *sorted, int n) {
+    TokenIndex key = {.str = str};
+    const TokenIndex *found = bsearch(&key, sorted, n, sizeof(TokenIndex), compare_tokens);
+    return found ? found->id : -1;
+}
+
+// Encodes text into tokens (the caller provides room for strlen(text) + 3).
+// SentencePiece's BPE: a dummy-prefix space, one token per UTF-8 character (byte
+// fallback for characters not in the vocabulary), then repeatedly merge the
+// adjacent pair whose concatenation is the highest-scoring piece.
+static int encode(const Tokenizer *t, const char *text, int bos, int eos, int *tokens, int *n_tokens) {
+    size_t buffer_size = (size_t)t->max_token_length * 2 + 1 + 2;
+    char *buffer = malloc(buffer_size);
+    if (!buffer) return fail("out of memory encoding text");
+    size_t str_len = 0;
+    *n_tokens = 0;
+    if (bos) tokens[(*n_tokens)++] = TOKEN_BOS;
+
+    // SentencePiece adds a space in front of non-empty text (add_dummy_prefix)
+    if (text[0] != '\0') {
+        int space = str_lookup(" ", t->sorted_vocab, t->n_sorted);
+        if (space >= 0) tokens[(*n_tokens)++] = space;
+        else tokens[(*n_tokens)++] = (unsigned char)' ' + TOKEN_BYTE0;
+    }
+
+    // One token per UTF-8 character. A character starts at a byte that is not a
+    // continuation byte (10xxxxxx) and has at most 4 bytes; malformed sequences
+    // fall back to one token per byte.
+    for (const char *c = text; *c != '\0'; c++) {
+        if ((*c & 0xC0) != 0x80) str_len = 0;
+        buffer[str_len++] = *c;
+        buffer[str_len] = '\0';
+        if ((*(c + 1) & 0xC0) == 0x80 && str_len < 4) continue;
+        int id = str_lookup(buffer, t->sorted_vocab, t->n_sorted);
+        if (id != -1) {
+            tokens[(*n_tokens)++] = id;
+        } else {
+            for (size_t i = 0; i < str_len; i++)
+                tokens[(*n_tokens)++] = (unsigned char)buffer[i] + TOKEN_BYTE0;
+        }
+        str_len = 0;
+    }
+
+    // Merge the best-scoring adjacent pair until no pair forms a piece. Ties go to
+    // the leftmost pair, as in SentencePiece.
+    int first = bos ? 1 : 0;
+    while (1) {
+        float best_score = -FLT_MAX;
+        int best_id = -1, best_idx = -1;
+        for (int i = first; i < *n_tokens - 1; i++) {
+            const char *a = t->vocab[tokens[i]], *b = t->vocab[tokens[i + 1]];
+            size_t la = strlen(a), lb = strlen(b);
+            if (la + lb > (size_t)t->max_token_length) continue;
+            memcpy(buffer, a, la);
+            memcpy(buffer + la, b, lb + 1);
+            int id = str_lookup(buffer, t->sorted_vocab, t->n_sorted);
+            if (id != -1 && t->vocab_scores[id] > best_score) {
+                best_score = t->vocab_scores[id];
+                best_id = id;
+                best_idx = i;
+            }
+        }
+        if (best_idx == -1) break;
+        tokens[best_idx] = best_id;
+        for (int i = best_idx + 1; i < *n_tokens - 1; i++) tokens[i] = tokens[i + 1];
+        (*n_tokens)--;
+    }
+    if (eos) tokens[(*n_tokens)++] = TOKEN_EOS;
+    free(buffer);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// The sampler: logits -> next token. Same generator and order of operations as
+// llama2.c, so that the same seed gives the same tokens.
+
+typedef struct {
+    float prob;
+    int index;
+} ProbIndex;
+
+typedef struct {
+    int vocab_size;
+    ProbIndex *probindex; // scratch for top-p
+    float temperature;
+    float topp;
+    unsigned long long rng_state;
+} Sampler;
+
+static int build_sampler(Sampler *s, int vocab_size, float temperature, float topp, unsigned long long seed) {
+    s->vocab_size = vocab_size;
+    s->temperature = temperature;
+    s->topp = topp;
+    s->rng_state = seed;
+    s->probindex = malloc((size_t)vocab_size * sizeof(ProbIndex));
+    return s->probindex ? 0 : fail("out of memory building the sampler");
+}
+
+static void free_sampler(Sampler *s) { free(s->probindex); }
+
+// xorshift rng (https://en.wikipedia.org/wiki/Xorshift#xorshift.2A)
+static unsigned int random_u32(unsigned long long *state) {
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    return (*state * 0x2545F4914F6CDD1Dull) >> 32;
+}
+
+static float random_f32(unsigned long long *state) { return (random_u32(state) >> 8) / 16777216.0f; } // [0,1)
+
+static int sample_argmax(const float *probabilities, int n) {
+    int max_i = 0;
+    for (int i = 1; i < n; i++)
+        if (probabilities[i] > probabilities[max_i]) max_i = i;
+    return max_i;
+}
+
+// Samples index i with probability probabilities[i]; coin in [0, 1).
+static int sample_mult(const float *probabilities, int n, float coin) {
+    float cdf = 0.0f;
+    for (int i = 0; i < n; i++) {
+        cdf += probabilities[i];
+        if (coin < cdf) return i;
+    }
+    return n - 1; // in case of rounding errors
+}
+
+static int compare_prob_desc(const void *a, const void *b) {
+    const ProbIndex *a_ = a, *b_ = b;
+    if (a_->prob > b_->prob) return -1;
+    if (a_->prob < b_->prob) return 1;
+    return 0;
+}
+
+// Top-p (nucleus) sampling: sample from the smallest set of tokens whose
+// probabilities add up to more than topp. Tokens below (1 - topp) / (n - 1) cannot
+// be in that set and are dropped before sorting, as llama2.c does.
+static int sample_topp(const float *probabilities, int n, float topp, ProbIndex *probindex, float coin) {
+    int n0 = 0;
+    const float cutoff = (1.0f - topp) / (n - 1);
+    for (int i = 0; i < n; i++) {
+        if (probabilities[i] >= cutoff) {
+            probindex[n0].index = i;
+            probindex[n0].prob = probabilities[i];
+            n0++;
+        }
+    }
+    qsort(probindex, n0, sizeof(ProbIndex), compare_prob_desc);
+    float cumulative_prob = 0.0f;
+    int last_idx = n0 - 1;
+    for (int i = 0; i < n0; i++) {
+        cumulative_prob += probindex[i].prob;
+        if (cumulative_prob > topp) {
+            last_idx = i;
+            break;
+        }
+    }
+    float r = coin * cumulative_prob;
+    float cdf = 0.0f;
+    for (int i = 0; i <= last_idx; i++) {
+        cdf += probindex[i].prob;
+        if (r < cdf) return probindex[i].index;
+    }
+    return probindex[last_idx].index;
+}
+
+// Greedy at temperature 0; otherwise softmax(logits / T), then top-p or plain sampling.
+static int sample(Sampler *s, float *logits) {
+    if (s->temperature == 0.0f) return sample_argmax(logits, s->vocab_size);
+    for (int q = 0; q < s->vocab_size; q++) logits[q] /= s->temperature;
+    softmax(logits, s->vocab_size);
+    float coin = random_f32(&s->rng_state);
+    if (s->topp <= 0 || s->topp >= 1) return sample_mult(logits, s->vocab_size, coin);
+    return sample_topp(logits, s->vocab_size, s->topp, s->probindex, coin);
+}
+
+// ----------------------------------------------------------------------------
+// Utilities
+
+static double time_in_s(void) {
+    struct timespec time;
+    clock_gettime(CLOCK_MONOTONIC, &time);
+    return time.tv_sec + time.tv_nsec * 1e-9;
+}
+
+// Encodes a prompt with BOS into a fresh array; checks that it fits in the context.
+static int encode_prompt(const Tokenizer *tok, const char *text, int **tokens, int *n) {
+    *tokens = malloc((strlen(text) + 3) * sizeof(int));
+    if (!*tokens) return fail("out of memory encoding the prompt");
+    if (encode(tok, text, 1, 0, *tokens, n) != 0) {
+        free(*tokens);
+        return -1;
+    }
+    return 0;
+}
+
+// Tokens per second over a span in seconds, 0 when nothing was timed.
+static double rate(int n, double seconds) { return seconds > 0 ? n / seconds : 0.0; }
+
+// ----------------------------------------------------------------------------
+// Generation: the prompt, then the continuation, streamed as llama2.c prints it.
+
+static int generate(Transformer *t, Tokenizer *tok, Sampler *sampler, const char *prompt, int steps) {
+    int *prompt_tokens, n_prompt;
+    if (encode_prompt(tok, prompt, &prompt_tokens, &n_prompt) != 0) return -1;
+    if (n_prompt > t->config.seq_len) {
+        free(prompt_tokens);
+        return fail("the prompt has %d tokens, more than the context of %d", n_prompt, t->config.seq_len);
+    }
+
+    // llama2.c runs positions 0 .. steps-1 and prints one token after each: the
+    // next prompt token while there is one, else a sampled one. So a prompt of more
+    // than `steps` tokens is cut, and nothing is sampled.
+    if (n_prompt > steps) {
+        for (int pos = 0; pos < steps; pos++) safe_print(decode(tok, prompt_tokens[pos], prompt_tokens[pos + 1]));
+        printf("\n");
+        free(prompt_tokens);
+        return 0;
+    }
+
+    // prefill: the whole prompt in blocks; its last logits predict the first new token
+    double t0 = time_in_s();
+    float *logits = prefill(t, prompt_tokens, n_prompt, 0);
+    double t1 = time_in_s();
+    for (int pos = 0; pos + 1 < n_prompt; pos++) safe_print(decode(tok, prompt_tokens[pos], prompt_tokens[pos + 1]));
+    fflush(stdout);
+
+    // decode: sample from the logits at position pos, then run the new token at pos + 1
+    int token = prompt_tokens[n_prompt - 1], n_generated = 0;
+    for (int pos = n_prompt - 1; pos < steps; pos++) {
+        if (pos > n_prompt - 1) logits = forward(t, token, pos);
+        int next = sample(sampler, logits);
+        if (next == TOKEN_BOS) break; // llama2.c's end of text
+        safe_print(decode(tok, token, next));
+        fflush(stdout);
+        token = next;
+        n_generated++;
+    }
+    printf("\n");
+    double t2 = time_in_s();
+    fprintf(stderr, "timing: prefill %d tokens %.1f tok/s, decode %d tokens %.1f tok/s\n", n_prompt,
+            rate(n_prompt, t1 - t0), n_generated, rate(n_generated > 0 ? n_generated - 1 : 0, t2 - t1));
+    free(prompt_tokens);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Tokenize: the prompt's token ids, one per line with the piece as printable text.
+
+static void print_escaped(const char *s) {
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '\n') fputs("\\n", stdout);
+        else if (*p == '\t') fputs("\\t", stdout);
+        else if (*p == '\r') fputs("\\r", stdout);
+        else if (*p == '\\') fputs("\\\\", stdout);
+        else if (*p < 0x20 || *p == 0x7f) printf("\\x%02x", *p);
+        else putchar(*p);
+    }
+}
+
+static int tokenize(const Tokenizer *tok, const char *prompt) {
+    int *tokens, n;
+    if (encode_prompt(tok, prompt, &tokens, &n) != 0) return -1;
+    for (int i = 0; i < n; i++) {
+        printf("%d\t", tokens[i]);
+        print_escaped(tok->vocab[tokens[i]]);
+        printf("\n");
+    }
+    free(tokens);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Perplexity: how well the model predicts a text, token by token.
+//
+// The tokens are BOS + encode(text), as for generation. Position t's logits
+// predict token t+1; nll is the mean of -log softmax(logits_t)[token_{t+1}] over
+// the predicted tokens and perplexity = exp(nll). A text longer than the context
+// is cut into consecutive windows of seq_len - 1 text tokens, each scored after a
+// fresh BOS, so every text token is predicted exactly once.
+
+// -log softmax(logits)[target], computed stably in double.
+static double token_nll(const float *logits, int vocab_size, int target) {
+    float max_val = logits[0];
+    for (int i = 1; i < vocab_size; i++)
+        if (logits[i] > max_val) max_val = logits[i];
+    double sum = 0.0;
+    for (int i = 0; i < vocab_size; i++) sum += exp((double)logits[i] - max_val);
+    return log(sum) - ((double)logits[target] - max_val);
+}
+
+// Scores window = BOS + text tokens; returns the summed nll of its predictions.
+static double score_window(Transformer *t, const int *window, int n) {
+    double total = 0.0;
+    for (int i = 0; i + 1 < n; i += PREFILL_BLOCK) {
+        int len = n - 1 - i < PREFILL_BLOCK ? n - 1 - i : PREFILL_BLOCK; // predictions in this block
+        float *logits = forward_block(t, window + i, len, i, 1);
+        for (int b = 0; b < len; b++)
+            total += token_nll(logits + (size_t)b * t->config.vocab_size, t->config.vocab_size, window[i + b + 1]);
+    }
+    return total;
+}
+
+static int perplexity(Transformer *t, const Tokenizer *tok, const char *text) {
+    int *tokens, n;
+    if (encode_prompt(tok, text, &tokens, &n) != 0) return -1;
+    if (n < 2) {
+        free(tokens);
+        return fail("the text is empty: nothing to predict");
+    }
+    int per_window = t->config.seq_len - 1; // text tokens per window, after its BOS
+    if (per_window < 1) {
+        free(tokens);
+        return fail("seq_len %d leaves no room for a prediction after BOS", t->config.seq_len);
+    }
+    int *window = malloc((size_t)t->config.seq_len * sizeof(int));
+    if (!window) {
+        free(tokens);
+        return fail("out of memory");
+    }
+    const int *text_tokens = tokens + 1;
+    int n_text = n - 1, n_windows = 0;
+    double total = 0.0, t0 = time_in_s();
+    for (int start = 0; start < n_text; start += per_window) {
+        int len = n_text - start < per_window ? n_text - start : per_window;
+        window[0] = TOKEN_BOS;
+        memcpy(window + 1, text_tokens + start, (size_t)len * sizeof(int));
+        total += score_window(t, window, len + 1);
+        n_windows++;
+    }
+    double seconds = time_in_s() - t0;
+    double nll = total / n_text;
+    printf("tokens: %d\n", n_text);
+    printf("windows: %d\n", n_windows);
+    printf("nll: %.6f\n", nll);
+    printf("perplexity: %.6f\n", exp(nll));
+    fprintf(stderr, "timing: scored %d tokens %.1f tok/s\n", n_text, rate(n_text, seconds));
+    free(window);
+    free(tokens);
+    return 0;
+}
+
+// ----------------------------------------------------------------------------
+// Inspect: which rotary frequencies each head uses, and where it attends.
+//
+// For each layer, head and rotary pair i (i = 0 the highest frequency) we report
+// the mean over positions of |q chunk i| and |k chunk i|, the 2-norms of the
+// pair's two dims. The rotation does not change them, so they say how much of the
+// head's signal lives at frequency omega_i. Heads that attend by position (to the
+// current or the previous token) need high frequencies; the paper finds semantic
+// content on the lowest ones. The attention summary is the mean weight each head
+// gives, over positions 1..n-1, to BOS, to the current and to the previous token.
+
+// One shaded cell per value, scaled to the row's maximum (Unicode block characters).
+static void print_shade(double value, double max_value) {
+    static const char *shades[] = {" ", "\u2591", "\u2592", "\u2593", "\u2588"};
+    int level = max_value > 0 ? (int)(value / max_value * 4.0 + 0.5) : 0;
+    if (level < 0) level = 0;
+    if (level > 4) level = 4;
+    fputs(shades[level], stdout);
+}
+
+static void print_inspect_report(const Config *c, const InspectStats *st) {
+    int pairs = head_size_of(c) / 2, rotated = rope_angles_of(c);
+    printf("frequency usage: mean |q chunk| (left) and |k chunk| (right) per rotary pair,\n");
+    printf("highest frequency first, shaded to each row's maximum; '|' marks where the\n");
+    printf("unrotated pairs of p-RoPE begin (%d of %d pairs rotate)\n", rotated, pairs);
+    for (int l = 0; l < c->n_layers; l++) {
+        for (int h = 0; h < c->n_heads; h++) {
+            const double *qn = st->q_norm + ((size_t)l * c->n_heads + h) * pairs;
+            const double *kn = st->k_norm + ((size_t)l * c->n_heads + h) * pairs;
+            double qmax = 0, kmax = 0;
+            for (int i = 0; i < pairs; i++) {
+                if (qn[i] > qmax) qmax = qn[i];
+                if (kn[i] > kmax) kmax = kn[i];
+            }
+            printf("L%-2d H%-2d q ", l, h);
+            for (int i = 0; i < pairs; i++) {
+                if (i == rotated) putchar('|');
+                print_shade(qn[i], qmax);
+            }
+            printf("  k ");
+            for (int i = 0; i < pairs; i++) {
+                if (i == rotated) putchar('|');
+                print_shade(kn[i], kmax);
+            }
+            printf("\n");
+        }
+    }
+    printf("\nattention: mean weight on BOS, current and previous token (positions 1..%ld)\n", st->attn_positions);
+    printf("layer head    bos   current  previous\n");
+    for (int l = 0; l < c->n_layers; l++)
+        for (int h = 0; h < c->n_heads; h++) {
+            const double *a = st->attn + ((size_t)l * c->n_heads + h) * 3;
+            double n = st->attn_positions > 0 ? (double)st->attn_positions : 1.0;
+            printf("%5d %4d  %6.3f  %8.3f  %8.3f\n", l, h, a[0] / n, a[1] / n, a[2] / n);
+        }
+}
+
+// The CSV has two kinds of rows, told apart by the first column:
+//   chunk,layer,head,pair,frequency,q_norm,k_norm,rotated
+//   attention,layer,head,bos,current,previous
+static int write_inspect_csv(const char *path, const Config *c, const InspectStats *st) {
+    FILE *f = fopen(path, "w");
+    if (!f) return fail("cannot write %s: %s", path, strerror(errno));
+    int pairs = head_size_of(c) / 2, rotated = rope_angles_of(c);
+    double n = st->positions > 0 ? (double)st->positions : 1.0;
+    double na = st->attn_positions > 0 ? (double)st->attn_positions : 1.0;
+    fprintf(f, "kind,layer,head,pair,frequency,q_norm,k_norm,rotated,bos,current,previous\n");
+    for (int l = 0; l < c->n_layers; l++)
+        for (int h = 0; h < c->n_heads; h++)
+            for (int i = 0; i < pairs; i++) {
+                size_t idx = ((size_t)l * c->n_heads + h) * pairs + i;
+                fprintf(f, "chunk,%d,%d,%d,%.9g,%.9g,%.9g,%d,,,\n", l, h, i, i < rotated ? rope_frequency(c, i) : 0.0f,
+                        st->q_norm[idx] / n, st->k_norm[idx] / n, i < rotated);
+            }
+    for (int l = 0; l < c->n_layers; l++)
+        for (int h = 0; h < c->n_heads; h++) {
+            const double *a = st->attn + ((size_t)l * c->n_heads + h) * 3;
+            fprintf(f, "attention,%d,%d,,,,,,%.9g,%.9g,%.9g\n", l, h, a[0] / na, a[1] / na, a[2] / na);
+        }
+    if (fclose(f) != 0) return fail("cannot write %s", path);
+    return 0;
+}
+
+static int inspect(Transformer *t, const Tokenizer *tok, const char *prompt, const char *csv_path) {
+    const Config *c = &t->config;
+    int *tokens, n;
+    if (encode_prompt(tok, prompt, &tokens, &n) != 0) return -1;
+    if (n > c->seq_len) {
+        free(tokens);
+        return fail("the prompt has %d tokens, more than the context of %d", n, c->seq_len);
+    }
+    size_t cells = (size_t)c->n_layers * c->n_heads;
+    InspectStats st = {0};
+    st.q_norm = calloc(cells * (head_size_of(c) / 2), sizeof(double));
+    st.k_norm = calloc(cells * (head_size_of(c) / 2), sizeof(double));
+    st.attn = calloc(cells * 3, sizeof(double));
+    int result = 0;
+    if (!st.q_norm || !st.k_norm || !st.attn) {
+        result = fail("out of memory");
+    } else {
+        t->state.inspect = &st;
+        prefill(t, tokens, n, 0);
+        t->state.inspect = NULL;
+        printf("inspect: %d tokens\n", n);
+        print_inspect_report(c, &st);
+        if (csv_path) result = write_inspect_csv(csv_path, c, &st);
+    }
+    free(st.q_norm);
+    free(st.k_norm);
+    free(st.attn);
+    free(tokens);
+    return result;
+}
+
+// ----------------------------------------------------------------------------
+// Chat: a multi-turn conversation with the Llama 2 chat template.
+//
+//   turn 1: <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {reply}</s>
+//   turn n: <s>[INST] {user} [/INST] {reply}</s>
+//
+// (<s> is BOS, </s> is EOS, and the text is encoded with SentencePiece's dummy
+// prefix, as Hugging Face's template does.) The KV cache carries the conversation:
+// a turn processes only its own new tokens. The EOS that closes a reply is fed at
+// the start of the next turn, so no forward pass is spent on it if none follows.
+
+typedef struct {
+    const char *system_prompt; // -y, or asked for when interactive
+    const char *first_user;    // -p: the first user turn
+    int reply_limit;           // -n: at most this many tokens per reply; 0 = no limit
+    int interactive;           // stdin is a terminal: show prompts
+    int no_cache;              // --no-cache: recompute the whole transcript each turn
+    int verbose;               // -v: print the token ids of each turn on stderr
+} ChatOptions;
+
+// Reads one line from stdin without its line ending; NULL at end of input.
+static char *read_line(char **buffer, size_t *capacity) {
+    ssize_t n = getline(buffer, capacity, stdin);
+    if (n < 0) return NULL;
+    while (n > 0 && ((*buffer)[n - 1] == '\n' || (*buffer)[n - 1] == '\r')) (*buffer)[--n] = '\0';
+    return *buffer;
+}
+
+// The text of one user turn in the Llama 2 template (without BOS).
+static char *format_turn(const char *system_prompt, const char *user) {
+    size_t size = strlen(user) + (system_prompt ? strlen(system_prompt) : 0) + 64;
+    char *text = malloc(size);
+    if (!text) return NULL;
+    if (system_prompt && system_prompt[0] != '\0')
+        snprintf(text, size, "[INST] <<SYS>>\n%s\n<</SYS>>\n\n%s [/INST]", system_prompt, user);
+    else
+        snprintf(text, size, "[INST] %s [/INST]", user);
+    return text;
+}
+
+// In piped mode a reply is one line; these escapes keep it one line.
+static void print_reply_piece(const char *piece, int interactive) {
+    if (interactive) {
+        safe_print(piece);
+        return;
+    }
+    for (const unsigned char *p = (const unsigned char *)piece; *p; p++) {
+        if (*p == '\n') fputs("\\n", stdout);
+        else if (*p == '\r') fputs("\\r", stdout);
+        else if (*p == '\t') fputs("\\t", stdout);
+        else if (*p == '\\') fputs("\\\\", stdout);
+        else if (isprint(*p) || *p >= 0x80) putchar(*p);
+    }
+}
+
+static void print_ids(const char *label, int turn, const int *ids, int n) {
+    fprintf(stderr, "chat: turn %d %s:", turn, label);
+    for (int i = 0; i < n; i++) fprintf(stderr, " %d", ids[i]);
+    fprintf(stderr, "\n");
+}
+
+static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOptions opt) {
+    const Config *c = &t->config;
+    int seq_len = c->seq_len;
+    int *history = malloc((size_t)seq_len * sizeof(int)); // every token in the cache, in order
+    char *line = NULL, *system_line = NULL;
+    size_t line_cap = 0, system_cap = 0;
+    int n_history = 0, turn = 0, result = 0, pending_eos = 0;
+    if (!history) return fail("out of memory");
+
+    const char *system_prompt = opt.system_prompt;
+    if (!system_prompt && opt.interactive) {
+        printf("System prompt (optional): ");
+        fflush(stdout);
+        system_prompt = read_line(&system_line, &system_cap);
+    }
+    while (1) {
+        // 1. the user's turn: -p first, then one line of stdin each; skip empty lines
+        const char *user;
+        if (turn == 0 && opt.first_user && opt.first_user[0] != '\0') {
+            user = opt.first_user;
+            if (opt.interactive) printf("User: %s\n", user);
+        } else {
+            if (opt.interactive) {
+                printf("User: ");
+                fflush(stdout);
+            }
+            user = read_line(&line, &line_cap);
+            if (!user) break; // end of input: the session ends cleanly
+            if (user[0] == '\0') continue;
+        }
+
+        // 2. its tokens: the EOS closing the previous reply, BOS, the template
+        char *text = format_turn(turn == 0 ? system_prompt : NULL, user);
+        int *turn_tokens = text ? malloc((strlen(text) + 4) * sizeof(int)) : NULL;
+        int n_turn = 0;
+        if (!text || !turn_tokens) {
+            free(text);
+            result = fail("out of memory");
+            break;
+        }
+        if (pending_eos) turn_tokens[n_turn++] = TOKEN_EOS;
+        int n_encoded;
+        encode(tok, text, 1, 0, turn_tokens + n_turn, &n_encoded);
+        n_turn += n_encoded;
+        free(text);
+
+        // 3. refuse a turn that leaves no room for a reply token
+        if (n_history + n_turn >= seq_len) {
+            fail("turn %d needs %d tokens but only %d of the context's %d remain", turn + 1, n_turn,
+                 seq_len - n_history, seq_len);
+            free(turn_tokens);
+            if (opt.interactive) { // the user may write something shorter, or end with Ctrl-D
+                fprintf(stderr, "run: %s\n", error_message);
+                continue;
+            }
+            result = -1;
+            break;
+        }
+        memcpy(history + n_history, turn_tokens, (size_t)n_turn * sizeof(int));
+        if (opt.verbose) print_ids("prompt", turn + 1, turn_tokens, n_turn);
+        free(turn_tokens);
+
+        // 4. prefill: the new tokens only, or with --no-cache the whole transcript
+        float *logits;
+        if (opt.no_cache)
+            logits = prefill(t, history, n_history + n_turn, 0);
+        else
+            logits = prefill(t, history + n_history, n_turn, n_history);
+        n_history += n_turn;
+
+        // 5. the reply, streamed until EOS, the reply limit or the end of the context
+        if (opt.interactive) printf("Assistant:");
+        int reply_start = n_history, prev = TOKEN_BOS;
+        while (1) {
+            if (opt.reply_limit > 0 && n_history - reply_start >= opt.reply_limit) break;
+            if (n_history >= seq_len) {
+                fprintf(stderr, "run: the context of %d tokens is full; the reply is cut here\n", seq_len);
+                break;
+            }
+            int next = sample(sampler, logits);
+            if (next == TOKEN_EOS) break;
+            print_reply_piece(decode(tok, prev, next), opt.interactive);
+            fflush(stdout);
+            history[n_history] = next;
+            logits = forward(t, next, n_history);
+            n_history++;
+            prev = next;
+        }
+        printf("\n");
+        fflush(stdout);
+        if (opt.verbose) print_ids("reply", turn + 1, history + reply_start, n_history - reply_start);
+        pending_eos = 1;
+        turn++;
+    }
+    free(line);
+    free(system_line);
+    free(history);
+    return result;
+}
+
+// ----------------------------------------------------------------------------
+// CLI, include only if not testing
+#ifndef RUN_TESTING
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "Usage:   run CHECKPOINT [options]\n"
+            "Example: run model.bin -z tokenizer.bin -n 256 -t 0.8 -p \"Once upon a time\"\n"
+            "Options:\n"
+            "  -p TEXT            prompt (-i is an alias); the first user turn in chat\n"
+            "  -m MODE            generate (default), tokenize, ppl, inspect, chat\n"
+            "  -t FLOAT           temperature, >= 0 (default 1.0; 0 = greedy)\n"
+            "  --top-p FLOAT      top-p (nucleus) sampling, in (0, 1] (default 0.9; 1 = off)\n"
+            "  -s INT             random seed, >= 0 (default or 0: from the clock)\n"
+            "  -n INT             steps to run, >= 0 (default 256; 0 or > seq_len: seq_len);\n"
+            "                     in chat: tokens per reply (default 0: until EOS)\n"
+            "  -z PATH            tokenizer (default tokenizer.bin)\n"
+            "  -f PATH            text file to score (-m ppl)\n"
+            "  -y TEXT            system prompt (-m chat)\n"
+            "  --rope-theta FLOAT     override the base wavelength theta, > 0\n"
+            "  --rope-fraction FLOAT  override the p-RoPE fraction p, in [0, 1]\n"
+            "  --csv PATH         write the inspect numbers as CSV (-m inspect)\n"
+            "  --no-cache         chat: recompute the whole transcript every turn\n"
+            "  -T INT             threads (default: OMP_NUM_THREADS or all cores)\n"
+            "  -v                 chat: print each turn's token ids on stderr\n"
+            "  -h, --help         this help\n"
+            "Exit codes: 0 success, 1 bad input file or runtime error, 2 bad command line.\n");
+}
+
+static void usage_error(const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    fprintf(stderr, "run: error: ");
+    vfprintf(stderr, fmt, args);
+    fprintf(stderr, " (run -h for usage)\n");
+    va_end(args);
+    exit(EXIT_BAD_USAGE);
+}
+
+static void runtime_error(void) {
+    fprintf(stderr, "run: error: %s\n", error_message);
+    exit(EXIT_BAD_INPUT);
+}
+
+// Parses a whole string as a finite float or exits with a usage error.
+static float parse_float(const char *flag, const char *value) {
+    char *end;
+    errno = 0;
+    float f = strtof(value, &end);
+    if (end == value || *end != '\0' || errno == ERANGE || !isfinite(f))
+        usage_error("%s expects a number, got '%s'", flag, value);
+    return f;
+}
+
+static long parse_int(const char *flag, const char *value, long lo, long hi) {
+    char *end;
+    errno = 0;
+    long v = strtol(value, &end, 10);
+    if (end == value || *end != '\0' || errno == ERANGE) usage_error("%s expects an integer, got '%s'", flag, value);
+    if (v < lo || v > hi) usage_error("%s must be in [%ld, %ld], got %ld", flag, lo, hi, v);
+    return v;
+}
+
+// Reads a text file whole. Text may not contain NUL bytes (they would end it early).
+static char *read_text_file(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fail("cannot open %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        fail("%s is not a regular file", path);
+        return NULL;
+    }
+    size_t size = (size_t)st.st_size;
+    char *text = malloc(size + 1);
+    if (!text || fread(text, 1, size, f) != size) {
+        free(text);
+        fclose(f);
+        fail("cannot read %s", path);
+        return NULL;
+    }
+    fclose(f);
+    text[size] = '\0';
+    if (strlen(text) != size) {
+        fail("%s contains a NUL byte at offset %zu: not a text file", path, strlen(text));
+        free(text);
+        return NULL;
+    }
+    return text;
+}
+
+static const char *format_name(CheckpointFormat f) {
+    return f == FORMAT_ROPE ? "ROPE v1" : f == FORMAT_LLAMA2C_V1 ? "llama2.c v1" : "llama2.c legacy";
+}
+
+int main(int argc, char *argv[]) {
+    // defaults
+    const char *checkpoint_path = NULL, *tokenizer_path = "tokenizer.bin", *prompt = NULL, *mode = "generate";
+    const char *text_path = NULL, *system_prompt = NULL, *csv_path = NULL;
+    float temperature = 1.0f, topp = 0.9f, rope_theta = 0.0f, rope_fraction = -1.0f;
+    long seed = 0, steps = 256, threads = 0;
+    int verbose = 0, no_cache = 0, steps_given = 0;
+
+    // 1. parse the command line: CHECKPOINT, then flag/value pairs
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
+            usage(stdout);
+            return EXIT_OK;
+        }
+        if (arg[0] != '-' || arg[1] == '\0') {
+            if (checkpoint_path) usage_error("unexpected argument '%s'", arg);
+            checkpoint_path = arg;
+            continue;
+        }
+        if (strcmp(arg, "-v") == 0) { verbose = 1; continue; }
+        if (strcmp(arg, "--no-cache") == 0) { no_cache = 1; continue; }
+        static const char *with_value[] = {"-p", "-i", "-m", "-t", "--top-p", "-s", "-n", "-z", "-f", "-y",
+                                           "--rope-theta", "--rope-fraction", "--csv", "-T"};
+        int known = 0;
+        for (size_t k = 0; k < sizeof(with_value) / sizeof(with_value[0]); k++) known |= strcmp(arg, with_value[k]) == 0;
+        if (!known) usage_error("unknown option '%s'", arg);
+        if (i + 1 >= argc) usage_error("option %s needs a value", arg);
+        const char *value = argv[++i];
+        if (strcmp(arg, "-p") == 0 || strcmp(arg, "-i") == 0) prompt = value;
+        else if (strcmp(arg, "-m") == 0) mode = value;
+        else if (strcmp(arg, "-z") == 0) tokenizer_path = value;
+        else if (strcmp(arg, "-f") == 0) text_path = value;
+        else if (strcmp(arg, "-y") == 0) system_prompt = value;
+        else if (strcmp(arg, "--csv") == 0) csv_path = value;
+        else if (strcmp(arg, "-t") == 0) {
+            temperature = parse_float(arg, value);
+            if (temperature < 0) usage_error("-t must be >= 0, got %s", value);
+        } else if (strcmp(arg, "--top-p") == 0) {
+            topp = parse_float(arg, value);
+            if (!(topp > 0 && topp <= 1)) usage_error("--top-p must be in (0, 1], got %s", value);
+        } else if (strcmp(arg, "--rope-theta") == 0) {
+            rope_theta = parse_float(arg, value);
+            if (!(rope_theta > 0)) usage_error("--rope-theta must be > 0, got %s", value);
+        } else if (strcmp(arg, "--rope-fraction") == 0) {
+            rope_fraction = parse_float(arg, value);
+            if (!(rope_fraction >= 0 && rope_fraction <= 1)) usage_error("--rope-fraction must be in [0, 1], got %s", value);
+        } else if (strcmp(arg, "-s") == 0) seed = parse_int(arg, value, 0, UINT_MAX);
+        else if (strcmp(arg, "-n") == 0) { steps = parse_int(arg, value, 0, INT_MAX); steps_given = 1; }
+        else if (strcmp(arg, "-T") == 0) threads = parse_int(arg, value, 1, 1024);
+    }
+    if (!checkpoint_path) usage_error("no checkpoint given");
+    int is_generate = strcmp(mode, "generate") == 0, is_tokenize = strcmp(mode, "tokenize") == 0;
+    int is_ppl = strcmp(mode, "ppl") == 0, is_inspect = strcmp(mode, "inspect") == 0, is_chat = strcmp(mode, "chat") == 0;
+    if (!is_generate && !is_tokenize && !is_ppl && !is_inspect && !is_chat)
+        usage_error("unknown mode '%s' (generate, tokenize, ppl, inspect, chat)", mode);
+    if (is_ppl && !text_path == !prompt) usage_error("-m ppl needs exactly one of -f FILE or -p TEXT");
+    if (text_path && !is_ppl) usage_error("-f is for -m ppl");
+    if (is_inspect && !prompt) usage_error("-m inspect needs a prompt (-p TEXT)");
+    if (csv_path && !is_inspect) usage_error("--csv is for -m inspect");
+    if ((system_prompt || no_cache) && !is_chat) usage_error("-y and --no-cache are for -m chat");
+#ifdef _OPENMP
+    if (threads > 0) omp_set_num_threads((int)threads);
+#endif
+
+    // 2. load the model; apply the rotary overrides before the RoPE tables are built
+    Transformer transformer;
+    if (load_checkpoint(&transformer, checkpoint_path) != 0) runtime_error();
+    Config *c = &transformer.config;
+    if (rope_theta > 0) c->rope_theta = rope_theta;
+    if (rope_fraction >= 0) c->rope_fraction = rope_fraction;
+    if (build_run_state(&transformer.state, c) != 0) runtime_error();
+    fprintf(stderr,
+            "run: %s (%s): dim %d, hidden %d, layers %d, heads %d/%d, vocab %d, seq %d | rope theta %g%s, "
+            "fraction %g%s (%d of %d pairs rotate), scale %g, eps %g\n",
+            checkpoint_path, format_name(transformer.format), c->dim, c->hidden_dim, c->n_layers, c->n_heads,
+            c->n_kv_heads, c->vocab_size, c->seq_len, c->rope_theta,
+            rope_theta > 0 ? " (command line)" : "", c->rope_fraction, rope_fraction >= 0 ? " (command line)" : "", rope_angles_of(c), head_size_of(c) / 2, c->rope_scale,
+            c->norm_eps);
+
+    // 3. the tokenizer and the sampler
+    Tokenizer tokenizer;
+    if (build_tokenizer(&tokenizer, tokenizer_path, c->vocab_size) != 0) runtime_error();
+    if (seed == 0) seed = (long)time(NULL);
+    Sampler sampler;
+    if (build_sampler(&sampler, c->vocab_size, temperature, topp, (unsigned long long)seed) != 0) runtime_error();
+    if (steps == 0 || steps > c->seq_len) steps = c->seq_len;
+
+    // 4. run the mode
+    int result;
+    if (is_generate) {
+        result = generate(&transformer, &tokenizer, &sampler, prompt ? prompt : "", (int)steps);
+    } else if (is_tokenize) {
+        result = tokenize(&tokenizer, prompt ? prompt : "");
+    } else if (is_ppl) {
+        char *text = text_path ? read_text_file(text_path) : NULL;
+        result = text_path && !text ? -1 : perplexity(&transformer, &tokenizer, text ? text : prompt);
+        free(text);
+    } else if (is_inspect) {
+        result = inspect(&transformer, &tokenizer, prompt, csv_path);
+    } else {
+        ChatOptions opt = {system_prompt, prompt, steps_given ? (int)steps : 0, isatty(STDIN_FILENO), no_cache, verbose};
+        if (steps_given && steps == c->seq_len) opt.reply_limit = 0;
+        result = chat(&transformer, &tokenizer, &sampler, opt);
+    }
+    if (result != 0) runtime_error();
+
+    free_sampler(&sampler);
+    free_tokenizer(&tokenizer);
+    free_transformer(&transformer);
+    return EXIT_OK;
+}
+#endif
