@@ -1,18 +1,49 @@
-# Makefile for run.c. `make` builds ./run; `make test` runs every test.
+# Makefile for run.c.
+#   make            build ./run (OpenMP when the compiler has it)
+#   make demo       tell a story with the shared stories260K model
+#   make test       every test: unit tests, references, goldens, bad input,
+#                   the same suite under ASan+UBSan, and short fuzz runs
+#   make bench      speed figures (see README, Performance)
 CC ?= gcc
 MODELS ?= ../shared/models
-GOLDEN ?= ../shared/golden
 PYTHON ?= /usr/bin/python3
-# -ffp-contract=off: the kernels place their own fused multiply-adds (see mul_add in
-# run.c), so that every path computes each dot product with the same roundings.
+# -ffp-contract=off: the kernels place their own fused multiply-adds (mul_add in
+# run.c), so that every path computes a dot product with the same roundings.
 CFLAGS ?= -O3 -march=native
 WARN = -Wall -Wextra
-BASE_FLAGS = $(CFLAGS) -ffp-contract=off $(WARN)
+BUILD_FLAGS = $(CFLAGS) -ffp-contract=off $(WARN)
 OPENMP := $(shell echo 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /dev/null 2>/dev/null && echo -fopenmp)
+SANITIZE = -O1 -g -march=native -ffp-contract=off -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+TEST_WARN = $(WARN) -Wno-unused-function
 
 run: run.c
-	$(CC) $(BASE_FLAGS) $(OPENMP) -o $@ run.c -lm
+	$(CC) $(BUILD_FLAGS) $(OPENMP) -o $@ run.c -lm
 
-.PHONY: clean
+run-asan: run.c
+	$(CC) $(SANITIZE) $(WARN) -o $@ run.c -lm
+
+tests/test_rope: tests/test_rope.c run.c
+	$(CC) $(CFLAGS) -ffp-contract=off $(TEST_WARN) $(OPENMP) -o $@ tests/test_rope.c -lm
+
+tests/test_rope-asan: tests/test_rope.c run.c
+	$(CC) $(SANITIZE) $(TEST_WARN) -o $@ tests/test_rope.c -lm
+
+.PHONY: demo test test-unit test-py test-asan clean
+demo: run
+	./run $(MODELS)/stories260K.bin -z $(MODELS)/tok512.bin -t 0.8 -s 42 -n 200 -p "Once upon a time"
+
+test: test-unit test-py test-asan
+
+test-unit: tests/test_rope
+	tests/test_rope $(MODELS)/stories260K.bin
+
+test-py: run
+	MODELS=$(MODELS) $(PYTHON) -m pytest -q tests
+
+# the whole suite again with AddressSanitizer + UndefinedBehaviorSanitizer
+test-asan: run-asan tests/test_rope-asan
+	ASAN_OPTIONS=detect_leaks=1 tests/test_rope-asan $(MODELS)/stories260K.bin
+	ASAN_OPTIONS=detect_leaks=1 RUN_BIN=run-asan MODELS=$(MODELS) $(PYTHON) -m pytest -q tests
+
 clean:
-	rm -f run run-asan tests/test_rope
+	rm -f run run-asan tests/test_rope tests/test_rope-asan

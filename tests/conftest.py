@@ -1,0 +1,36 @@
+"""Shared paths and helpers for the tests. Models and goldens are read from ../shared."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+MODELS = Path(os.environ.get("MODELS", ROOT.parent / "shared" / "models")).resolve()
+GOLDEN = Path(os.environ.get("GOLDEN", ROOT.parent / "shared" / "golden")).resolve()
+# RUN_BIN selects the binary under test (e.g. the sanitizer build ./run-asan)
+RUN_BIN = str((ROOT / os.environ.get("RUN_BIN", "run")).resolve())
+STORIES = MODELS / "stories260K.bin"
+STORIES_V1 = MODELS / "stories260K_v1.bin"
+TOK512 = MODELS / "tok512.bin"
+LLAMA_TOKENIZER = MODELS / "tokenizer.bin"
+
+
+def run(*args, input=None, timeout=120, binary=None):
+    """Runs the runner with args; returns the CompletedProcess with bytes stdout/stderr."""
+    cmd = [binary or RUN_BIN] + [a if isinstance(a, bytes) else str(a) for a in args]
+    if isinstance(input, str):
+        input = input.encode()
+    return subprocess.run(cmd, input=input, capture_output=True, timeout=timeout,
+                          stdin=None if input is not None else subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="session")
+def llama_vocab_model(tmp_path_factory):
+    """A tiny random ROPE checkpoint with the Llama 2 tokenizer's 32000 tokens."""
+    from ropefile import write_random_checkpoint
+    path = tmp_path_factory.mktemp("models") / "tiny32000.bin"
+    return write_random_checkpoint(path, dim=16, hidden_dim=32, n_layers=1, n_heads=2, n_kv_heads=1,
+                                   vocab_size=32000, seq_len=256, seed=1)

@@ -1,0 +1,65 @@
+"""Writes checkpoints in the project's ROPE format (FORMAT.md) from numpy arrays.
+
+Used by the tests and the benchmark to make random models of any shape. Written
+from FORMAT.md, not from run.c or export.py.
+"""
+import struct
+
+import numpy as np
+
+MAGIC = 0x45504F52
+HEADER_BYTES = 256
+
+
+def header_bytes(dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len,
+                 shared_classifier=True, norm_eps=1e-5, rope_theta=10000.0, rope_fraction=1.0,
+                 rope_scale=1.0):
+    """The 256-byte header: magic, version 1, seven sizes, the flag, four floats, zeros."""
+    head = struct.pack("<Ii7ii4f", MAGIC, 1, dim, hidden_dim, n_layers, n_heads, n_kv_heads,
+                       vocab_size, seq_len, int(shared_classifier), norm_eps, rope_theta,
+                       rope_fraction, rope_scale)
+    return head + b"\0" * (HEADER_BYTES - len(head))
+
+
+def random_weights(dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size,
+                   shared_classifier=True, seed=0):
+    """Random weights in file order, scaled so that activations stay O(1)."""
+    rng = np.random.default_rng(seed)
+    hd = dim // n_heads
+    kv = n_kv_heads * hd
+
+    def mat(rows, cols, gain=1.0):
+        return (rng.standard_normal((rows, cols)) * gain / np.sqrt(cols)).astype(np.float32)
+
+    def norms(n):
+        return (1 + 0.1 * rng.standard_normal((n, dim))).astype(np.float32)
+
+    L = n_layers
+    tensors = [
+        ("token_embedding", mat(vocab_size, dim, np.sqrt(dim))),
+        ("rms_att", norms(L)),
+        ("wq", np.stack([mat(dim, dim, 1.4) for _ in range(L)])),
+        ("wk", np.stack([mat(kv, dim, 1.4) for _ in range(L)])),
+        ("wv", np.stack([mat(kv, dim) for _ in range(L)])),
+        ("wo", np.stack([mat(dim, dim, 0.5) for _ in range(L)])),
+        ("rms_ffn", norms(L)),
+        ("w1", np.stack([mat(hidden_dim, dim) for _ in range(L)])),
+        ("w2", np.stack([mat(dim, hidden_dim, 0.5) for _ in range(L)])),
+        ("w3", np.stack([mat(hidden_dim, dim) for _ in range(L)])),
+        ("rms_final", norms(1)[0]),
+    ]
+    if not shared_classifier:
+        tensors.append(("wcls", mat(vocab_size, dim, 2.0)))
+    return tensors
+
+
+def write_random_checkpoint(path, dim=64, hidden_dim=96, n_layers=2, n_heads=4, n_kv_heads=2,
+                            vocab_size=512, seq_len=128, shared_classifier=True, seed=0, **rope):
+    """A random model in the ROPE format; rope takes norm_eps, rope_theta, rope_fraction, rope_scale."""
+    with open(path, "wb") as f:
+        f.write(header_bytes(dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len,
+                             shared_classifier, **rope))
+        for _, t in random_weights(dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size,
+                                   shared_classifier, seed):
+            f.write(np.ascontiguousarray(t, dtype="<f4").tobytes())
+    return path

@@ -1,0 +1,259 @@
+// Unit tests of the RoPE code and the kernels in run.c, against the definitions.
+// Build: see `make test`. Usage: tests/test_rope [stories260K.bin]
+#define RUN_TESTING
+#include "../run.c"
+
+static int n_passed = 0, n_failed = 0;
+
+static void check(int ok, const char *name, const char *detail) {
+    if (ok) {
+        n_passed++;
+        printf("ok   %s\n", name);
+    } else {
+        n_failed++;
+        printf("FAIL %s: %s\n", name, detail);
+    }
+}
+
+// A config with only what the RoPE code reads.
+static Config rope_config(int head_size, float theta, float fraction) {
+    Config c = {0};
+    c.dim = head_size;
+    c.n_heads = 1;
+    c.n_kv_heads = 1;
+    c.rope_theta = theta;
+    c.rope_fraction = fraction;
+    c.rope_scale = 1.0f;
+    return c;
+}
+
+static void random_vector(float *v, int n, unsigned long long *rng) {
+    for (int i = 0; i < n; i++) v[i] = random_f32(rng) * 2.0f - 1.0f;
+}
+
+// RoFormer's R(theta, m): block diagonal, block i = [[cos, -sin], [sin, cos]] of
+// angle m * theta^(-2i/d) for the rotated pairs, the identity for the rest. Built
+// in double from the definition, independent of rope_frequency().
+static void rotation_matrix(double *R, int d, double theta, int n_rotated, int m) {
+    memset(R, 0, sizeof(double) * d * d);
+    for (int i = 0; i < d / 2; i++) {
+        double a = i < n_rotated ? m * pow(theta, -2.0 * i / d) : 0.0;
+        R[(2 * i) * d + 2 * i] = cos(a);
+        R[(2 * i) * d + 2 * i + 1] = -sin(a);
+        R[(2 * i + 1) * d + 2 * i] = sin(a);
+        R[(2 * i + 1) * d + 2 * i + 1] = cos(a);
+    }
+}
+
+static double score_at(const Config *c, const float *q0, const float *k0, int m, int n) {
+    float q[256], k[256];
+    int d = head_size_of(c);
+    memcpy(q, q0, d * sizeof(float));
+    memcpy(k, k0, d * sizeof(float));
+    rope_rotate_head(q, c, m);
+    rope_rotate_head(k, c, n);
+    double s = 0;
+    for (int i = 0; i < d; i++) s += (double)q[i] * k[i];
+    return s;
+}
+
+static void test_rotation_equals_block_diagonal_matrix(void) {
+    static const float fractions[] = {1.0f, 0.75f, 0.5f, 0.25f, 0.0f};
+    static const float thetas[] = {10000.0f, 500000.0f};
+    unsigned long long rng = 42;
+    double worst = 0;
+    for (int fi = 0; fi < 5; fi++)
+        for (int ti = 0; ti < 2; ti++)
+            for (int m = 0; m < 300; m += 37) {
+                int d = 16;
+                Config c = rope_config(d, thetas[ti], fractions[fi]);
+                float x[16], y[16];
+                double R[16 * 16];
+                random_vector(x, d, &rng);
+                memcpy(y, x, sizeof(x));
+                rope_rotate_head(y, &c, m);
+                rotation_matrix(R, d, thetas[ti], (int)(fractions[fi] * d / 2), m);
+                for (int r = 0; r < d; r++) {
+                    double expect = 0;
+                    for (int j = 0; j < d; j++) expect += R[r * d + j] * x[j];
+                    double err = fabs(expect - y[r]);
+                    if (err > worst) worst = err;
+                }
+            }
+    char detail[64];
+    snprintf(detail, sizeof(detail), "max abs error %g", worst);
+    check(worst < 1e-4, "rotation_equals_block_diagonal_matrix_R(theta,m)", detail);
+}
+
+static void test_score_depends_only_on_relative_position(void) {
+    static const float fractions[] = {1.0f, 0.5f, 0.0f};
+    unsigned long long rng = 7;
+    double worst = 0;
+    for (int fi = 0; fi < 3; fi++) {
+        Config c = rope_config(64, 10000.0f, fractions[fi]);
+        float q[64], k[64];
+        random_vector(q, 64, &rng);
+        random_vector(k, 64, &rng);
+        static const int offsets[] = {0, 1, 5, 17, 100};
+        for (int oi = 0; oi < 5; oi++) {
+            int delta = offsets[oi];
+            double base = score_at(&c, q, k, delta, 0);
+            static const int shifts[] = {1, 3, 50, 200};
+            for (int si = 0; si < 4; si++) {
+                double s = score_at(&c, q, k, delta + shifts[si], shifts[si]);
+                double err = fabs(s - base) / (fabs(base) + 1e-6);
+                if (err > worst) worst = err;
+            }
+        }
+    }
+    char detail[64];
+    snprintf(detail, sizeof(detail), "max relative change %g", worst);
+    check(worst < 1e-4, "score_q_m_k_n_depends_only_on_m_minus_n", detail);
+}
+
+static void test_rotation_preserves_norm(void) {
+    unsigned long long rng = 3;
+    double worst = 0;
+    Config c = rope_config(128, 10000.0f, 1.0f);
+    for (int pos = 0; pos < 4096; pos += 97) {
+        float x[128];
+        random_vector(x, 128, &rng);
+        double before = 0, after = 0;
+        for (int i = 0; i < 128; i++) before += (double)x[i] * x[i];
+        rope_rotate_head(x, &c, pos);
+        for (int i = 0; i < 128; i++) after += (double)x[i] * x[i];
+        double err = fabs(sqrt(after) - sqrt(before)) / sqrt(before);
+        if (err > worst) worst = err;
+    }
+    char detail[64];
+    snprintf(detail, sizeof(detail), "max relative norm change %g", worst);
+    check(worst < 1e-5, "rotation_preserves_vector_norms", detail);
+}
+
+static void test_prope_leaves_unrotated_pairs_alone(void) {
+    Config c = rope_config(16, 10000.0f, 0.5f); // 4 of 8 pairs rotate
+    float x[16], y[16];
+    unsigned long long rng = 9;
+    random_vector(x, 16, &rng);
+    memcpy(y, x, sizeof(x));
+    rope_rotate_head(y, &c, 123);
+    int untouched = memcmp(x + 8, y + 8, 8 * sizeof(float)) == 0;
+    int rotated = memcmp(x, y, 8 * sizeof(float)) != 0;
+    check(untouched && rotated, "prope_rotates_first_pairs_and_leaves_the_rest_bitwise", "pairs >= rope_angles changed");
+}
+
+static void test_rope_angles_is_floor_of_p_times_half_head(void) {
+    // floor(p * d / 2), with p as stored in float32: 0.7 * 20 / 2 is 7, not 6
+    struct { int d; float p; int expect; } cases[] = {
+        {8, 1.0f, 4}, {8, 0.75f, 3}, {8, 0.5f, 2}, {8, 0.25f, 1}, {8, 0.0f, 0}, {8, 0.3f, 1},
+        {20, 0.7f, 7}, {64, 0.1f, 3}, {128, 0.999f, 63}, {16, 0.4375f, 3}};
+    int ok = 1;
+    char detail[96] = "";
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        Config c = rope_config(cases[i].d, 10000.0f, cases[i].p);
+        int got = rope_angles_of(&c);
+        if (got != cases[i].expect) {
+            ok = 0;
+            snprintf(detail, sizeof(detail), "d=%d p=%g: got %d, expected %d", cases[i].d, cases[i].p, got, cases[i].expect);
+        }
+    }
+    check(ok, "rope_angles_is_floor_of_p_times_half_head_size", detail);
+}
+
+static void test_table_rope_equals_plain_rope(void) {
+    Config c = rope_config(32, 500000.0f, 0.75f);
+    c.seq_len = 300;
+    int n = rope_angles_of(&c);
+    float *cos_t = malloc(sizeof(float) * c.seq_len * n), *sin_t = malloc(sizeof(float) * c.seq_len * n);
+    rope_build_tables(cos_t, sin_t, &c);
+    unsigned long long rng = 11;
+    int same = 1;
+    for (int pos = 0; pos < c.seq_len; pos += 13) {
+        float a[32], b[32];
+        random_vector(a, 32, &rng);
+        memcpy(b, a, sizeof(a));
+        rope_rotate_head(a, &c, pos);
+        rope_apply(b, 1, 32, n, cos_t + pos * n, sin_t + pos * n);
+        same &= memcmp(a, b, sizeof(a)) == 0;
+    }
+    free(cos_t);
+    free(sin_t);
+    check(same, "table_driven_rope_apply_equals_plain_rope_bitwise", "differs");
+}
+
+static void test_rope_frequencies_follow_theta(void) {
+    // omega_i = theta^(-2i/d): omega_0 = 1, and omega_{d/2-1} = theta^(-(d-2)/d)
+    Config c = rope_config(64, 10000.0f, 1.0f);
+    double w0 = rope_frequency(&c, 0), wl = rope_frequency(&c, 31), expect = pow(10000.0, -62.0 / 64.0);
+    c.rope_scale = 4.0f;
+    double scaled = rope_frequency(&c, 5), expect_scaled = pow(10000.0, -10.0 / 64.0) / 4.0;
+    check(w0 == 1.0 && fabs(wl - expect) / expect < 1e-6 && fabs(scaled - expect_scaled) / expect_scaled < 1e-6,
+          "rope_frequency_is_theta_pow_minus_2i_over_d_divided_by_scale", "wrong frequency");
+}
+
+// the kernels: matmul and matmul_block against a double-precision plain loop
+static void test_matmul_kernels_agree(void) {
+    int n = 37 * 8 + 5, d = 23, B = 11;
+    float *w = malloc(sizeof(float) * n * d), *x = malloc(sizeof(float) * n * B);
+    float *one = malloc(sizeof(float) * d * B), *block = malloc(sizeof(float) * d * B);
+    unsigned long long rng = 5;
+    random_vector(w, n * d, &rng);
+    random_vector(x, n * B, &rng);
+    for (int b = 0; b < B; b++) matmul(one + b * d, x + b * n, w, n, d);
+    matmul_block(block, x, w, B, n, d);
+    double worst = 0;
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < d; i++) {
+            double ref = 0;
+            for (int j = 0; j < n; j++) ref += (double)w[i * n + j] * x[b * n + j];
+            double err = fabs(ref - one[b * d + i]);
+            if (err > worst) worst = err;
+        }
+    char detail[96];
+    snprintf(detail, sizeof(detail), "max abs error vs double %g; block==single: %d", worst,
+             memcmp(one, block, sizeof(float) * d * B) == 0);
+    check(worst < 1e-4, "matmul_equals_double_precision_plain_loop", detail);
+    check(memcmp(one, block, sizeof(float) * d * B) == 0, "matmul_block_equals_matmul_token_by_token_bitwise", detail);
+    free(w);
+    free(x);
+    free(one);
+    free(block);
+}
+
+// the forward pass: a prompt in blocks gives the same logits as token by token
+static void test_block_forward_equals_token_forward(const char *checkpoint) {
+    Transformer a, b;
+    if (load_checkpoint(&a, checkpoint) || build_run_state(&a.state, &a.config) || load_checkpoint(&b, checkpoint) ||
+        build_run_state(&b.state, &b.config)) {
+        check(0, "block_forward_equals_token_forward", error_message);
+        return;
+    }
+    int V = a.config.vocab_size, n = 70; // more than two blocks, with a partial one
+    int tokens[70];
+    for (int i = 0; i < n; i++) tokens[i] = (i * 37 + 11) % V;
+    float *block_logits = malloc(sizeof(float) * V * n);
+    for (int i = 0; i < n; i += PREFILL_BLOCK) {
+        int len = n - i < PREFILL_BLOCK ? n - i : PREFILL_BLOCK;
+        memcpy(block_logits + (size_t)i * V, forward_block(&a, tokens + i, len, i, 1), sizeof(float) * V * len);
+    }
+    int same = 1;
+    for (int i = 0; i < n; i++) same &= memcmp(forward(&b, tokens[i], i), block_logits + (size_t)i * V, sizeof(float) * V) == 0;
+    check(same, "block_forward_equals_token_by_token_forward_bitwise", "logits differ");
+    free(block_logits);
+    free_transformer(&a);
+    free_transformer(&b);
+}
+
+int main(int argc, char **argv) {
+    test_rotation_equals_block_diagonal_matrix();
+    test_score_depends_only_on_relative_position();
+    test_rotation_preserves_norm();
+    test_prope_leaves_unrotated_pairs_alone();
+    test_rope_angles_is_floor_of_p_times_half_head();
+    test_table_rope_equals_plain_rope();
+    test_rope_frequencies_follow_theta();
+    test_matmul_kernels_agree();
+    if (argc > 1) test_block_forward_equals_token_forward(argv[1]);
+    printf("%d passed, %d failed\n", n_passed, n_failed);
+    return n_failed != 0;
+}
