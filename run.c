@@ -1071,7 +1071,7 @@ static double rate(int n, double seconds) { return seconds > 0 ? n / seconds : 0
 // ----------------------------------------------------------------------------
 // Generation: the prompt, then the continuation, streamed as llama2.c prints it.
 
-static int generate(Transformer *t, Tokenizer *tok, Sampler *sampler, const char *prompt, int steps) {
+static int generate(Transformer *t, Tokenizer *tok, Sampler *sampler, const char *prompt, int steps, int verbose) {
     int *prompt_tokens, n_prompt;
     if (encode_prompt(tok, prompt, &prompt_tokens, &n_prompt) != 0) return -1;
     if (n_prompt > t->config.seq_len) {
@@ -1098,17 +1098,27 @@ static int generate(Transformer *t, Tokenizer *tok, Sampler *sampler, const char
 
     // decode: sample from the logits at position pos, then run the new token at pos + 1
     int token = prompt_tokens[n_prompt - 1], n_generated = 0;
+    int *generated = malloc((size_t)(steps - n_prompt + 1) * sizeof(int));
+    if (!generated) {
+        free(prompt_tokens);
+        return fail("out of memory");
+    }
     for (int pos = n_prompt - 1; pos < steps; pos++) {
         if (pos > n_prompt - 1) logits = forward(t, token, pos);
         int next = sample(sampler, logits);
         if (next == TOKEN_BOS) break; // llama2.c's end of text
         safe_print(decode(tok, token, next));
         fflush(stdout);
-        token = next;
-        n_generated++;
+        generated[n_generated++] = token = next;
     }
     printf("\n");
     double t2 = time_in_s();
+    if (verbose) {
+        fprintf(stderr, "generated:");
+        for (int i = 0; i < n_generated; i++) fprintf(stderr, " %d", generated[i]);
+        fprintf(stderr, "\n");
+    }
+    free(generated);
     fprintf(stderr, "timing: prefill %d tokens %.1f tok/s, decode %d tokens %.1f tok/s\n", n_prompt,
             rate(n_prompt, t1 - t0), n_generated, rate(n_generated > 0 ? n_generated - 1 : 0, t2 - t1));
     free(prompt_tokens);
@@ -1510,7 +1520,7 @@ static void usage(FILE *out) {
             "  --csv PATH         write the inspect numbers as CSV (-m inspect)\n"
             "  --no-cache         chat: recompute the whole transcript every turn\n"
             "  -T INT             threads (default: OMP_NUM_THREADS or all cores)\n"
-            "  -v                 chat: print each turn's token ids on stderr\n"
+            "  -v                 print the generated token ids on stderr (chat: each turn's)\n"
             "  -h, --help         this help\n"
             "Exit codes: 0 success, 1 bad input file or runtime error, 2 bad command line.\n");
 }
@@ -1675,7 +1685,7 @@ int main(int argc, char *argv[]) {
     // 4. run the mode
     int result;
     if (is_generate) {
-        result = generate(&transformer, &tokenizer, &sampler, prompt ? prompt : "", (int)steps);
+        result = generate(&transformer, &tokenizer, &sampler, prompt ? prompt : "", (int)steps, verbose);
     } else if (is_tokenize) {
         result = tokenize(&tokenizer, prompt ? prompt : "");
     } else if (is_ppl) {
