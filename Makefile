@@ -47,3 +47,10 @@ test-asan: run-asan tests/test_rope-asan
 
 clean:
 	rm -f run run-asan tests/test_rope tests/test_rope-asan
+
+# llama2.c's tokenizer.bin for Llama 2, made from the SentencePiece model
+tokenizer.bin: export.py
+	$(PYTHON) export.py --tokenizer $(MODELS)/tokenizer.model -o $@
+
+-include fuzz/fuzz.mk
+-include bench/bench.mk

@@ -1,0 +1,32 @@
+"""Every command the README shows in a ```sh block runs (a README that drifts from the program fails)."""
+import re
+import subprocess
+
+import pytest
+
+from conftest import ROOT, RUN_BIN
+
+# the README's commands run ./run itself; under the sanitizer build they add nothing
+pytestmark = pytest.mark.skipif(RUN_BIN != str(ROOT / "run"), reason="README commands use ./run")
+
+
+def readme_commands():
+    text = (ROOT / "README.md").read_text()
+    commands = []
+    for block in re.findall(r"```sh\n(.*?)```", text, re.S):
+        commands += [line[2:] for line in block.splitlines() if line.startswith("$ ")]
+    return commands
+
+
+def test_readme_shows_commands():
+    assert len(readme_commands()) >= 6
+
+
+@pytest.mark.parametrize("command", readme_commands())
+def test_readme_command_runs(command):
+    # python3 in the README means a Python with numpy: the one the tests run with
+    command = re.sub(r"^python3 ", "/usr/bin/python3 ", command)
+    r = subprocess.run(["bash", "-o", "pipefail", "-c", command], cwd=ROOT, capture_output=True, timeout=300,
+                       env={"PATH": "/usr/bin:/bin", "MODELS": "../shared/models"})
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    assert r.stdout.strip(), "the command printed nothing"
