@@ -326,12 +326,16 @@ static int load_checkpoint(Transformer *t, const char *path) {
     if (mapped == MAP_FAILED) return fail("cannot map checkpoint %s: %s", path, strerror(errno));
     size_t offset = 0;
     uint64_t expected = 0;
-    if (parse_header(mapped, size, &t->config, &t->format, &offset, &expected) != 0 || expected != size) {
-        if (expected != size && error_message[0] == '\0')
-            fail("checkpoint %s has %zu bytes but its header implies %llu (truncated or not a checkpoint?)",
-                 path, size, (unsigned long long)expected);
+    if (parse_header(mapped, size, &t->config, &t->format, &offset, &expected) != 0) {
+        char reason[sizeof(error_message)];
+        snprintf(reason, sizeof(reason), "%s", error_message);
         munmap(mapped, size);
-        return -1;
+        return fail("checkpoint %s: %s", path, reason);
+    }
+    if (expected != size) {
+        munmap(mapped, size);
+        return fail("checkpoint %s has %zu bytes but its header implies %llu (truncated, or not a checkpoint?)",
+                    path, size, (unsigned long long)expected);
     }
     t->mapped = mapped;
     t->file_size = size;
@@ -1016,6 +1020,7 @@ static int sample_topp(const float *probabilities, int n, float topp, ProbIndex 
             n0++;
         }
     }
+    if (n0 == 0) return sample_argmax(probabilities, n); // a flat distribution and a tiny topp: llama2.c would read probindex[-1]
     qsort(probindex, n0, sizeof(ProbIndex), compare_prob_desc);
     float cumulative_prob = 0.0f;
     int last_idx = n0 - 1;
@@ -1065,6 +1070,15 @@ static int encode_prompt(const Tokenizer *tok, const char *text, int **tokens, i
     return 0;
 }
 
+// NaN or infinite weights in a checkpoint give non-finite logits: say so rather
+// than print garbage.
+static int check_logits(const float *logits, int vocab_size, int pos) {
+    for (int i = 0; i < vocab_size; i++)
+        if (!isfinite(logits[i]))
+            return fail("non-finite logits at position %d: the checkpoint's weights hold NaN or infinity", pos);
+    return 0;
+}
+
 // Tokens per second over a span in seconds, 0 when nothing was timed.
 static double rate(int n, double seconds) { return seconds > 0 ? n / seconds : 0.0; }
 
@@ -1105,6 +1119,12 @@ static int generate(Transformer *t, Tokenizer *tok, Sampler *sampler, const char
     }
     for (int pos = n_prompt - 1; pos < steps; pos++) {
         if (pos > n_prompt - 1) logits = forward(t, token, pos);
+        if (check_logits(logits, t->config.vocab_size, pos) != 0) {
+            printf("\n");
+            free(generated);
+            free(prompt_tokens);
+            return -1;
+        }
         int next = sample(sampler, logits);
         if (next == TOKEN_BOS) break; // llama2.c's end of text
         safe_print(decode(tok, token, next));
@@ -1170,16 +1190,19 @@ static double token_nll(const float *logits, int vocab_size, int target) {
     return log(sum) - ((double)logits[target] - max_val);
 }
 
-// Scores window = BOS + text tokens; returns the summed nll of its predictions.
-static double score_window(Transformer *t, const int *window, int n) {
-    double total = 0.0;
+// Scores window = BOS + text tokens; adds the nll of its predictions to *total.
+static int score_window(Transformer *t, const int *window, int n, double *total) {
+    int vocab_size = t->config.vocab_size;
     for (int i = 0; i + 1 < n; i += PREFILL_BLOCK) {
         int len = n - 1 - i < PREFILL_BLOCK ? n - 1 - i : PREFILL_BLOCK; // predictions in this block
         float *logits = forward_block(t, window + i, len, i, 1);
-        for (int b = 0; b < len; b++)
-            total += token_nll(logits + (size_t)b * t->config.vocab_size, t->config.vocab_size, window[i + b + 1]);
+        for (int b = 0; b < len; b++) {
+            const float *row = logits + (size_t)b * vocab_size;
+            if (check_logits(row, vocab_size, i + b) != 0) return -1;
+            *total += token_nll(row, vocab_size, window[i + b + 1]);
+        }
     }
-    return total;
+    return 0;
 }
 
 static int perplexity(Transformer *t, const Tokenizer *tok, const char *text) {
@@ -1206,7 +1229,11 @@ static int perplexity(Transformer *t, const Tokenizer *tok, const char *text) {
         int len = n_text - start < per_window ? n_text - start : per_window;
         window[0] = TOKEN_BOS;
         memcpy(window + 1, text_tokens + start, (size_t)len * sizeof(int));
-        total += score_window(t, window, len + 1);
+        if (score_window(t, window, len + 1, &total) != 0) {
+            free(window);
+            free(tokens);
+            return -1;
+        }
         n_windows++;
     }
     double seconds = time_in_s() - t0;
@@ -1396,6 +1423,37 @@ static void print_ids(const char *label, int turn, const int *ids, int n) {
     fprintf(stderr, "\n");
 }
 
+// Samples and prints a reply until EOS, the reply limit or the end of the context,
+// appending its tokens to the history (each is run through the model as it is
+// sampled, so the cache holds the whole reply).
+static int stream_reply(Transformer *t, const Tokenizer *tok, Sampler *sampler, const ChatOptions *opt,
+                        float *logits, int *history, int *n_history) {
+    int seq_len = t->config.seq_len, reply_start = *n_history, prev = TOKEN_BOS, result = 0;
+    if (opt->interactive) printf("Assistant:");
+    while (1) {
+        if (opt->reply_limit > 0 && *n_history - reply_start >= opt->reply_limit) break;
+        if (*n_history >= seq_len) {
+            fprintf(stderr, "run: the context of %d tokens is full; the reply is cut here\n", seq_len);
+            break;
+        }
+        if (check_logits(logits, t->config.vocab_size, *n_history - 1) != 0) {
+            result = -1;
+            break;
+        }
+        int next = sample(sampler, logits);
+        if (next == TOKEN_EOS) break;
+        print_reply_piece(decode(tok, prev, next), opt->interactive);
+        fflush(stdout);
+        history[*n_history] = next;
+        logits = forward(t, next, *n_history);
+        (*n_history)++;
+        prev = next;
+    }
+    printf("\n");
+    fflush(stdout);
+    return result;
+}
+
 static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOptions opt) {
     const Config *c = &t->config;
     int seq_len = c->seq_len;
@@ -1466,26 +1524,12 @@ static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOpti
             logits = prefill(t, history + n_history, n_turn, n_history);
         n_history += n_turn;
 
-        // 5. the reply, streamed until EOS, the reply limit or the end of the context
-        if (opt.interactive) printf("Assistant:");
-        int reply_start = n_history, prev = TOKEN_BOS;
-        while (1) {
-            if (opt.reply_limit > 0 && n_history - reply_start >= opt.reply_limit) break;
-            if (n_history >= seq_len) {
-                fprintf(stderr, "run: the context of %d tokens is full; the reply is cut here\n", seq_len);
-                break;
-            }
-            int next = sample(sampler, logits);
-            if (next == TOKEN_EOS) break;
-            print_reply_piece(decode(tok, prev, next), opt.interactive);
-            fflush(stdout);
-            history[n_history] = next;
-            logits = forward(t, next, n_history);
-            n_history++;
-            prev = next;
+        // 5. the reply
+        int reply_start = n_history;
+        if (stream_reply(t, tok, sampler, &opt, logits, history, &n_history) != 0) {
+            result = -1;
+            break;
         }
-        printf("\n");
-        fflush(stdout);
         if (opt.verbose) print_ids("reply", turn + 1, history + reply_start, n_history - reply_start);
         pending_eos = 1;
         turn++;
@@ -1695,8 +1739,9 @@ int main(int argc, char *argv[]) {
     } else if (is_inspect) {
         result = inspect(&transformer, &tokenizer, prompt, csv_path);
     } else {
-        ChatOptions opt = {system_prompt, prompt, steps_given ? (int)steps : 0, isatty(STDIN_FILENO), no_cache, verbose};
-        if (steps_given && steps == c->seq_len) opt.reply_limit = 0;
+        // -n limits each reply; 0, or a limit the context cannot reach, means none
+        int reply_limit = steps_given && steps < c->seq_len ? (int)steps : 0;
+        ChatOptions opt = {system_prompt, prompt, reply_limit, isatty(STDIN_FILENO), no_cache, verbose};
         result = chat(&transformer, &tokenizer, &sampler, opt);
     }
     if (result != 0) runtime_error();

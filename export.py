@@ -1,0 +1,940 @@
+#!/usr/bin/env python3
+"""export.py: write checkpoints in this project's "ROPE" format (see FORMAT.md).
+
+    export.py MODEL_DIR out.bin [--rope-theta F] [--rope-fraction F] [--legacy]
+        a Hugging Face Llama (or Mistral) directory: config.json plus
+        model.safetensors or a sharded model.safetensors.index.json
+    export.py CHECKPOINT.bin out.bin [--rope-theta F] [--rope-fraction F] [--legacy]
+        a llama2.c checkpoint (legacy or "version 1") or a ROPE file
+    export.py --tokenizer tokenizer.model -o tokenizer.bin
+        a SentencePiece model to llama2.c's tokenizer.bin
+
+--rope-theta and --rope-fraction replace the stored theta and p (for example for a
+model that was trained with p-RoPE); --legacy writes llama2.c's legacy format instead.
+
+This file uses only NumPy and the standard library: it reads safetensors and the
+SentencePiece protobuf by hand, so it also documents those formats. Every failure
+is one line on stderr, "export.py: error: ...", with exit code 1 for bad input and
+2 for a bad command line.
+
+Rotary layouts. A Hugging Face checkpoint rotates dim i of a head together with
+dim i + head_dim/2 ("rotate_half"); run.c rotates adjacent pairs (2i, 2i+1). Both
+give the same attention scores when the rows of wq and wk are reordered per head:
+new row 2i <- old row i, new row 2i+1 <- old row i + head_dim/2. llama2.c's own
+checkpoints are already in the adjacent-pair layout and are copied unchanged.
+"""
+
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+
+EXIT_BAD_INPUT = 1  # the input files (or the output path) are unusable
+EXIT_BAD_USAGE = 2  # the command line is wrong
+
+try:
+    import numpy as np
+except ImportError:
+    sys.exit(f"export.py: error: this Python ({sys.executable}) has no NumPy; run export.py with one that has")
+
+ROPE_MAGIC = 0x45504F52  # the bytes "ROPE", read as a little-endian uint32
+ROPE_VERSION = 1
+LLAMA2C_MAGIC = 0x616B3432  # "ak42": llama2.c's version 1 and 2 exports
+LLAMA2C_VERSION = 1  # float32; llama2.c's version 2 is int8-quantized
+HEADER_BYTES = 256  # ROPE and llama2.c version 1 headers are zero-padded to this
+# magic, version, dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len,
+# shared_classifier, norm_eps, rope_theta, rope_fraction, rope_scale (FORMAT.md)
+ROPE_HEADER = struct.Struct("<Ii8i4f")
+# magic, version, the seven sizes, a uint8 shared-classifier flag (llama2.c's export.py)
+LLAMA2C_V1_HEADER = struct.Struct("<Ii7iB")
+# dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size (< 0: unshared classifier), seq_len
+LEGACY_HEADER = struct.Struct("<7i")
+
+LLAMA2C_THETA = 10000.0  # what llama2.c's checkpoints were trained with
+LLAMA2C_NORM_EPS = 1e-5
+HF_DEFAULTS = {  # transformers' LlamaConfig defaults for keys a config.json may omit
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 2048,
+    "hidden_act": "silu",
+}
+SUPPORTED_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
+INT32_MAX = 2**31 - 1
+
+
+class ExportError(Exception):
+    """A problem with the input: reported as one line, exit code EXIT_BAD_INPUT."""
+
+
+def warn(message):
+    """Print one warning line on stderr."""
+    print(f"export.py: warning: {message}", file=sys.stderr)
+
+
+def f32(x):
+    """x rounded to float32, the precision the header stores (inf when too large)."""
+    with np.errstate(over="ignore"):
+        return float(np.float32(x))
+
+
+def show(x):
+    """Short text for the float32 value of x: "%g" when that reads back exactly."""
+    value = f32(x)
+    text = f"{value:g}"
+    return text if f32(float(text)) == value else str(np.float32(value))
+
+
+# ----------------------------------------------------------------------------
+# The model: a header (Config) and its tensors, in the order FORMAT.md gives
+
+
+class Config:
+    """The header fields of a ROPE file (FORMAT.md), with the rotary settings."""
+
+    def __init__(self, dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size,
+                 seq_len, shared_classifier, norm_eps, rope_theta=LLAMA2C_THETA,
+                 rope_fraction=1.0, rope_scale=1.0):
+        self.dim = dim                      # model width
+        self.hidden_dim = hidden_dim        # feed-forward width
+        self.n_layers = n_layers
+        self.n_heads = n_heads              # query heads
+        self.n_kv_heads = n_kv_heads        # key/value heads (divides n_heads)
+        self.vocab_size = vocab_size
+        self.seq_len = seq_len              # context length
+        self.shared_classifier = shared_classifier  # True: wcls is the token embedding
+        self.norm_eps = norm_eps            # RMSNorm epsilon
+        self.rope_theta = rope_theta        # base wavelength theta
+        self.rope_fraction = rope_fraction  # p: floor(p * head_dim / 2) pairs rotate
+        self.rope_scale = rope_scale        # every frequency is divided by it
+
+    @property
+    def head_dim(self):
+        """Width of one attention head."""
+        return self.dim // self.n_heads
+
+    def check(self):
+        """Refuse sizes that cannot describe a model."""
+        sizes = ("dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len")
+        for name in sizes:
+            value = getattr(self, name)
+            if not 0 < value <= INT32_MAX:
+                raise ExportError(f"{name} {value} must be a positive int32")
+        if self.dim % self.n_heads:
+            raise ExportError(f"dim {self.dim} is not a multiple of n_heads {self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            raise ExportError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
+        if self.head_dim % 2:
+            raise ExportError(f"head_dim {self.head_dim} is odd: rotary pairs need an even head_dim")
+        if not (math.isfinite(self.norm_eps) and self.norm_eps > 0):
+            raise ExportError(f"norm_eps {self.norm_eps} must be finite and > 0")
+        check_rope_values(self.rope_theta, self.rope_fraction, self.rope_scale)
+
+
+def check_rope_values(theta, fraction, scale):
+    """Refuse rotary settings that FORMAT.md does not allow."""
+    if not (math.isfinite(f32(theta)) and theta > 0):
+        raise ExportError(f"rope_theta {theta} must be finite and > 0 (in float32)")
+    if not 0 <= fraction <= 1:
+        raise ExportError(f"rope_fraction {fraction} must be in [0, 1]")
+    if not (math.isfinite(scale) and scale >= 1):
+        raise ExportError(f"rope_scale {scale} must be finite and >= 1")
+
+
+def tensor_shapes(c):
+    """[(name, shape)] of every tensor of a ROPE file, in file order (FORMAT.md)."""
+    hd, L = c.head_dim, c.n_layers
+    q_dim, kv_dim = c.n_heads * hd, c.n_kv_heads * hd
+    shapes = [
+        ("token_embedding", (c.vocab_size, c.dim)),
+        ("rms_att", (L, c.dim)),
+        ("wq", (L, q_dim, c.dim)),
+        ("wk", (L, kv_dim, c.dim)),
+        ("wv", (L, kv_dim, c.dim)),
+        ("wo", (L, c.dim, q_dim)),
+        ("rms_ffn", (L, c.dim)),
+        ("w1", (L, c.hidden_dim, c.dim)),  # gate
+        ("w2", (L, c.dim, c.hidden_dim)),  # down
+        ("w3", (L, c.hidden_dim, c.dim)),  # up
+        ("rms_final", (c.dim,)),
+    ]
+    if not c.shared_classifier:
+        shapes.append(("wcls", (c.vocab_size, c.dim)))
+    return shapes
+
+
+def n_floats(shapes):
+    """Total number of floats in a list of (name, shape)."""
+    return sum(math.prod(shape) for _, shape in shapes)
+
+
+# ----------------------------------------------------------------------------
+# Reading flat float32 files: ROPE, llama2.c version 1, llama2.c legacy
+
+
+def map_floats(path, offset, shapes):
+    """{name: float32 view into the file} for tensors stored back to back from offset."""
+    data = np.memmap(path, dtype="<f4", mode="r", offset=offset)
+    tensors, start = {}, 0
+    for name, shape in shapes:
+        count = math.prod(shape)
+        tensors[name] = data[start:start + count].reshape(shape)
+        start += count
+    return tensors
+
+
+def check_padding(path, data, start):
+    """Refuse a 256-byte header whose padding (reserved bytes) is not all zero."""
+    if any(data[start:HEADER_BYTES]):
+        raise ExportError(f"{path}: header bytes {start}..{HEADER_BYTES - 1} are not all zero (a newer format?)")
+
+
+def check_size(path, what, expected):
+    """Refuse a file whose size is not what its header implies."""
+    actual = os.path.getsize(path)
+    if actual != expected:
+        raise ExportError(f"{path}: {what} header implies {expected} bytes, but the file has {actual}")
+
+
+def read_rope(path, data):
+    """Read a ROPE file (FORMAT.md): (Config, tensors)."""
+    (_, version, dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared,
+     eps, theta, fraction, scale) = ROPE_HEADER.unpack_from(data)
+    if version != ROPE_VERSION:
+        raise ExportError(f"{path}: ROPE version {version} is not supported (only {ROPE_VERSION})")
+    if shared not in (0, 1):
+        raise ExportError(f"{path}: shared_classifier is {shared}, expected 0 or 1")
+    check_padding(path, data, ROPE_HEADER.size)
+    c = Config(dim, hidden, layers, heads, kv_heads, vocab, seq_len, bool(shared), eps, theta, fraction, scale)
+    c.check()
+    shapes = tensor_shapes(c)
+    check_size(path, "ROPE", HEADER_BYTES + 4 * n_floats(shapes))
+    return c, map_floats(path, HEADER_BYTES, shapes)
+
+
+def read_llama2c_v1(path, data):
+    """Read llama2.c's "version 1" export: (Config, tensors).
+
+    Header: uint32 magic, int32 version, seven int32 (dim, hidden_dim, n_layers,
+    n_heads, n_kv_heads, vocab_size, seq_len), uint8 shared-classifier flag, zeros
+    to byte 256. Tensors: the norms first (all rms_att, all rms_ffn, rms_final),
+    then token_embedding, wq, wk, wv, wo, w1, w2, w3, and wcls when not shared.
+    """
+    _, version, dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared = LLAMA2C_V1_HEADER.unpack_from(data)
+    if version != LLAMA2C_VERSION:
+        raise ExportError(f"{path}: llama2.c version {version} is not supported (only the float32 version 1)")
+    if shared not in (0, 1):
+        raise ExportError(f"{path}: shared-classifier flag is {shared}, expected 0 or 1")
+    check_padding(path, data, LLAMA2C_V1_HEADER.size)
+    c = Config(dim, hidden, layers, heads, kv_heads, vocab, seq_len, bool(shared), LLAMA2C_NORM_EPS)
+    c.check()
+    shapes = dict(tensor_shapes(c))
+    order = ["rms_att", "rms_ffn", "rms_final", "token_embedding",
+             "wq", "wk", "wv", "wo", "w1", "w2", "w3"] + ([] if c.shared_classifier else ["wcls"])
+    file_shapes = [(name, shapes[name]) for name in order]
+    check_size(path, "llama2.c version 1", HEADER_BYTES + 4 * n_floats(file_shapes))
+    return c, map_floats(path, HEADER_BYTES, file_shapes)
+
+
+def legacy_shapes(c):
+    """[(name, shape)] of llama2.c's legacy format: ROPE's order plus its freq_cis tables."""
+    shapes = tensor_shapes(c)
+    at = [name for name, _ in shapes].index("rms_final") + 1
+    tables = [("freq_cis_real", (c.seq_len, c.head_dim // 2)), ("freq_cis_imag", (c.seq_len, c.head_dim // 2))]
+    return shapes[:at] + tables + shapes[at:]
+
+
+def read_llama2c_legacy(path, data):
+    """Read llama2.c's legacy export: (Config, tensors).
+
+    Header: seven int32 (dim, hidden_dim, n_layers, n_heads, n_kv_heads,
+    vocab_size, seq_len); a negative vocab_size means a separate classifier.
+    Tensors as in ROPE, with freq_cis_real and freq_cis_imag (seq_len, head_dim/2)
+    after rms_final; the tables are skipped (run.c computes its own angles).
+    """
+    dim, hidden, layers, heads, kv_heads, vocab, seq_len = LEGACY_HEADER.unpack_from(data)
+    c = Config(dim, hidden, layers, heads, kv_heads, abs(vocab), seq_len, vocab > 0, LLAMA2C_NORM_EPS)
+    try:
+        c.check()
+    except ExportError as e:
+        raise ExportError(f"{path}: not a ROPE, llama2.c or Hugging Face checkpoint (as a legacy llama2.c header: {e})")
+    shapes = legacy_shapes(c)
+    check_size(path, "llama2.c legacy", LEGACY_HEADER.size + 4 * n_floats(shapes))
+    tensors = map_floats(path, LEGACY_HEADER.size, shapes)
+    del tensors["freq_cis_real"], tensors["freq_cis_imag"]
+    return c, tensors
+
+
+def read_flat_checkpoint(path):
+    """Read a ROPE or llama2.c checkpoint file, telling the format by its first bytes."""
+    with open(path, "rb") as f:
+        data = f.read(HEADER_BYTES)
+    if len(data) < LEGACY_HEADER.size:
+        raise ExportError(f"{path}: only {len(data)} bytes: too short for any checkpoint header")
+    magic = struct.unpack_from("<I", data)[0]
+    if magic in (ROPE_MAGIC, LLAMA2C_MAGIC) and len(data) < HEADER_BYTES:
+        raise ExportError(f"{path}: truncated {HEADER_BYTES}-byte header")
+    if magic == ROPE_MAGIC:
+        return read_rope(path, data)
+    if magic == LLAMA2C_MAGIC:
+        return read_llama2c_v1(path, data)
+    return read_llama2c_legacy(path, data)
+
+
+# ----------------------------------------------------------------------------
+# Reading safetensors (by hand)
+#
+#   u64 little-endian N | N bytes of JSON header | data
+#   header: {name: {"dtype": "BF16", "shape": [rows, cols], "data_offsets": [begin, end]},
+#            "__metadata__": {...}}, offsets relative to the start of the data.
+
+SAFETENSORS_ITEMSIZE = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
+    "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
+}
+FLOAT_DTYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}  # BF16 kept as raw uint16 bits
+MAX_HEADER_BYTES = 100 * 2**20  # the safetensors library's own limit
+
+
+class Safetensors:
+    """One .safetensors file: its validated header, and its data mapped read-only."""
+
+    def __init__(self, path):
+        self.path = path
+        size = os.path.getsize(path)
+        if size < 8:
+            raise ExportError(f"{path}: truncated safetensors file ({size} bytes)")
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > size - 8 or n > MAX_HEADER_BYTES:
+                raise ExportError(f"{path}: safetensors header length {n} runs past the end of the {size}-byte file")
+            header = f.read(n)
+        try:
+            entries = json.loads(header)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ExportError(f"{path}: safetensors header is not valid JSON ({e})")
+        if not isinstance(entries, dict):
+            raise ExportError(f"{path}: safetensors header is not a JSON object")
+        entries.pop("__metadata__", None)
+        self.data_start, self.data_size = 8 + n, size - 8 - n
+        for name, entry in entries.items():
+            self.check_entry(name, entry)
+        self.entries = entries
+        self.data = np.memmap(path, dtype=np.uint8, mode="r")
+
+    def check_entry(self, name, entry):
+        """Refuse a header entry with an unknown dtype, a bad shape or bad offsets."""
+        where = f"{self.path}: tensor {name}"
+        if not isinstance(entry, dict):
+            raise ExportError(f"{where}: header entry is not an object")
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if dtype not in SAFETENSORS_ITEMSIZE:
+            raise ExportError(f"{self.path}: unknown dtype {dtype} for tensor {name}")
+        if not (isinstance(shape, list) and all(is_int(d) and d >= 0 for d in shape)):
+            raise ExportError(f"{where}: bad shape {shape}")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(is_int(o) for o in offsets)):
+            raise ExportError(f"{where}: bad data_offsets {offsets}")
+        begin, end = offsets
+        if not 0 <= begin <= end <= self.data_size:
+            raise ExportError(f"{where}: data_offsets [{begin}, {end}] lie outside the "
+                              f"{self.data_size} bytes of data (truncated file?)")
+        expected = math.prod(shape) * SAFETENSORS_ITEMSIZE[dtype]
+        if end - begin != expected:
+            raise ExportError(f"{where}: {end - begin} bytes for shape {shape} of {dtype}, expected {expected}")
+
+    def raw(self, name):
+        """(dtype, array of the stored values) of a float tensor, without copying."""
+        entry = self.entries[name]
+        dtype = entry["dtype"]
+        if dtype not in FLOAT_DTYPES:
+            raise ExportError(f"{self.path}: tensor {name} has dtype {dtype}; only F32, F16 and BF16 are supported")
+        begin, end = entry["data_offsets"]
+        start = self.data_start + begin
+        values = self.data[start:self.data_start + end].view(FLOAT_DTYPES[dtype])
+        return dtype, values.reshape(entry["shape"])
+
+
+def is_int(x):
+    """True for a JSON integer (bool is not one)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def to_float32(dtype, values):
+    """Stored F32, F16 or BF16 values as float32 (BF16 is the upper half of a float32)."""
+    if dtype == "BF16":
+        return (values.astype(np.uint32) << 16).view(np.float32)
+    return values.astype(np.float32, copy=False)
+
+
+def open_safetensors(model_dir):
+    """{tensor name: Safetensors file holding it} for a single or sharded checkpoint."""
+    single = os.path.join(model_dir, "model.safetensors")
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.isfile(single):
+        shard = Safetensors(single)
+        return {name: shard for name in shard.entries}
+    if not os.path.isfile(index):
+        raise ExportError(f"{model_dir}: no model.safetensors or model.safetensors.index.json "
+                          "(PyTorch .bin checkpoints are not supported)")
+    weight_map = read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise ExportError(f"{index}: no \"weight_map\" object")
+    shards, where = {}, {}
+    for name, file in weight_map.items():
+        if not isinstance(file, str) or os.path.basename(file) != file:
+            raise ExportError(f"{index}: bad shard file name {file!r} for tensor {name}")
+        if file not in shards:
+            shards[file] = Safetensors(os.path.join(model_dir, file))
+        if name not in shards[file].entries:
+            raise ExportError(f"{index}: tensor {name} is not in its shard {file}")
+        where[name] = shards[file]
+    return where
+
+
+def read_json(path):
+    """A JSON object from a file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except ValueError as e:
+        raise ExportError(f"{path}: not valid JSON ({e})")
+    if not isinstance(value, dict):
+        raise ExportError(f"{path}: not a JSON object")
+    return value
+
+
+# ----------------------------------------------------------------------------
+# Hugging Face config.json: sizes and rotary settings
+
+
+def hf_int(config, key, default=None):
+    """A positive integer from config.json (default when absent or null)."""
+    value = config.get(key)
+    if value is None:
+        value = default
+    if value is None:
+        raise ExportError(f"config.json has no {key!r}")
+    if not is_int(value) or not 0 < value <= INT32_MAX:
+        raise ExportError(f"config.json: {key} {value!r} must be a positive int32")
+    return value
+
+
+def hf_number(value, what):
+    """A JSON number (not a bool) as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ExportError(f"config.json: {what} {value!r} is not a number")
+    return float(value)
+
+
+def check_architecture(config):
+    """Refuse models that are not Llama-like (Llama and Mistral are)."""
+    model_type = config.get("model_type")
+    if model_type is not None and model_type not in SUPPORTED_MODEL_TYPES:
+        raise ExportError(f"config.json: model_type {model_type!r} is not supported (only "
+                          f"{', '.join(SUPPORTED_MODEL_TYPES)})")
+    for arch in config.get("architectures") or []:
+        if arch not in SUPPORTED_MODEL_TYPES.values():
+            raise ExportError(f"config.json: architecture {arch!r} is not supported (only "
+                              f"{', '.join(SUPPORTED_MODEL_TYPES.values())})")
+    act = config.get("hidden_act", HF_DEFAULTS["hidden_act"])
+    if act != "silu":
+        raise ExportError(f"config.json: hidden_act {act!r} is not supported (only 'silu': run.c's SwiGLU)")
+    for key in ("attention_bias", "mlp_bias"):
+        if config.get(key):
+            raise ExportError(f"config.json: {key} is true; this format has no biases")
+    window = config.get("sliding_window")
+    if is_int(window) and window < config.get("max_position_embeddings", HF_DEFAULTS["max_position_embeddings"]):
+        warn(f"sliding_window {window} is ignored: run.c attends to the whole context")
+
+
+def hf_config(config):
+    """The Config of a Hugging Face config.json, before the rotary settings."""
+    check_architecture(config)
+    dim = hf_int(config, "hidden_size")
+    n_heads = hf_int(config, "num_attention_heads")
+    c = Config(dim=dim,
+               hidden_dim=hf_int(config, "intermediate_size"),
+               n_layers=hf_int(config, "num_hidden_layers"),
+               n_heads=n_heads,
+               n_kv_heads=hf_int(config, "num_key_value_heads", n_heads),
+               vocab_size=hf_int(config, "vocab_size"),
+               seq_len=hf_int(config, "max_position_embeddings", HF_DEFAULTS["max_position_embeddings"]),
+               shared_classifier=bool(config.get("tie_word_embeddings", False)),
+               norm_eps=hf_number(config.get("rms_norm_eps", HF_DEFAULTS["rms_norm_eps"]), "rms_norm_eps"))
+    if dim % n_heads:
+        raise ExportError(f"config.json: hidden_size {dim} is not a multiple of num_attention_heads {n_heads}")
+    head_dim = config.get("head_dim")
+    if head_dim is not None and head_dim != dim // n_heads:
+        raise ExportError(f"config.json: head_dim {head_dim} differs from hidden_size / num_attention_heads = "
+                          f"{dim // n_heads}; this format derives head_dim from dim / n_heads")
+    return c
+
+
+def hf_rope_parameters(config):
+    """(rope_type, theta, partial_rotary_factor, factor) from either place transformers keeps them.
+
+    transformers 4.x: top-level rope_theta and partial_rotary_factor, and a
+    rope_scaling dict (or null) with "rope_type" (older: "type") and "factor".
+    transformers 5.x: a rope_parameters dict with rope_type, rope_theta and the rest.
+    As in transformers' convert_rope_params_to_dict, a non-null rope_scaling wins.
+    """
+    rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    if not isinstance(rope, dict):
+        raise ExportError(f"config.json: rope_scaling / rope_parameters {rope!r} is not an object")
+    if any(isinstance(v, dict) for v in rope.values()):
+        raise ExportError("config.json: per-layer-type rope_parameters are not supported")
+
+    def pick(key, default):
+        """config[key] or rope[key] (they must agree), else the default."""
+        inner, outer = rope.get(key), config.get(key)
+        if inner is not None and outer is not None and inner != outer:
+            raise ExportError(f"config.json: {key} is {outer} at top level but {inner} in the rope dict")
+        value = inner if inner is not None else outer
+        return hf_number(default if value is None else value, key)
+
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    factor = rope.get("factor")
+    factor = 1.0 if factor is None else hf_number(factor, "rope factor")
+    return rope_type, pick("rope_theta", HF_DEFAULTS["rope_theta"]), pick("partial_rotary_factor", 1.0), factor
+
+
+def fraction_for(rotated_pairs, head_dim, near):
+    """The float32 p closest to `near` with floor(p * head_dim / 2) == rotated_pairs exactly.
+
+    run.c and the paper count rotated pairs as floor(p * head_dim / 2); a p such as
+    float32(1/3) may land just below the integer and lose a pair, so step it up
+    (or down) one float32 at a time until the exact product has the right floor.
+    """
+    p = np.float32(near)
+    while float(p) * head_dim / 2 < rotated_pairs:
+        p = np.nextafter(p, np.float32(2))
+    while math.floor(float(p) * head_dim / 2) > rotated_pairs:
+        p = np.nextafter(p, np.float32(-1))
+    return float(p)
+
+
+def hf_rope(config, head_dim):
+    """(theta, p, scale, rotary_dim) for a Hugging Face config; rotary_dim tells the row permutation.
+
+    rope_type "default": standard RoPE, or with partial_rotary_factor f < 1 GPT-NeoX's
+        partial rotary: the first rotary_dim = int(head_dim * f) dims rotate as pairs
+        (i, i + rotary_dim/2) at base^(-2i / rotary_dim). That is p-RoPE with
+        p = rotary_dim / head_dim and theta = base^(head_dim / rotary_dim), since
+        theta^(-2i / head_dim) = base^(-2i / rotary_dim).
+    rope_type "proportional" (transformers' p-RoPE, Gemma 4's global layers): pairs
+        (i, i + head_dim/2) for i < int(f * head_dim // 2) rotate at
+        base^(-2i / head_dim), the others not; every frequency is divided by "factor".
+    """
+    rope_type, base, f, factor = hf_rope_parameters(config)
+    if not 0 <= f <= 1:
+        raise ExportError(f"config.json: partial_rotary_factor {f} must be in [0, 1]")
+    if rope_type == "proportional":
+        if not (math.isfinite(factor) and factor >= 1):
+            raise ExportError(f"config.json: proportional rope factor {factor} must be >= 1")
+        pairs = int(f * head_dim // 2)
+        return base, fraction_for(pairs, head_dim, f), factor, head_dim
+    if rope_type != "default":
+        raise ExportError(f"rope_type {rope_type!r} is not supported: this format stores only standard RoPE "
+                          "and p-RoPE ('default', with optional partial_rotary_factor, or 'proportional')")
+    rotary_dim = int(head_dim * f)
+    if rotary_dim == head_dim:
+        return base, 1.0, 1.0, head_dim
+    if rotary_dim % 2:
+        raise ExportError(f"config.json: partial_rotary_factor {f} gives an odd rotary dimension {rotary_dim}")
+    p = fraction_for(rotary_dim // 2, head_dim, rotary_dim / head_dim)
+    try:
+        theta = base ** (head_dim / rotary_dim) if rotary_dim else base
+    except OverflowError:
+        theta = math.inf
+    if not math.isfinite(f32(theta)):
+        raise ExportError(f"partial_rotary_factor {f}: the equivalent theta {base}^{head_dim}/{rotary_dim} "
+                          "overflows float32")
+    print(f"export.py: partial_rotary_factor {f} (GPT-NeoX semantics) stored exactly as p-RoPE "
+          f"with theta = {show(theta)}, p = {show(p)}", file=sys.stderr)
+    return theta, p, 1.0, rotary_dim
+
+
+def pair_permutation(head_dim, rotary_dim):
+    """Row order per head that turns pairs (i, i + rotary_dim/2) into adjacent pairs (2i, 2i+1).
+
+    new row 2i <- old row i, new row 2i+1 <- old row i + rotary_dim/2 for
+    i < rotary_dim/2; rows from rotary_dim on do not rotate and keep their place.
+    """
+    half = rotary_dim // 2
+    order = np.arange(head_dim)
+    order[0:rotary_dim:2] = np.arange(half)
+    order[1:rotary_dim:2] = np.arange(half) + half
+    return order
+
+
+def permute_heads(w, n_heads, order):
+    """Reorder the rows of each head of a (n_heads * head_dim, dim) matrix."""
+    head_dim = len(order)
+    return w.reshape(n_heads, head_dim, -1)[:, order, :].reshape(n_heads * head_dim, -1)
+
+
+# ----------------------------------------------------------------------------
+# Reading a Hugging Face checkpoint directory
+
+
+HF_LAYER_TENSORS = {  # ROPE name: Hugging Face name within model.layers.{i}.
+    "rms_att": "input_layernorm.weight",
+    "wq": "self_attn.q_proj.weight",
+    "wk": "self_attn.k_proj.weight",
+    "wv": "self_attn.v_proj.weight",
+    "wo": "self_attn.o_proj.weight",
+    "rms_ffn": "post_attention_layernorm.weight",
+    "w1": "mlp.gate_proj.weight",
+    "w2": "mlp.down_proj.weight",
+    "w3": "mlp.up_proj.weight",
+}
+HF_MODEL_TENSORS = {"token_embedding": "model.embed_tokens.weight", "rms_final": "model.norm.weight",
+                    "wcls": "lm_head.weight"}
+
+
+def hf_pieces(ours, shape, n_layers):
+    """[(Hugging Face tensor name, its expected shape)] that make up one ROPE tensor."""
+    if ours in HF_LAYER_TENSORS:
+        return [(f"model.layers.{i}.{HF_LAYER_TENSORS[ours]}", list(shape[1:])) for i in range(n_layers)]
+    return [(HF_MODEL_TENSORS[ours], list(shape))]
+
+
+def lazy_tensor(file, name, heads=None, order=None):
+    """A function that reads one stored tensor as float32 (rows permuted per head if asked)."""
+    def load():
+        w = to_float32(*file.raw(name))
+        return w if order is None else permute_heads(w, heads, order)
+    return load
+
+
+def read_hf(model_dir):
+    """Read a Hugging Face Llama directory: (Config, {name: [functions that load a piece]})."""
+    config_path = os.path.join(model_dir, "config.json")
+    if not os.path.isfile(config_path):
+        raise ExportError(f"{model_dir}: no config.json")
+    config = read_json(config_path)
+    c = hf_config(config)
+    c.rope_theta, c.rope_fraction, c.rope_scale, rotary_dim = hf_rope(config, c.head_dim)
+    files = open_safetensors(model_dir)
+    if "lm_head.weight" not in files:
+        c.shared_classifier = True  # no lm_head: the embedding is the classifier
+    c.check()
+    order = pair_permutation(c.head_dim, rotary_dim)
+    heads = {"wq": c.n_heads, "wk": c.n_kv_heads}
+    tensors = {}
+    for ours, shape in tensor_shapes(c):
+        pieces = []
+        for name, expected in hf_pieces(ours, shape, c.n_layers):
+            if name not in files:
+                raise ExportError(f"missing tensor {name}")
+            stored = files[name].entries[name]["shape"]
+            if stored != expected:
+                raise ExportError(f"tensor {name} has shape {stored}, expected {expected}")
+            files[name].raw(name)  # refuse non-float dtypes now, before writing
+            pieces.append(lazy_tensor(files[name], name, heads.get(ours), order if ours in heads else None))
+        tensors[ours] = pieces
+    return c, tensors
+
+
+# ----------------------------------------------------------------------------
+# Writing: ROPE and llama2.c legacy
+
+
+def write_tensor(f, pieces):
+    """Write a tensor as little-endian float32: an array, or a list of arrays / loaders."""
+    for piece in pieces if isinstance(pieces, list) else [pieces]:
+        array = piece() if callable(piece) else piece
+        f.write(memoryview(np.ascontiguousarray(array, dtype="<f4")).cast("B"))
+
+
+def rope_header(c):
+    """The 256-byte ROPE header (FORMAT.md)."""
+    fields = ROPE_HEADER.pack(ROPE_MAGIC, ROPE_VERSION, c.dim, c.hidden_dim, c.n_layers, c.n_heads,
+                              c.n_kv_heads, c.vocab_size, c.seq_len, int(c.shared_classifier),
+                              c.norm_eps, c.rope_theta, c.rope_fraction, c.rope_scale)
+    return fields + bytes(HEADER_BYTES - len(fields))
+
+
+def write_rope(f, c, tensors):
+    """Write a ROPE file: header, then the tensors in FORMAT.md's order."""
+    f.write(rope_header(c))
+    for name, _ in tensor_shapes(c):
+        write_tensor(f, tensors[name])
+
+
+def llama2c_freq_cis(head_dim, seq_len):
+    """(cos, sin) tables (seq_len, head_dim/2) as llama2.c's model.py precompute_freqs_cis.
+
+    In float32 as torch does it: freqs = 1 / 10000^(arange(0, hd, 2) / hd), angles =
+    outer(t, freqs). cos and sin are the correctly rounded float32 values; the
+    torch build that wrote llama2.c's files used a libm (Intel MKL's vsCos/vsSin
+    on Linux) that is off by one unit in the last place in about 5% of entries,
+    which NumPy cannot reproduce. run.c never reads these tables.
+    """
+    exponents = np.arange(0, head_dim, 2)[: head_dim // 2].astype(np.float32) / np.float32(head_dim)
+    powers = (LLAMA2C_THETA ** exponents.astype(np.float64)).astype(np.float32)
+    freqs = np.float32(1.0) / powers
+    angles = np.outer(np.arange(seq_len, dtype=np.float32), freqs)  # float32 products
+    return np.cos(angles.astype(np.float64)).astype(np.float32), np.sin(angles.astype(np.float64)).astype(np.float32)
+
+
+def check_legacy(c):
+    """Refuse what llama2.c's legacy format cannot carry; warn about norm_eps."""
+    if f32(c.rope_theta) != LLAMA2C_THETA or f32(c.rope_fraction) != 1 or f32(c.rope_scale) != 1:
+        raise ExportError(f"--legacy: llama2.c's legacy format has no rotary settings: it needs theta 10000, "
+                          f"p 1, scale 1 (this model: theta {show(c.rope_theta)}, p {show(c.rope_fraction)}, "
+                          f"scale {show(c.rope_scale)})")
+    if f32(c.norm_eps) != f32(LLAMA2C_NORM_EPS):
+        warn(f"norm_eps {show(c.norm_eps)} is not stored in llama2.c's legacy format; its readers use 1e-05")
+
+
+def write_legacy(f, c, tensors):
+    """Write llama2.c's legacy format: seven int32, tensors, freq_cis after rms_final."""
+    vocab = c.vocab_size if c.shared_classifier else -c.vocab_size
+    f.write(LEGACY_HEADER.pack(c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, vocab, c.seq_len))
+    cos, sin = llama2c_freq_cis(c.head_dim, c.seq_len)
+    tables = {"freq_cis_real": cos, "freq_cis_imag": sin}
+    for name, _ in legacy_shapes(c):
+        write_tensor(f, tables[name] if name in tables else tensors[name])
+
+
+def write_atomically(path, write):
+    """Call write(file) on a temporary file next to path, then rename it to path."""
+    if os.path.isdir(path):
+        raise ExportError(f"{path}: is a directory")
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        try:
+            f = open(tmp, "wb")
+        except OSError as e:
+            raise ExportError(f"{path}: cannot write: {e.strerror}")
+        with f:
+            write(f)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def export_checkpoint(args):
+    """Read a checkpoint (HF directory, llama2.c or ROPE file) and write ROPE or legacy."""
+    if os.path.isdir(args.input):
+        c, tensors = read_hf(args.input)
+    elif os.path.isfile(args.input):
+        c, tensors = read_flat_checkpoint(args.input)
+    else:
+        raise ExportError(f"{args.input}: no such file or directory")
+    if args.rope_theta is not None:
+        c.rope_theta = args.rope_theta
+    if args.rope_fraction is not None:
+        c.rope_fraction = args.rope_fraction
+    if args.legacy:
+        check_legacy(c)
+        write_atomically(args.output, lambda f: write_legacy(f, c, tensors))
+    else:
+        write_atomically(args.output, lambda f: write_rope(f, c, tensors))
+    print(f"wrote {args.output} ({'llama2.c legacy' if args.legacy else 'ROPE'}): dim {c.dim}, "
+          f"hidden {c.hidden_dim}, {c.n_layers} layers, {c.n_heads} heads ({c.n_kv_heads} kv), "
+          f"vocab {c.vocab_size}, seq_len {c.seq_len}, shared classifier {int(c.shared_classifier)}, "
+          f"eps {show(c.norm_eps)}, theta {show(c.rope_theta)}, p {show(c.rope_fraction)}, "
+          f"scale {show(c.rope_scale)}")
+
+
+# ----------------------------------------------------------------------------
+# Tokenizer: SentencePiece's ModelProto (protobuf, parsed by hand) -> tokenizer.bin
+#
+# ModelProto: field 1 = repeated SentencePiece {1: piece (string), 2: score (float),
+# 3: type (enum)}; field 2 = TrainerSpec {41: bos_id (default 1), 42: eos_id (default 2)}.
+# tokenizer.bin (llama2.c): int32 max_token_length, then per token float32 score,
+# int32 length, the UTF-8 bytes.
+
+WIRE_VARINT, WIRE_FIXED64, WIRE_BYTES, WIRE_FIXED32 = 0, 1, 2, 5
+MODEL_PIECES, MODEL_TRAINER_SPEC = 1, 2
+PIECE_TEXT, PIECE_SCORE = 1, 2
+TRAINER_BOS_ID, TRAINER_EOS_ID = 41, 42
+DEFAULT_BOS_ID, DEFAULT_EOS_ID = 1, 2
+SPACE_MARK = "\u2581"  # SentencePiece's "▁", which stands for a space
+
+
+def read_varint(buf, pos):
+    """(value, next position) of the base-128 varint at pos."""
+    value = shift = 0
+    while True:
+        if pos >= len(buf):
+            raise ExportError("tokenizer model: truncated varint")
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return value, pos
+        if shift > 63:
+            raise ExportError("tokenizer model: varint longer than 10 bytes")
+
+
+def protobuf_fields(buf):
+    """Yield (field number, value) of a protobuf message: int for varints, bytes otherwise."""
+    pos = 0
+    while pos < len(buf):
+        key, pos = read_varint(buf, pos)
+        field, wire = key >> 3, key & 7
+        if wire == WIRE_VARINT:
+            value, pos = read_varint(buf, pos)
+        elif wire in (WIRE_FIXED64, WIRE_FIXED32, WIRE_BYTES):
+            if wire == WIRE_BYTES:
+                size, pos = read_varint(buf, pos)
+            else:
+                size = 8 if wire == WIRE_FIXED64 else 4
+            if pos + size > len(buf):
+                raise ExportError(f"tokenizer model: field {field} runs past the end of its message")
+            value, pos = bytes(buf[pos:pos + size]), pos + size
+        else:
+            raise ExportError(f"tokenizer model: unsupported protobuf wire type {wire} (field {field})")
+        yield field, value
+
+
+def as_int32(varint):
+    """A varint holding an int32 (negative ones are 10 bytes, two's complement)."""
+    return varint - 2**64 if varint >= 2**63 else varint
+
+
+def read_sentencepiece(path):
+    """([(piece, score)], bos_id, eos_id) of a SentencePiece model file."""
+    with open(path, "rb") as f:
+        buf = f.read()
+    pieces, bos_id, eos_id = [], DEFAULT_BOS_ID, DEFAULT_EOS_ID
+    for field, value in protobuf_fields(buf):
+        if field == MODEL_PIECES and isinstance(value, bytes):
+            text, score = "", 0.0
+            for sub, sub_value in protobuf_fields(value):
+                if sub == PIECE_TEXT and isinstance(sub_value, bytes):
+                    text = sub_value.decode("utf-8", errors="strict")
+                elif sub == PIECE_SCORE and isinstance(sub_value, bytes) and len(sub_value) == 4:
+                    score = struct.unpack("<f", sub_value)[0]
+            pieces.append((text, score))
+        elif field == MODEL_TRAINER_SPEC and isinstance(value, bytes):
+            for sub, sub_value in protobuf_fields(value):
+                if sub == TRAINER_BOS_ID and isinstance(sub_value, int):
+                    bos_id = as_int32(sub_value)
+                elif sub == TRAINER_EOS_ID and isinstance(sub_value, int):
+                    eos_id = as_int32(sub_value)
+    if not pieces:
+        raise ExportError(f"{path}: no pieces: not a SentencePiece model")
+    return pieces, bos_id, eos_id
+
+
+def export_tokenizer(model_path, out_path):
+    """Write llama2.c's tokenizer.bin, as llama2.c's tokenizer.py export does."""
+    try:
+        pieces, bos_id, eos_id = read_sentencepiece(model_path)
+    except UnicodeDecodeError:
+        raise ExportError(f"{model_path}: a piece is not valid UTF-8")
+    tokens = []
+    for i, (text, score) in enumerate(pieces):
+        if i == bos_id:
+            text = "\n<s>\n"
+        elif i == eos_id:
+            text = "\n</s>\n"
+        tokens.append((text.replace(SPACE_MARK, " ").encode("utf-8"), score))
+    max_token_length = max(len(b) for b, _ in tokens)
+
+    def write(f):
+        f.write(struct.pack("<i", max_token_length))
+        for b, score in tokens:
+            f.write(struct.pack("<fi", score, len(b)))
+            f.write(b)
+
+    write_atomically(out_path, write)
+    print(f"wrote {out_path}: {len(tokens)} tokens, max token length {max_token_length}")
+
+
+# ----------------------------------------------------------------------------
+# Command line
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit code EXIT_BAD_USAGE."""
+
+    def error(self, message):
+        print(f"export.py: error: {message}", file=sys.stderr)
+        sys.exit(EXIT_BAD_USAGE)
+
+
+def finite_float(text):
+    """A finite float from the command line."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number")
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not finite")
+    return value
+
+
+def rope_theta_arg(text):
+    """--rope-theta: finite, > 0, and finite in float32."""
+    value = finite_float(text)
+    if not (value > 0 and math.isfinite(f32(value))):
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0 (and fit a float32)")
+    return value
+
+
+def rope_fraction_arg(text):
+    """--rope-fraction: in [0, 1]."""
+    value = finite_float(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be in [0, 1]")
+    return value
+
+
+def parse_args(argv):
+    """Parse and cross-check the command line."""
+    p = ArgumentParser(prog="export.py", description=__doc__.split("\n\n")[0],
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="\n\n".join(__doc__.split("\n\n")[1:3]))
+    p.add_argument("input", nargs="?", help="Hugging Face directory, llama2.c checkpoint or ROPE file")
+    p.add_argument("output", nargs="?", help="the file to write")
+    p.add_argument("--rope-theta", type=rope_theta_arg, metavar="F", help="store this theta (> 0)")
+    p.add_argument("--rope-fraction", type=rope_fraction_arg, metavar="F", help="store this p, in [0, 1]")
+    p.add_argument("--legacy", action="store_true", help="write llama2.c's legacy format instead")
+    p.add_argument("--tokenizer", metavar="MODEL", help="a SentencePiece tokenizer.model to convert")
+    p.add_argument("-o", dest="tokenizer_out", metavar="OUT", help="where --tokenizer writes tokenizer.bin")
+    args = p.parse_args(argv)
+    if args.tokenizer is not None:
+        if args.input is not None:
+            p.error("--tokenizer takes no positional arguments (give the output with -o)")
+        if args.tokenizer_out is None:
+            p.error("--tokenizer needs -o OUT")
+        if args.legacy or args.rope_theta is not None or args.rope_fraction is not None:
+            p.error("--legacy, --rope-theta and --rope-fraction do not apply to --tokenizer")
+    else:
+        if args.tokenizer_out is not None:
+            p.error("-o goes with --tokenizer; a checkpoint's output is the second argument")
+        if args.output is None:
+            p.error("need an input checkpoint and an output file (see --help)")
+    return args
+
+
+def main(argv=None):
+    """Run the command line; return the exit code."""
+    args = parse_args(argv)
+    try:
+        if args.tokenizer is not None:
+            export_tokenizer(args.tokenizer, args.tokenizer_out)
+        else:
+            export_checkpoint(args)
+    except ExportError as e:
+        message = str(e)
+    except OSError as e:
+        message = f"{e.filename}: {e.strerror}" if e.filename else str(e)
+    except Exception as e:  # a bug, or input no check foresaw: still one line, no traceback
+        message = f"unexpected {type(e).__name__}: {e}"
+    else:
+        return 0
+    print(f"export.py: error: {' '.join(message.split())}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

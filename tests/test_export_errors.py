@@ -1,0 +1,529 @@
+"""Tests of export.py: every failure is one "export.py: error:" line and exit code 1
+(bad input) or 2 (bad command line), never a traceback; and the conversions that
+can be checked byte for byte against ../shared/models.
+
+Run with: /usr/bin/python3 -m pytest tests/test_export_errors.py
+
+The Hugging Face checkpoints here are written by the small writer below (a
+safetensors file is a u64 header length, a JSON header, then the raw data),
+with tiny sizes: dim 8, 2 heads of 4, 1 kv head, hidden 12, 1 layer, vocab 16.
+"""
+
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXPORT = os.path.join(ROOT, "export.py")
+MODELS = os.path.join(ROOT, "..", "shared", "models")
+EXIT_BAD_INPUT, EXIT_BAD_USAGE = 1, 2
+
+DIM, HIDDEN, LAYERS, HEADS, KV_HEADS, VOCAB, SEQ = 8, 12, 1, 2, 1, 16, 32
+HEAD_DIM = DIM // HEADS
+
+
+def run_export(*args):
+    """Run export.py with these arguments; return the CompletedProcess."""
+    return subprocess.run([sys.executable, EXPORT, *map(str, args)], capture_output=True, text=True)
+
+
+def assert_fails(result, code, *words):
+    """Exit code `code`, stderr exactly one 'export.py: error:' line containing `words`."""
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == code, (result.returncode, result.stderr)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("export.py: error: "), result.stderr
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+
+
+def shared(name):
+    """Path of a file in ../shared/models, or skip the test when it is not there."""
+    path = os.path.join(MODELS, name)
+    if not os.path.isfile(path):
+        pytest.skip(f"{path} not found")
+    return path
+
+
+# ----------------------------------------------------------------------------
+# A minimal Hugging Face checkpoint writer
+
+
+def safetensors_bytes(tensors):
+    """The bytes of a safetensors file holding {name: (dtype, shape, raw bytes)}."""
+    header, data = {}, b""
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def hf_weights(seed=0, tied=True, dim=DIM, heads=HEADS, kv_heads=KV_HEADS):
+    """{HF name: float32 array} of a random tiny Llama."""
+    rng = np.random.default_rng(seed)
+    hd = dim // heads
+    shapes = {"model.embed_tokens.weight": (VOCAB, dim), "model.norm.weight": (dim,)}
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (dim,),
+            p + "self_attn.q_proj.weight": (heads * hd, dim),
+            p + "self_attn.k_proj.weight": (kv_heads * hd, dim),
+            p + "self_attn.v_proj.weight": (kv_heads * hd, dim),
+            p + "self_attn.o_proj.weight": (dim, heads * hd),
+            p + "post_attention_layernorm.weight": (dim,),
+            p + "mlp.gate_proj.weight": (HIDDEN, dim),
+            p + "mlp.up_proj.weight": (HIDDEN, dim),
+            p + "mlp.down_proj.weight": (dim, HIDDEN),
+        })
+    if not tied:
+        shapes["lm_head.weight"] = (VOCAB, dim)
+    return {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
+
+
+def hf_config(**changes):
+    """A transformers 4.x style config.json dict; None values remove a key."""
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": DIM, "intermediate_size": HIDDEN, "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "vocab_size": VOCAB,
+        "max_position_embeddings": SEQ, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "rope_scaling": None, "hidden_act": "silu", "tie_word_embeddings": True,
+    }
+    config.update(changes)
+    return {k: v for k, v in config.items() if v is not None}
+
+
+def write_hf(directory, config=None, weights=None, dtype="F32"):
+    """Write config.json and model.safetensors; return the directory."""
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(hf_config() if config is None else config, f)
+    weights = hf_weights() if weights is None else weights
+    tensors = {name: encode(w, dtype) for name, w in weights.items()}
+    with open(os.path.join(directory, "model.safetensors"), "wb") as f:
+        f.write(safetensors_bytes(tensors))
+    return directory
+
+
+def encode(w, dtype):
+    """(dtype, shape, raw bytes) of a float32 array stored as F32, F16 or BF16 (truncated)."""
+    if dtype == "BF16":
+        raw = (w.astype("<f4").view("<u4") >> 16).astype("<u2").tobytes()
+    else:
+        raw = w.astype({"F32": "<f4", "F16": "<f2"}[dtype]).tobytes()
+    return dtype, w.shape, raw
+
+
+def read_rope_file(path):
+    """(header fields dict, float32 data after the 256-byte header) of a ROPE file."""
+    with open(path, "rb") as f:
+        data = f.read()
+    ints = struct.unpack_from("<Ii8i", data, 0)
+    floats = struct.unpack_from("<4f", data, 40)
+    names = ["magic", "version", "dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads",
+             "vocab_size", "seq_len", "shared_classifier"]
+    header = dict(zip(names, ints))
+    header.update(zip(["norm_eps", "rope_theta", "rope_fraction", "rope_scale"], floats))
+    return header, np.frombuffer(data[256:], dtype="<f4")
+
+
+# ----------------------------------------------------------------------------
+# Bad Hugging Face input: exit code 1
+
+
+def test_missing_config_json(tmp_path):
+    model = write_hf(tmp_path / "m")
+    os.remove(model / "config.json")
+    assert_fails(run_export(model, tmp_path / "out.bin"), EXIT_BAD_INPUT, "config.json")
+    assert not os.path.exists(tmp_path / "out.bin")
+
+
+def test_missing_tensor(tmp_path):
+    weights = hf_weights()
+    del weights["model.layers.0.mlp.up_proj.weight"]
+    model = write_hf(tmp_path / "m", weights=weights)
+    assert_fails(run_export(model, tmp_path / "out.bin"), EXIT_BAD_INPUT,
+                 "missing tensor model.layers.0.mlp.up_proj.weight")
+    assert not os.path.exists(tmp_path / "out.bin")
+
+
+def test_wrong_shape(tmp_path):
+    weights = hf_weights()
+    weights["model.layers.0.self_attn.k_proj.weight"] = np.zeros((DIM, DIM), np.float32)
+    model = write_hf(tmp_path / "m", weights=weights)
+    assert_fails(run_export(model, tmp_path / "out.bin"), EXIT_BAD_INPUT,
+                 "tensor model.layers.0.self_attn.k_proj.weight has shape [8, 8], expected [4, 8]")
+
+
+def test_unknown_dtype(tmp_path):
+    model = write_hf(tmp_path / "m")
+    tensors = {name: encode(w, "F32") for name, w in hf_weights().items()}
+    tensors["model.norm.weight"] = ("F7", (DIM,), bytes(4 * DIM))
+    (model / "model.safetensors").write_bytes(safetensors_bytes(tensors))
+    assert_fails(run_export(model, tmp_path / "out.bin"), EXIT_BAD_INPUT,
+                 "unknown dtype F7 for tensor model.norm.weight")
+
+
+def test_integer_dtype_is_refused(tmp_path):
+    model = write_hf(tmp_path / "m")
+    tensors = {name: encode(w, "F32") for name, w in hf_weights().items()}
+    tensors["model.norm.weight"] = ("I32", (DIM,), bytes(4 * DIM))
+    (model / "model.safetensors").write_bytes(safetensors_bytes(tensors))
+    assert_fails(run_export(model, tmp_path / "out.bin"), EXIT_BAD_INPUT, "dtype I32")
+
+
+def test_header_length_beyond_file(tmp_path):
+    model = write_hf(tmp_path / "m")
+    path = model / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(struct.pack("<Q", len(data)) + data[8:])
+    assert_fails(run_export(model, tmp_path / "out.bin"), EXIT_BAD_INPUT, "header length")
+
+
+def test_offsets_beyond_file(tmp_path):
+    model = write_hf(tmp_path / "m")
+    path = model / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:-4])  # the last tensor loses its last float
+    assert_fails(run_export(model, tmp_path / "out.bin"), EXIT_BAD_INPUT, "data_offsets")
+
+
+def test_byte_count_must_match_shape(tmp_path):
+    model = write_hf(tmp_path / "m")
+    tensors = {name: encode(w, "F32") for name, w in hf_weights().items()}
+    tensors["model.norm.weight"] = ("F32", (DIM + 1,), bytes(4 * DIM))
+    (model / "model.safetensors").write_bytes(safetensors_bytes(tensors))
+    assert_fails(run_export(model, tmp_path / "out.bin"), EXIT_BAD_INPUT, "model.norm.weight")
+
+
+def test_tiny_safetensors_file(tmp_path):
+    model = write_hf(tmp_path / "m")
+    (model / "model.safetensors").write_bytes(b"\x01\x02")
+    assert_fails(run_export(model, tmp_path / "out.bin"), EXIT_BAD_INPUT, "truncated")
+
+
+ROPE_TYPES = {
+    "linear": {"factor": 2.0},
+    "dynamic": {"factor": 2.0},
+    "yarn": {"factor": 4.0, "original_max_position_embeddings": SEQ},
+    "llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": SEQ},
+}
+
+
+@pytest.mark.parametrize("rope_type", sorted(ROPE_TYPES))
+@pytest.mark.parametrize("layout", ["rope_scaling", "rope_scaling_type", "rope_parameters"])
+def test_unsupported_rope_type(tmp_path, rope_type, layout):
+    if layout == "rope_scaling":  # transformers 4.x
+        config = hf_config(rope_scaling={"rope_type": rope_type, **ROPE_TYPES[rope_type]})
+    elif layout == "rope_scaling_type":  # transformers before 4.45 spelled it "type"
+        config = hf_config(rope_scaling={"type": rope_type, **ROPE_TYPES[rope_type]})
+    else:  # transformers 5.x
+        config = hf_config(rope_theta=None, rope_scaling=None,
+                           rope_parameters={"rope_type": rope_type, "rope_theta": 10000.0, **ROPE_TYPES[rope_type]})
+    model = write_hf(tmp_path / "m", config=config)
+    assert_fails(run_export(model, tmp_path / "out.bin"), EXIT_BAD_INPUT, f"rope_type '{rope_type}' is not supported")
+
+
+def test_head_dim_mismatch(tmp_path):
+    model = write_hf(tmp_path / "m", config=hf_config(head_dim=8))
+    assert_fails(run_export(model, tmp_path / "out.bin"), EXIT_BAD_INPUT, "head_dim 8")
+
+
+@pytest.mark.parametrize("change, word", [
+    ({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}, "gpt2"),
+    ({"architectures": ["Qwen2ForCausalLM"]}, "Qwen2ForCausalLM"),
+    ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"attention_bias": True}, "attention_bias"),
+    ({"rope_scaling": {"rope_type": "proportional", "factor": 0.5}}, "factor"),
+    ({"partial_rotary_factor": 0.3}, "odd rotary dimension"),
+    ({"partial_rotary_factor": 1.5}, "partial_rotary_factor"),
+    ({"num_attention_heads": 3}, "num_attention_heads"),
+    ({"hidden_size": "8"}, "hidden_size"),
+])
+def test_refused_configs(tmp_path, change, word):
+    model = write_hf(tmp_path / "m", config=hf_config(**change))
+    assert_fails(run_export(model, tmp_path / "out.bin"), EXIT_BAD_INPUT, word)
+
+
+def test_config_json_not_json(tmp_path):
+    model = write_hf(tmp_path / "m")
+    (model / "config.json").write_text("{not json")
+    assert_fails(run_export(model, tmp_path / "out.bin"), EXIT_BAD_INPUT, "config.json")
+
+
+def test_no_safetensors(tmp_path):
+    model = write_hf(tmp_path / "m")
+    os.remove(model / "model.safetensors")
+    assert_fails(run_export(model, tmp_path / "out.bin"), EXIT_BAD_INPUT, "model.safetensors")
+
+
+def test_sharded_index_names_missing_shard(tmp_path):
+    model = write_hf(tmp_path / "m")
+    os.remove(model / "model.safetensors")
+    index = {"weight_map": {name: "model-00001-of-00001.safetensors" for name in hf_weights()}}
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert_fails(run_export(model, tmp_path / "out.bin"), EXIT_BAD_INPUT, "model-00001-of-00001.safetensors")
+
+
+# ----------------------------------------------------------------------------
+# Bad llama2.c / ROPE input: exit code 1
+
+
+def test_missing_input(tmp_path):
+    assert_fails(run_export(tmp_path / "nothing.bin", tmp_path / "out.bin"), EXIT_BAD_INPUT, "nothing.bin")
+
+
+def test_truncated_llama2c_file(tmp_path):
+    data = open(shared("stories260K.bin"), "rb").read()
+    (tmp_path / "short.bin").write_bytes(data[:-4])
+    assert_fails(run_export(tmp_path / "short.bin", tmp_path / "out.bin"), EXIT_BAD_INPUT, "bytes")
+
+
+def test_truncated_rope_file(tmp_path):
+    assert run_export(shared("stories260K.bin"), tmp_path / "a.bin").returncode == 0
+    (tmp_path / "short.bin").write_bytes((tmp_path / "a.bin").read_bytes()[:-8])
+    assert_fails(run_export(tmp_path / "short.bin", tmp_path / "out.bin"), EXIT_BAD_INPUT, "ROPE")
+
+
+def test_garbage_file(tmp_path):
+    (tmp_path / "junk.bin").write_bytes(b"\xff" * 1000)
+    assert_fails(run_export(tmp_path / "junk.bin", tmp_path / "out.bin"), EXIT_BAD_INPUT)
+
+
+def test_legacy_refuses_theta(tmp_path):
+    assert run_export(shared("stories260K.bin"), tmp_path / "a.bin", "--rope-theta", 500000).returncode == 0
+    assert_fails(run_export("--legacy", tmp_path / "a.bin", tmp_path / "b.bin"), EXIT_BAD_INPUT, "theta")
+    assert not os.path.exists(tmp_path / "b.bin")
+
+
+@pytest.mark.parametrize("flags", [["--rope-theta", "20000"], ["--rope-fraction", "0.5"]])
+def test_legacy_refuses_rope_overrides(tmp_path, flags):
+    result = run_export("--legacy", *flags, shared("stories260K.bin"), tmp_path / "b.bin")
+    assert_fails(result, EXIT_BAD_INPUT, "legacy")
+
+
+def test_legacy_warns_about_norm_eps(tmp_path):
+    model = write_hf(tmp_path / "m", config=hf_config(rms_norm_eps=1e-6))
+    result = run_export("--legacy", model, tmp_path / "b.bin")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.startswith("export.py: warning: norm_eps 1e-06")
+
+
+# ----------------------------------------------------------------------------
+# Bad command lines: exit code 2
+
+
+@pytest.mark.parametrize("args", [
+    ["--rope-theta", "0"],
+    ["--rope-theta", "-1"],
+    ["--rope-theta", "nan"],
+    ["--rope-theta", "inf"],
+    ["--rope-theta", "1e39"],  # overflows float32
+    ["--rope-theta", "abc"],
+    ["--rope-fraction", "1.5"],
+    ["--rope-fraction", "-0.1"],
+    ["--rope-fraction", "nan"],
+    ["--no-such-flag"],
+])
+def test_bad_flag_values(tmp_path, args):
+    result = run_export(*args, shared("stories260K.bin"), tmp_path / "out.bin")
+    assert_fails(result, EXIT_BAD_USAGE)
+    assert not os.path.exists(tmp_path / "out.bin")
+
+
+@pytest.mark.parametrize("args", [
+    [],
+    ["only_input.bin"],
+    ["a", "b", "c"],
+    ["--tokenizer", "tokenizer.model"],
+    ["--tokenizer", "tokenizer.model", "-o", "x.bin", "extra"],
+    ["--tokenizer", "tokenizer.model", "-o", "x.bin", "--legacy"],
+    ["in.bin", "out.bin", "-o", "x.bin"],
+])
+def test_bad_command_lines(args):
+    assert_fails(run_export(*args), EXIT_BAD_USAGE)
+
+
+def test_bad_tokenizer_model(tmp_path):
+    (tmp_path / "bad.model").write_bytes(b"\x0a\xff\xff\xff\x0f")  # field 1, length far past the end
+    assert_fails(run_export("--tokenizer", tmp_path / "bad.model", "-o", tmp_path / "t.bin"), EXIT_BAD_INPUT)
+
+
+# ----------------------------------------------------------------------------
+# Conversions checked against ../shared/models
+
+
+def test_legacy_rope_legacy_round_trip(tmp_path):
+    """stories260K.bin -> ROPE -> legacy gives back the file, but for freq_cis's last bits.
+
+    Everything but the freq_cis tables comes back byte for byte. The tables in
+    the shared file were computed by torch with a libm (Intel MKL's vsCos/vsSin on
+    Linux builds) that differs from the correctly rounded float32 cos/sin by one
+    unit in the last place in 199 of its 4096 values; NumPy cannot reproduce that
+    library, and run.c never reads the tables.
+    """
+    original = shared("stories260K.bin")
+    assert run_export(original, tmp_path / "a.bin").returncode == 0
+    result = run_export("--legacy", tmp_path / "a.bin", tmp_path / "b.bin")
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    want = np.fromfile(original, dtype=np.uint8)
+    got = np.fromfile(tmp_path / "b.bin", dtype=np.uint8)
+    assert len(got) == len(want)
+    dim, hidden, layers, heads, kv_heads, vocab, seq_len = struct.unpack("<7i", want[:28].tobytes())
+    hd = dim // heads
+    before = vocab * dim + layers * (2 * dim + 2 * dim * dim + 2 * kv_heads * hd * dim + 3 * hidden * dim) + dim
+    start, end = 28 + 4 * before, 28 + 4 * (before + seq_len * hd)
+    assert np.array_equal(got[:start], want[:start])
+    assert np.array_equal(got[end:], want[end:])
+    ulps = np.abs(got[start:end].view("<i4").astype(np.int64) - want[start:end].view("<i4"))
+    assert ulps.max() <= 1 and np.count_nonzero(ulps) <= 0.06 * ulps.size
+
+
+def test_legacy_and_v1_give_the_same_rope_file(tmp_path):
+    assert run_export(shared("stories260K.bin"), tmp_path / "a.bin").returncode == 0
+    assert run_export(shared("stories260K_v1.bin"), tmp_path / "c.bin").returncode == 0
+    assert (tmp_path / "a.bin").read_bytes() == (tmp_path / "c.bin").read_bytes()
+    header, _ = read_rope_file(tmp_path / "a.bin")
+    assert header["magic"] == 0x45504F52 and header["version"] == 1
+    assert (header["rope_theta"], header["rope_fraction"], header["rope_scale"]) == (10000.0, 1.0, 1.0)
+    assert header["norm_eps"] == np.float32(1e-5)
+
+
+def test_rope_file_is_rewritten_with_overrides(tmp_path):
+    assert run_export(shared("stories260K.bin"), tmp_path / "a.bin").returncode == 0
+    assert run_export(tmp_path / "a.bin", tmp_path / "b.bin", "--rope-theta", 500000,
+                      "--rope-fraction", 0.25).returncode == 0
+    a, b = (tmp_path / "a.bin").read_bytes(), (tmp_path / "b.bin").read_bytes()
+    assert a[256:] == b[256:] and a[:44] == b[:44]
+    header, _ = read_rope_file(tmp_path / "b.bin")
+    assert (header["rope_theta"], header["rope_fraction"]) == (500000.0, 0.25)
+
+
+def test_tokenizer_model_to_bin(tmp_path):
+    result = run_export("--tokenizer", shared("tokenizer.model"), "-o", tmp_path / "tokenizer.bin")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "tokenizer.bin").read_bytes() == open(shared("tokenizer.bin"), "rb").read()
+
+
+# ----------------------------------------------------------------------------
+# Hugging Face conversions
+
+
+def exported_matrix(data, name, layer=0):
+    """One layer's matrix (or vector) from a ROPE file's float data, tiny sizes above."""
+    kv = KV_HEADS * HEAD_DIM
+    shapes = [("token_embedding", (VOCAB, DIM)), ("rms_att", (LAYERS, DIM)), ("wq", (LAYERS, DIM, DIM)),
+              ("wk", (LAYERS, kv, DIM)), ("wv", (LAYERS, kv, DIM)), ("wo", (LAYERS, DIM, DIM)),
+              ("rms_ffn", (LAYERS, DIM)), ("w1", (LAYERS, HIDDEN, DIM)), ("w2", (LAYERS, DIM, HIDDEN)),
+              ("w3", (LAYERS, HIDDEN, DIM)), ("rms_final", (DIM,)), ("wcls", (VOCAB, DIM))]
+    start = 0
+    for n, shape in shapes:
+        size = math.prod(shape)
+        if n == name:
+            block = data[start:start + size].reshape(shape)
+            return block[layer] if shape[0] == LAYERS and n not in ("token_embedding", "wcls") else block
+        start += size
+    raise KeyError(name)
+
+
+@pytest.mark.parametrize("dtype", ["F32", "F16", "BF16"])
+def test_hf_rows_are_permuted_to_adjacent_pairs(tmp_path, dtype):
+    weights = hf_weights(tied=False)
+    model = write_hf(tmp_path / "m", config=hf_config(tie_word_embeddings=False), weights=weights, dtype=dtype)
+    result = run_export(model, tmp_path / "out.bin")
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    header, data = read_rope_file(tmp_path / "out.bin")
+    assert header["shared_classifier"] == 0 and header["norm_eps"] == np.float32(1e-5)
+    decoded = {n: decode(*encode(w, dtype)) for n, w in weights.items()}
+    order = [0, 2, 1, 3]  # head_dim 4: new row 2i <- old i, new row 2i+1 <- old i + 2
+    q = decoded["model.layers.0.self_attn.q_proj.weight"].reshape(HEADS, HEAD_DIM, DIM)[:, order]
+    k = decoded["model.layers.0.self_attn.k_proj.weight"].reshape(KV_HEADS, HEAD_DIM, DIM)[:, order]
+    assert np.array_equal(exported_matrix(data, "wq"), q.reshape(-1, DIM))
+    assert np.array_equal(exported_matrix(data, "wk"), k.reshape(-1, DIM))
+    assert np.array_equal(exported_matrix(data, "w1"), decoded["model.layers.0.mlp.gate_proj.weight"])
+    assert np.array_equal(exported_matrix(data, "w2"), decoded["model.layers.0.mlp.down_proj.weight"])
+    assert np.array_equal(exported_matrix(data, "w3"), decoded["model.layers.0.mlp.up_proj.weight"])
+    assert np.array_equal(exported_matrix(data, "wcls"), decoded["lm_head.weight"])
+
+
+def decode(dtype, shape, raw):
+    """The float32 values of (dtype, shape, raw bytes)."""
+    if dtype == "BF16":
+        return (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    return np.frombuffer(raw, {"F32": "<f4", "F16": "<f2"}[dtype]).astype(np.float32).reshape(shape)
+
+
+def test_hf_without_lm_head_is_tied(tmp_path):
+    model = write_hf(tmp_path / "m", config=hf_config(tie_word_embeddings=False))
+    assert run_export(model, tmp_path / "out.bin").returncode == 0
+    header, data = read_rope_file(tmp_path / "out.bin")
+    assert header["shared_classifier"] == 1
+
+
+def test_hf_sharded(tmp_path):
+    model = write_hf(tmp_path / "m")
+    assert run_export(model, tmp_path / "single.bin").returncode == 0
+    weights = hf_weights()
+    os.remove(model / "model.safetensors")
+    names = sorted(weights)
+    files = {"model-00001-of-00002.safetensors": names[:5], "model-00002-of-00002.safetensors": names[5:]}
+    for file, part in files.items():
+        (model / file).write_bytes(safetensors_bytes({n: encode(weights[n], "F32") for n in part}))
+    index = {"metadata": {}, "weight_map": {n: f for f, part in files.items() for n in part}}
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert run_export(model, tmp_path / "sharded.bin").returncode == 0
+    assert (tmp_path / "single.bin").read_bytes() == (tmp_path / "sharded.bin").read_bytes()
+
+
+def test_gpt_neox_partial_rotary_is_stored_as_p_rope(tmp_path):
+    config = hf_config(num_attention_heads=1, num_key_value_heads=1, partial_rotary_factor=0.5)
+    weights = hf_weights(heads=1, kv_heads=1)
+    model = write_hf(tmp_path / "m", config=config, weights=weights)
+    result = run_export(model, tmp_path / "out.bin")
+    assert result.returncode == 0
+    assert result.stderr == ("export.py: partial_rotary_factor 0.5 (GPT-NeoX semantics) stored exactly "
+                             "as p-RoPE with theta = 1e+08, p = 0.5\n")
+    header, data = read_rope_file(tmp_path / "out.bin")
+    assert (header["rope_theta"], header["rope_fraction"], header["rope_scale"]) == (1e8, 0.5, 1.0)
+    # head_dim 8, rotary_dim 4: rows 0..3 become pairs (0, 2), (1, 3); rows 4..7 keep their place
+    q = weights["model.layers.0.self_attn.q_proj.weight"]
+    assert np.array_equal(exported_matrix(data, "wq"), q[[0, 2, 1, 3, 4, 5, 6, 7]])
+
+
+@pytest.mark.parametrize("layout", ["v4", "v5"])
+def test_proportional_rope_is_p_rope(tmp_path, layout):
+    rope = {"rope_type": "proportional", "partial_rotary_factor": 0.5, "factor": 8.0}
+    if layout == "v4":
+        config = hf_config(rope_theta=1e6, partial_rotary_factor=0.5,
+                           rope_scaling={"rope_type": "proportional", "factor": 8.0})
+    else:
+        config = hf_config(rope_theta=None, rope_scaling=None, rope_parameters={**rope, "rope_theta": 1e6})
+    model = write_hf(tmp_path / "m", config=config)
+    result = run_export(model, tmp_path / "out.bin")
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    header, data = read_rope_file(tmp_path / "out.bin")
+    assert (header["rope_theta"], header["rope_fraction"], header["rope_scale"]) == (1e6, 0.5, 8.0)
+    q = hf_weights()["model.layers.0.self_attn.q_proj.weight"].reshape(HEADS, HEAD_DIM, DIM)
+    assert np.array_equal(exported_matrix(data, "wq"), q[:, [0, 2, 1, 3]].reshape(-1, DIM))
+
+
+def test_rope_fraction_is_exact_in_float32(tmp_path):
+    """p = 0.7, head_dim 20: transformers rotates int(0.7 * 20 // 2) = 7 pairs, but
+    float32(0.7) * 20 / 2 = 6.9999998 floors to 6, so export.py stores a p one float32 up."""
+    config = hf_config(hidden_size=20, num_attention_heads=1, num_key_value_heads=1, partial_rotary_factor=0.7,
+                       rope_scaling={"rope_type": "proportional"})
+    model = write_hf(tmp_path / "m", config=config, weights=hf_weights(dim=20, heads=1, kv_heads=1))
+    assert run_export(model, tmp_path / "out.bin").returncode == 0
+    header, _ = read_rope_file(tmp_path / "out.bin")
+    p = np.float32(header["rope_fraction"])
+    assert math.floor(float(p) * 20 / 2) == 7 and math.floor(p * np.float32(10)) == 7
+    assert p == np.nextafter(np.float32(0.7), np.float32(1))
