@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""export.py: write checkpoints in this project's "ROPE" format (see FORMAT.md).
+"""export.py: write checkpoints in this project's "ROPE" format (see README.md, "The ROPE format").
 
     export.py MODEL_DIR out.bin [--rope-theta F] [--rope-fraction F] [--legacy]
         a Hugging Face Llama (or Mistral) directory: config.json plus
@@ -45,7 +45,7 @@ LLAMA2C_MAGIC = 0x616B3432  # "ak42": llama2.c's version 1 and 2 exports
 LLAMA2C_VERSION = 1  # float32; llama2.c's version 2 is int8-quantized
 HEADER_BYTES = 256  # ROPE and llama2.c version 1 headers are zero-padded to this
 # magic, version, dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len,
-# shared_classifier, norm_eps, rope_theta, rope_fraction, rope_scale (FORMAT.md)
+# shared_classifier, norm_eps, rope_theta, rope_fraction, rope_scale (README.md, "The ROPE format")
 ROPE_HEADER = struct.Struct("<Ii8i4f")
 # magic, version, the seven sizes, a uint8 shared-classifier flag (llama2.c's export.py)
 LLAMA2C_V1_HEADER = struct.Struct("<Ii7iB")
@@ -87,11 +87,11 @@ def show(x):
 
 
 # ----------------------------------------------------------------------------
-# The model: a header (Config) and its tensors, in the order FORMAT.md gives
+# The model: a header (Config) and its tensors, in the order the README gives
 
 
 class Config:
-    """The header fields of a ROPE file (FORMAT.md), with the rotary settings."""
+    """The header fields of a ROPE file (README.md, "The ROPE format"), with the rotary settings."""
 
     def __init__(self, dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size,
                  seq_len, shared_classifier, norm_eps, rope_theta=LLAMA2C_THETA,
@@ -133,7 +133,7 @@ class Config:
 
 
 def check_rope_values(theta, fraction, scale):
-    """Refuse rotary settings that FORMAT.md does not allow."""
+    """Refuse rotary settings that the ROPE format does not allow."""
     if not (math.isfinite(f32(theta)) and theta > 0):
         raise ExportError(f"rope_theta {theta} must be finite and > 0 (in float32)")
     if not 0 <= fraction <= 1:
@@ -143,7 +143,7 @@ def check_rope_values(theta, fraction, scale):
 
 
 def tensor_shapes(c):
-    """[(name, shape)] of every tensor of a ROPE file, in file order (FORMAT.md)."""
+    """[(name, shape)] of every tensor of a ROPE file, in file order (README.md, "The ROPE format")."""
     hd, L = c.head_dim, c.n_layers
     q_dim, kv_dim = c.n_heads * hd, c.n_kv_heads * hd
     shapes = [
@@ -198,7 +198,7 @@ def check_size(path, what, expected):
 
 
 def read_rope(path, data):
-    """Read a ROPE file (FORMAT.md): (Config, tensors)."""
+    """Read a ROPE file (README.md, "The ROPE format"): (Config, tensors)."""
     (_, version, dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared,
      eps, theta, fraction, scale) = ROPE_HEADER.unpack_from(data)
     if version != ROPE_VERSION:
@@ -649,7 +649,7 @@ def write_tensor(f, pieces):
 
 
 def rope_header(c):
-    """The 256-byte ROPE header (FORMAT.md)."""
+    """The 256-byte ROPE header (README.md, "The ROPE format")."""
     fields = ROPE_HEADER.pack(ROPE_MAGIC, ROPE_VERSION, c.dim, c.hidden_dim, c.n_layers, c.n_heads,
                               c.n_kv_heads, c.vocab_size, c.seq_len, int(c.shared_classifier),
                               c.norm_eps, c.rope_theta, c.rope_fraction, c.rope_scale)
@@ -657,7 +657,7 @@ def rope_header(c):
 
 
 def write_rope(f, c, tensors):
-    """Write a ROPE file: header, then the tensors in FORMAT.md's order."""
+    """Write a ROPE file: header, then the tensors in the README's order."""
     f.write(rope_header(c))
     for name, _ in tensor_shapes(c):
         write_tensor(f, tensors[name])

@@ -1,7 +1,7 @@
-"""Writes checkpoints in the project's ROPE format (FORMAT.md) from numpy arrays.
+"""Writes checkpoints in the project's ROPE format (README.md, "The ROPE format") from numpy arrays.
 
 Used by the tests and the benchmark to make random models of any shape. Written
-from FORMAT.md, not from run.c or export.py.
+from the README's byte layout, not from run.c or export.py.
 """
 import struct
 

@@ -40,3 +40,33 @@ def test_prompt_longer_than_steps_is_cut_like_llama2c():
     r = run(STORIES, "-z", TOK512, "-t", 0, "-n", 3, "-p", "Once upon a time there was")
     assert r.returncode == 0
     assert r.stdout == b"Once upon a\n"
+
+
+@pytest.fixture(scope="module")
+def stories_rope(tmp_path_factory):
+    """stories260K upgraded to the ROPE format by export.py."""
+    import subprocess
+    import sys
+    from conftest import ROOT
+    out = tmp_path_factory.mktemp("rope") / "stories260K_rope.bin"
+    r = subprocess.run([sys.executable, str(ROOT / "export.py"), str(STORIES), str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{i}-T{c['temperature']}" for i, c in enumerate(CASES)])
+def test_generation_in_rope_format_matches_llama2c(stories_rope, case):
+    r = run(stories_rope, *golden_args(case))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode("utf-8", "replace") == case["stdout"]
+
+
+def test_rope_legacy_rope_round_trip_is_byte_identical(stories_rope, tmp_path):
+    import subprocess
+    import sys
+    from conftest import ROOT
+    legacy, again = tmp_path / "legacy.bin", tmp_path / "again.bin"
+    for src, dst, flags in ((stories_rope, legacy, ["--legacy"]), (legacy, again, [])):
+        r = subprocess.run([sys.executable, str(ROOT / "export.py"), *flags, str(src), str(dst)], capture_output=True)
+        assert r.returncode == 0, r.stderr
+    assert again.read_bytes() == stories_rope.read_bytes()
