@@ -185,7 +185,7 @@ static int validate_config(const Config *c) {
     if (check_range("dim", c->dim, 1, MAX_DIM) || check_range("hidden_dim", c->hidden_dim, 1, MAX_HIDDEN) ||
         check_range("n_layers", c->n_layers, 1, MAX_LAYERS) || check_range("n_heads", c->n_heads, 1, c->dim) ||
         check_range("n_kv_heads", c->n_kv_heads, 1, c->n_heads) ||
-        check_range("vocab_size", c->vocab_size, 1, MAX_VOCAB) || check_range("seq_len", c->seq_len, 1, MAX_SEQ_LEN))
+        check_range("vocab_size", c->vocab_size, TOKEN_EOS + 1, MAX_VOCAB) || check_range("seq_len", c->seq_len, 1, MAX_SEQ_LEN))
         return -1;
     if (c->dim % c->n_heads != 0) return fail("dim %d is not divisible by n_heads %d", c->dim, c->n_heads);
     if (c->n_heads % c->n_kv_heads != 0)
@@ -309,7 +309,7 @@ static void map_weights(TransformerWeights *w, const Config *c, CheckpointFormat
 // with the header.
 static int load_checkpoint(Transformer *t, const char *path) {
     memset(t, 0, sizeof(*t));
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NONBLOCK); // O_NONBLOCK: a FIFO must not block the open
     if (fd < 0) return fail("cannot open checkpoint %s: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -861,14 +861,30 @@ static int build_tokenizer_from_memory(Tokenizer *t, const unsigned char *data, 
     return 0;
 }
 
+// Opens a file for reading; NULL if it cannot be opened or is not a regular file
+// (*not_regular tells which). O_NONBLOCK: opening a FIFO must not wait for a writer.
+static FILE *open_regular_file(const char *path, int *not_regular) {
+    *not_regular = 0;
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
+    if (fd < 0) return NULL;
+    struct stat st;
+    FILE *file = NULL;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) *not_regular = 1;
+    else file = fdopen(fd, "rb");
+    if (!file) close(fd);
+    return file;
+}
+
 static int build_tokenizer(Tokenizer *t, const char *path, int vocab_size) {
     memset(t, 0, sizeof(*t));
-    FILE *file = fopen(path, "rb");
+    int not_regular;
+    FILE *file = open_regular_file(path, &not_regular);
+    if (!file && not_regular) return fail("tokenizer %s is not a regular file", path);
     if (!file) return fail("cannot open tokenizer %s: %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fileno(file), &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fileno(file), &st) != 0) {
         fclose(file);
-        return fail("tokenizer %s is not a regular file", path);
+        return fail("cannot read tokenizer %s", path);
     }
     size_t size = (size_t)st.st_size;
     unsigned char *data = malloc(size ? size : 1);
@@ -908,6 +924,114 @@ static int str_lookup(const char *str, const TokenIndex *sorted, int n) {
     return found ? found->id : -1;
 }
 
+// The token of a raw byte: its byte-fallback piece, or <unk> when the vocabulary
+// has none (fewer than 259 tokens).
+static int byte_token(const Tokenizer *t, unsigned char byte) {
+    int id = byte + TOKEN_BYTE0;
+    return id < t->vocab_size ? id : TOKEN_UNK;
+}
+
+// A possible merge of the adjacent tokens left and right (indices into the token
+// array) into id. versions detect candidates made stale by an earlier merge.
+typedef struct {
+    float score;
+    int left, right, id;
+    unsigned left_version, right_version;
+} MergeCandidate;
+
+typedef struct {
+    MergeCandidate *heap; // a binary max-heap: best score first, leftmost on ties
+    int size;
+    int *ids, *next, *prev; // the tokens as a linked list; merged ones have id -1
+    unsigned *version;
+} MergeState;
+
+static int candidate_first(const MergeCandidate *a, const MergeCandidate *b) {
+    return a->score > b->score || (a->score == b->score && a->left < b->left);
+}
+
+static void heap_push(MergeState *m, MergeCandidate c) {
+    int i = m->size++;
+    while (i > 0 && candidate_first(&c, &m->heap[(i - 1) / 2])) {
+        m->heap[i] = m->heap[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    m->heap[i] = c;
+}
+
+static MergeCandidate heap_pop(MergeState *m) {
+    MergeCandidate top = m->heap[0], last = m->heap[--m->size];
+    int i = 0;
+    while (1) {
+        int child = 2 * i + 1;
+        if (child >= m->size) break;
+        if (child + 1 < m->size && candidate_first(&m->heap[child + 1], &m->heap[child])) child++;
+        if (!candidate_first(&m->heap[child], &last)) break;
+        m->heap[i] = m->heap[child];
+        i = child;
+    }
+    if (m->size > 0) m->heap[i] = last;
+    return top;
+}
+
+// Queues the merge of left and right if their concatenation is a piece.
+static void consider_pair(const Tokenizer *t, MergeState *m, int left, int right, char *buffer) {
+    const char *a = t->vocab[m->ids[left]], *b = t->vocab[m->ids[right]];
+    size_t la = strlen(a), lb = strlen(b);
+    if (la + lb > (size_t)t->max_token_length) return;
+    memcpy(buffer, a, la);
+    memcpy(buffer + la, b, lb + 1);
+    int id = str_lookup(buffer, t->sorted_vocab, t->n_sorted);
+    if (id == -1 || !(t->vocab_scores[id] > -FLT_MAX)) return;
+    MergeCandidate c = {t->vocab_scores[id], left, right, id, m->version[left], m->version[right]};
+    heap_push(m, c);
+}
+
+// BPE on tokens[0..n): repeatedly merges the best-scoring adjacent pair (leftmost
+// on ties). A merge changes only the pairs next to it, so the candidates wait in a
+// priority queue and those a merge made stale are skipped when they come up: O(n
+// log n) instead of a rescan of the whole text per merge. Returns the new count.
+static int merge_pairs(const Tokenizer *t, int *tokens, int n, char *buffer) {
+    if (n < 2) return n;
+    MergeState m = {0};
+    m.heap = malloc((size_t)3 * n * sizeof(MergeCandidate)); // n - 1 pairs, then at most 2 per merge
+    m.next = malloc((size_t)n * sizeof(int));
+    m.prev = malloc((size_t)n * sizeof(int));
+    m.version = calloc((size_t)n, sizeof(unsigned));
+    m.ids = tokens;
+    int count = -1;
+    if (!m.heap || !m.next || !m.prev || !m.version) {
+        fail("out of memory encoding text");
+        goto done;
+    }
+    for (int i = 0; i < n; i++) {
+        m.next[i] = i + 1 < n ? i + 1 : -1;
+        m.prev[i] = i - 1;
+    }
+    for (int i = 0; i + 1 < n; i++) consider_pair(t, &m, i, i + 1, buffer);
+    while (m.size > 0) {
+        MergeCandidate c = heap_pop(&m);
+        if (m.next[c.left] != c.right || m.version[c.left] != c.left_version || m.version[c.right] != c.right_version)
+            continue; // stale: a neighbour merged since
+        m.ids[c.left] = c.id;
+        m.version[c.left]++;
+        m.ids[c.right] = -1;
+        m.version[c.right]++;
+        m.next[c.left] = m.next[c.right];
+        if (m.next[c.right] >= 0) m.prev[m.next[c.right]] = c.left;
+        if (m.prev[c.left] >= 0) consider_pair(t, &m, m.prev[c.left], c.left, buffer);
+        if (m.next[c.left] >= 0) consider_pair(t, &m, c.left, m.next[c.left], buffer);
+    }
+    count = 0;
+    for (int i = 0; i >= 0; i = m.next[i]) tokens[count++] = m.ids[i];
+done:
+    free(m.heap);
+    free(m.next);
+    free(m.prev);
+    free(m.version);
+    return count;
+}
+
 // Encodes text into tokens (the caller provides room for strlen(text) + 3).
 // SentencePiece's BPE: a dummy-prefix space, one token per UTF-8 character (byte
 // fallback for characters not in the vocabulary), then repeatedly merge the
@@ -924,7 +1048,7 @@ static int encode(const Tokenizer *t, const char *text, int bos, int eos, int *t
     if (text[0] != '\0') {
         int space = str_lookup(" ", t->sorted_vocab, t->n_sorted);
         if (space >= 0) tokens[(*n_tokens)++] = space;
-        else tokens[(*n_tokens)++] = (unsigned char)' ' + TOKEN_BYTE0;
+        else tokens[(*n_tokens)++] = byte_token(t, ' ');
     }
 
     // One token per UTF-8 character. A character starts at a byte that is not a
@@ -939,8 +1063,7 @@ static int encode(const Tokenizer *t, const char *text, int bos, int eos, int *t
         if (id != -1) {
             tokens[(*n_tokens)++] = id;
         } else {
-            for (size_t i = 0; i < str_len; i++)
-                tokens[(*n_tokens)++] = (unsigned char)buffer[i] + TOKEN_BYTE0;
+            for (size_t i = 0; i < str_len; i++) tokens[(*n_tokens)++] = byte_token(t, (unsigned char)buffer[i]);
         }
         str_len = 0;
     }
@@ -948,27 +1071,12 @@ static int encode(const Tokenizer *t, const char *text, int bos, int eos, int *t
     // Merge the best-scoring adjacent pair until no pair forms a piece. Ties go to
     // the leftmost pair, as in SentencePiece.
     int first = bos ? 1 : 0;
-    while (1) {
-        float best_score = -FLT_MAX;
-        int best_id = -1, best_idx = -1;
-        for (int i = first; i < *n_tokens - 1; i++) {
-            const char *a = t->vocab[tokens[i]], *b = t->vocab[tokens[i + 1]];
-            size_t la = strlen(a), lb = strlen(b);
-            if (la + lb > (size_t)t->max_token_length) continue;
-            memcpy(buffer, a, la);
-            memcpy(buffer + la, b, lb + 1);
-            int id = str_lookup(buffer, t->sorted_vocab, t->n_sorted);
-            if (id != -1 && t->vocab_scores[id] > best_score) {
-                best_score = t->vocab_scores[id];
-                best_id = id;
-                best_idx = i;
-            }
-        }
-        if (best_idx == -1) break;
-        tokens[best_idx] = best_id;
-        for (int i = best_idx + 1; i < *n_tokens - 1; i++) tokens[i] = tokens[i + 1];
-        (*n_tokens)--;
+    int result = merge_pairs(t, tokens + first, *n_tokens - first, buffer);
+    if (result < 0) {
+        free(buffer);
+        return -1;
     }
+    *n_tokens = first + result;
     if (eos) tokens[(*n_tokens)++] = TOKEN_EOS;
     free(buffer);
     return 0;
@@ -1072,6 +1180,8 @@ static int sample_topp(const float *probabilities, int n, float topp, ProbIndex 
 // Greedy at temperature 0; otherwise softmax(logits / T), then top-p or plain sampling.
 static int sample(Sampler *s, float *logits) {
     if (s->temperature == 0.0f) return sample_argmax(logits, s->vocab_size);
+    int best = sample_argmax(logits, s->vocab_size);
+    if (!isfinite(logits[best] / s->temperature)) return best; // T -> 0 is greedy; dividing would give inf - inf
     for (int q = 0; q < s->vocab_size; q++) logits[q] /= s->temperature;
     softmax(logits, s->vocab_size);
     float coin = random_f32(&s->rng_state);
@@ -1634,15 +1744,17 @@ static long parse_int(const char *flag, const char *value, long lo, long hi) {
 
 // Reads a text file whole. Text may not contain NUL bytes (they would end it early).
 static char *read_text_file(const char *path) {
-    FILE *f = fopen(path, "rb");
+    int not_regular;
+    FILE *f = open_regular_file(path, &not_regular);
     if (!f) {
-        fail("cannot open %s: %s", path, strerror(errno));
+        if (not_regular) fail("%s is not a regular file", path);
+        else fail("cannot open %s: %s", path, strerror(errno));
         return NULL;
     }
     struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fileno(f), &st) != 0) {
         fclose(f);
-        fail("%s is not a regular file", path);
+        fail("cannot read %s", path);
         return NULL;
     }
     size_t size = (size_t)st.st_size;
@@ -1730,6 +1842,8 @@ int main(int argc, char *argv[]) {
     if ((system_prompt || no_cache) && !is_chat) usage_error("-y and --no-cache are for -m chat");
 #ifdef _OPENMP
     if (threads > 0) omp_set_num_threads((int)threads);
+#else
+    (void)threads; // a build without OpenMP runs on one thread
 #endif
 
     // 2. load the model; apply the rotary overrides before the RoPE tables are built

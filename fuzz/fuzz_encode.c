@@ -1,0 +1,130 @@
+// libFuzzer harness: encode and decode arbitrary text with a real tokenizer.
+//
+// The tokenizer is built once, from $FUZZ_TOKENIZER if set, else tok512.bin found
+// in ../shared/models relative to the executable's directory's parent (the repo)
+// or to the current directory. Every input (cut at its first NUL, as a C string
+// from argv or a text file would be) is encoded with BOS and EOS; every id must be
+// in range, and decoding the ids back must give the text exactly (SentencePiece's
+// dummy-prefix space is dropped after BOS; byte-fallback pieces become their byte),
+// so nothing of the prompt is lost or invented. safe_print runs on every piece with
+// stdout sent to /dev/null.
+#define RUN_TESTING
+#include "../run.c"
+
+#include <libgen.h>
+
+#define CHECK(cond)                                                                                  \
+    do {                                                                                             \
+        if (!(cond)) {                                                                               \
+            fprintf(stderr, "fuzz_encode: check failed: %s (line %d)\n", #cond, __LINE__);         \
+            abort();                                                                                 \
+        }                                                                                            \
+    } while (0)
+
+static Tokenizer tokenizer;
+
+static unsigned char *read_file(const char *path, size_t *size) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        return NULL;
+    }
+    *size = (size_t)st.st_size;
+    unsigned char *data = malloc(*size ? *size : 1);
+    if (data && fread(data, 1, *size, f) != *size) {
+        free(data);
+        data = NULL;
+    }
+    fclose(f);
+    return data;
+}
+
+// The number of pieces in a tokenizer.bin: walk its records to the end.
+static int count_pieces(const unsigned char *data, size_t size) {
+    size_t off = 4;
+    int n = 0;
+    while (size - off >= 8) {
+        int len = read_i32(data + off + 4);
+        if (len < 0 || (size_t)len > size - off - 8) return -1;
+        off += 8 + (size_t)len;
+        n++;
+    }
+    return off == size ? n : -1;
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc;
+    char candidates[4][PATH_MAX];
+    int n = 0;
+    const char *env = getenv("FUZZ_TOKENIZER");
+    if (env && env[0]) snprintf(candidates[n++], PATH_MAX, "%s", env);
+    char exe[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (len <= 0 && argv && *argv && (*argv)[0]) { // no /proc: fall back to argv[0]
+        snprintf(exe, sizeof(exe), "%s", (*argv)[0]);
+        len = (ssize_t)strlen(exe);
+    }
+    if (len > 0) {
+        exe[len] = '\0';
+        char *dir = dirname(exe); // .../repo/fuzz
+        snprintf(candidates[n++], PATH_MAX, "%s/../../shared/models/tok512.bin", dir);
+    }
+    snprintf(candidates[n++], PATH_MAX, "../shared/models/tok512.bin");    // cwd = the repo
+    snprintf(candidates[n++], PATH_MAX, "../../shared/models/tok512.bin"); // cwd = fuzz/
+    for (int i = 0; i < n; i++) {
+        size_t size = 0;
+        unsigned char *data = read_file(candidates[i], &size);
+        if (!data) continue;
+        int vocab = size >= 4 ? count_pieces(data, size) : -1;
+        int ok = vocab > 0 && build_tokenizer_from_memory(&tokenizer, data, size, vocab, candidates[i]) == 0;
+        free(data);
+        if (ok) {
+            fprintf(stderr, "fuzz_encode: tokenizer %s (%d tokens)\n", candidates[i], vocab);
+            if (!freopen("/dev/null", "w", stdout)) return 0;
+            return 0;
+        }
+        fprintf(stderr, "fuzz_encode: cannot use %s: %s\n", candidates[i], error_message);
+    }
+    fprintf(stderr, "fuzz_encode: no tokenizer; set FUZZ_TOKENIZER=path/to/tok512.bin\n");
+    exit(1);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    char *text = malloc(size + 1);
+    if (!text) return 0;
+    memcpy(text, data, size);
+    text[size] = '\0';
+    size_t text_len = strlen(text);
+    int *tokens = malloc((text_len + 3) * sizeof(int)), n = 0;
+    char *decoded = malloc(text_len + 2);
+    if (!tokens || !decoded) {
+        free(text);
+        free(tokens);
+        free(decoded);
+        return 0;
+    }
+    CHECK(encode(&tokenizer, text, 1, 1, tokens, &n) == 0);
+    CHECK(n >= 2 && (size_t)n <= text_len + 3);
+    CHECK(tokens[0] == TOKEN_BOS && tokens[n - 1] == TOKEN_EOS);
+    size_t out = 0;
+    for (int i = 1; i < n; i++) {
+        CHECK(tokens[i] >= 0 && tokens[i] < tokenizer.vocab_size);
+        if (i == n - 1) break; // EOS
+        CHECK(tokens[i] != TOKEN_BOS && tokens[i] != TOKEN_EOS && tokens[i] != TOKEN_UNK);
+        const char *piece = decode(&tokenizer, tokens[i - 1], tokens[i]);
+        safe_print(piece);
+        size_t piece_len = strlen(piece);
+        if (byte_piece_value(tokenizer.vocab[tokens[i]], tokenizer.vocab_length[tokens[i]]) >= 0)
+            piece_len = 1; // the byte itself (never NUL here: the text has none)
+        CHECK(out + piece_len <= text_len);
+        memcpy(decoded + out, piece, piece_len);
+        out += piece_len;
+    }
+    CHECK(out == text_len && memcmp(decoded, text, text_len) == 0); // decode(encode(text)) == text
+    free(decoded);
+    free(tokens);
+    free(text);
+    return 0;
+}

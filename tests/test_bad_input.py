@@ -1,0 +1,536 @@
+"""Bad input: every malformed file or command line ends with one clear error line.
+
+The contract (README / issue): for bad input the runner prints exactly one line on
+stderr starting with "run: error:" (what was wrong, naming the file or the flag)
+and exits 1 for a bad input file or runtime error, 2 for a bad command line; never
+a signal, a hang, a sanitizer report or garbage. The only other stderr line allowed
+is the start-up line "run: <path> (<format>): dim ..." printed once the model loaded.
+
+Each row of the table below is one crafted file (made in tmp_path from the shared
+models by truncating or patching bytes, or from scratch with struct) or one command
+line, with the exit code and a substring of the error line. RUN_BIN=run-asan runs
+the same table under AddressSanitizer + UndefinedBehaviorSanitizer.
+
+Some rows guard fixed bugs: FIFOs that blocked open(), an encoder that took
+seconds on long text, byte-fallback ids beyond a small vocabulary, vocabularies
+without BOS/EOS, and temperatures so small that logits / T overflowed.
+"""
+import os
+import re
+import resource
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import LLAMA_TOKENIZER, MODELS, RUN_BIN, STORIES, STORIES_V1, TOK512, run
+from ropefile import header_bytes, write_random_checkpoint
+
+STARTUP = re.compile(r"^run: .+ \((llama2\.c legacy|llama2\.c v1|ROPE v1)\): dim \d+")
+SANITIZED = "san" in Path(RUN_BIN).name  # run-asan, run-ubsan: slower, and no RLIMIT_AS
+HANG_TIMEOUT = 1.0  # seconds (x3 under sanitizers) for the rows that used to hang
+HANG_ROWS = {"checkpoint-is-fifo", "tokenizer-is-fifo", "text-file-is-fifo",
+             "prompt-3000-english-words-rejected-quickly"}
+
+
+# ----------------------------------------------------------------------------
+# Building blocks: the shared models' bytes, patched copies, tokenizer offsets
+
+_BYTES = {}
+
+
+def model_bytes(path):
+    if path not in _BYTES:
+        _BYTES[path] = Path(path).read_bytes()
+    return _BYTES[path]
+
+
+FIELDS = ["dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len"]
+
+
+def stories_dims():
+    return dict(zip(FIELDS, struct.unpack_from("<7i", model_bytes(STORIES), 0)))
+
+
+def rope_body():
+    """stories260K's weights in ROPE order: the legacy body without its freq_cis tables."""
+    d, data = stories_dims(), model_bytes(STORIES)
+    freq_cis = d["seq_len"] * (d["dim"] // d["n_heads"]) * 4
+    return data[28:len(data) - freq_cis]
+
+
+def put(tmp, name, data):
+    path = Path(tmp) / name
+    path.write_bytes(bytes(data))
+    return path
+
+
+def gen(path, *extra, tokenizer=TOK512):
+    """A short greedy generation: fast, and deterministic."""
+    return [path, "-z", tokenizer, "-t", "0", "-n", "4", "-p", "Once", *extra]
+
+
+def legacy(**fields):
+    """stories260K (legacy) with header fields replaced."""
+    def build(tmp):
+        data = bytearray(model_bytes(STORIES))
+        values = list(struct.unpack_from("<7i", data, 0))
+        for k, v in fields.items():
+            values[FIELDS.index(k)] = v
+        struct.pack_into("<7i", data, 0, *values)
+        return gen(put(tmp, "legacy.bin", data))
+    return build
+
+
+def v1(edits=(), size=None):
+    """stories260K_v1 with (offset, struct format, value) edits, optionally cut to size bytes."""
+    def build(tmp):
+        data = bytearray(model_bytes(STORIES_V1))
+        for offset, fmt, value in edits:
+            struct.pack_into(fmt, data, offset, value)
+        return gen(put(tmp, "v1.bin", data[:size] if size is not None else data))
+    return build
+
+
+def rope(edits=(), size=None, append=b"", **header):
+    """stories260K converted to the ROPE format, with header overrides and byte edits."""
+    def build(tmp):
+        d = stories_dims()
+        d.update({k: v for k, v in header.items() if k in FIELDS})
+        rest = {k: v for k, v in header.items() if k not in FIELDS}
+        data = bytearray(header_bytes(**d, **rest) + rope_body() + append)
+        for offset, fmt, value in edits:
+            struct.pack_into(fmt, data, offset, value)
+        return gen(put(tmp, "rope.bin", data[:size] if size is not None else data))
+    return build
+
+
+def cut(src, size=None, append=b""):
+    """A copy of a shared model cut to size bytes (negative: from the end) and/or extended."""
+    def build(tmp):
+        data = model_bytes(src)
+        data = data[:size] if size is not None else data
+        return gen(put(tmp, "cut.bin", data + append))
+    return build
+
+
+def raw(data):
+    """A checkpoint file with exactly these bytes."""
+    return lambda tmp: gen(put(tmp, "raw.bin", data))
+
+
+def tok_offsets(data):
+    """Byte offset of each token record (score, length, bytes) in a tokenizer.bin."""
+    offsets, off = [], 4
+    while off < len(data):
+        offsets.append(off)
+        off += 8 + struct.unpack_from("<i", data, off + 4)[0]
+    return offsets
+
+
+def tok(max_len=None, token=None, length=None, score=None, size=None, append=b"", src=TOK512):
+    """tok512 (or src) with one token's length/score or max_token_length patched."""
+    def build(tmp):
+        data = bytearray(model_bytes(src))
+        if max_len is not None:
+            struct.pack_into("<i", data, 0, max_len)
+        if token is not None:
+            off = tok_offsets(data)[token]
+            if score is not None:
+                struct.pack_into("<f", data, off, score)
+            if length is not None:
+                struct.pack_into("<i", data, off + 4, length)
+        data = data[:size] if size is not None else data
+        return gen(STORIES, tokenizer=put(tmp, "tok.bin", data + append))
+    return build
+
+
+def args(*a):
+    """A command line with the real models (bad flags are rejected before loading)."""
+    return lambda tmp: list(a)
+
+
+def story(*a):
+    return args(STORIES, "-z", TOK512, *a)
+
+
+def text_file(data, *extra):
+    def build(tmp):
+        return [STORIES, "-z", TOK512, "-m", "ppl", "-f", put(tmp, "text.txt", data), *extra]
+    return build
+
+
+def fifo(role):
+    """A named pipe where a file is expected; opening it for reading blocks without O_NONBLOCK."""
+    def build(tmp):
+        path = Path(tmp) / "pipe"
+        os.mkfifo(path)
+        if role == "checkpoint":
+            return gen(path)
+        if role == "tokenizer":
+            return gen(STORIES, tokenizer=path)
+        return [STORIES, "-z", TOK512, "-m", "ppl", "-f", path]
+    return build
+
+
+def tiny_model(vocab_size, seq_len=16):
+    def build(tmp):
+        return write_random_checkpoint(Path(tmp) / f"tiny{vocab_size}.bin", dim=8, hidden_dim=8, n_layers=1,
+                                       n_heads=1, n_kv_heads=1, vocab_size=vocab_size, seq_len=seq_len)
+    return build
+
+
+def tiny_tokenizer(pieces, max_len=8):
+    out = struct.pack("<i", max_len)
+    for i, p in enumerate(pieces):
+        out += struct.pack("<fi", -float(i), len(p)) + p
+    return out
+
+
+def small_vocab(vocab_size, prompt, *extra):
+    """A random model with a tiny vocabulary and a matching tokenizer (no byte pieces)."""
+    def build(tmp):
+        model = tiny_model(vocab_size)(tmp)
+        pieces = [b"<unk>", b"<s>", b"</s>", b"a", b"b", b"ab", b" ", b" a"][:vocab_size]
+        pieces += [b"x%d" % i for i in range(len(pieces), vocab_size)]
+        return [model, "-z", put(tmp, "tok.bin", tiny_tokenizer(pieces)), "-p", prompt, *extra]
+    return build
+
+
+def vocab_1000_with_tok512(tmp):
+    return gen(tiny_model(1000)(tmp))
+
+
+CJK_170 = "\u65e5" * 170  # BOS + byte-fallback space + 170 x 3 byte tokens = exactly 512 tokens
+LONG_NONMERGING = " ".join(["\u65e5\u672c"] * 3000)  # 3000 words of byte-fallback tokens: ~21000 tokens
+LONG_ENGLISH = " ".join(["Once upon a time"] * 750)   # 3000 English words, ~3800 tokens after merges
+MALFORMED_UTF8 = b"Once \xff\xfe upon \xc3\x28 a \xe2\x82 time \x80\x80 \xf0\x9f\x98 \xed\xa0\x80 \xc0\xaf end"
+
+# ----------------------------------------------------------------------------
+# The table: (id, build(tmp) -> argv, exit code, substring of the error line)
+
+F32 = "<f"
+ROWS = [
+    # --- command line: exit 2, before any file is read -------------------------------
+    ("no-arguments", args(), 2, "no checkpoint given"),
+    ("flags-but-no-checkpoint", args("-t", "0.5", "-n", "3"), 2, "no checkpoint given"),
+    ("two-checkpoints", story(STORIES), 2, "unexpected argument"),
+    ("unknown-long-flag", story("--bogus"), 2, "unknown option '--bogus'"),
+    ("unknown-short-flag", story("-x", "1"), 2, "unknown option '-x'"),
+    ("t-missing-value", story("-t"), 2, "option -t needs a value"),
+    ("t-not-a-number", story("-t", "abc"), 2, "-t expects a number, got 'abc'"),
+    ("t-trailing-garbage", story("-t", "0.5x"), 2, "-t expects a number"),
+    ("t-empty", story("-t", ""), 2, "-t expects a number"),
+    ("t-negative", story("-t", "-1"), 2, "-t must be >= 0"),
+    ("t-nan", story("-t", "nan"), 2, "-t expects a number"),
+    ("t-inf", story("-t", "inf"), 2, "-t expects a number"),
+    ("t-overflow", story("-t", "1e39"), 2, "-t expects a number"),
+    ("top-p-missing-value", story("--top-p"), 2, "option --top-p needs a value"),
+    ("top-p-zero", story("--top-p", "0"), 2, "--top-p must be in (0, 1]"),
+    ("top-p-above-one", story("--top-p", "1.5"), 2, "--top-p must be in (0, 1]"),
+    ("top-p-negative", story("--top-p", "-0.5"), 2, "--top-p must be in (0, 1]"),
+    ("top-p-not-a-number", story("--top-p", "x"), 2, "--top-p expects a number"),
+    ("top-p-nan", story("--top-p", "nan"), 2, "--top-p expects a number"),
+    ("s-missing-value", story("-s"), 2, "option -s needs a value"),
+    ("s-negative", story("-s", "-1"), 2, "-s must be in [0, 4294967295]"),
+    ("s-too-large", story("-s", "4294967296"), 2, "-s must be in [0, 4294967295]"),
+    ("s-overflows-long", story("-s", "99999999999999999999999"), 2, "-s expects an integer"),
+    ("s-not-an-integer", story("-s", "1.5"), 2, "-s expects an integer"),
+    ("s-letters", story("-s", "abc"), 2, "-s expects an integer, got 'abc'"),
+    ("n-missing-value", story("-n"), 2, "option -n needs a value"),
+    ("n-negative", story("-n", "-1"), 2, "-n must be in [0, 2147483647]"),
+    ("n-too-large", story("-n", "2147483648"), 2, "-n must be in [0, 2147483647]"),
+    ("n-not-an-integer", story("-n", "ten"), 2, "-n expects an integer"),
+    ("T-missing-value", story("-T"), 2, "option -T needs a value"),
+    ("T-zero", story("-T", "0"), 2, "-T must be in [1, 1024]"),
+    ("T-too-many", story("-T", "1025"), 2, "-T must be in [1, 1024]"),
+    ("T-not-an-integer", story("-T", "two"), 2, "-T expects an integer"),
+    ("rope-theta-missing-value", story("--rope-theta"), 2, "option --rope-theta needs a value"),
+    ("rope-theta-zero", story("--rope-theta", "0"), 2, "--rope-theta must be > 0"),
+    ("rope-theta-negative", story("--rope-theta", "-10000"), 2, "--rope-theta must be > 0"),
+    ("rope-theta-nan", story("--rope-theta", "nan"), 2, "--rope-theta expects a number"),
+    ("rope-theta-inf", story("--rope-theta", "inf"), 2, "--rope-theta expects a number"),
+    ("rope-theta-not-a-number", story("--rope-theta", "1e4x"), 2, "--rope-theta expects a number"),
+    ("rope-fraction-missing-value", story("--rope-fraction"), 2, "option --rope-fraction needs a value"),
+    ("rope-fraction-above-one", story("--rope-fraction", "1.5"), 2, "--rope-fraction must be in [0, 1]"),
+    ("rope-fraction-negative", story("--rope-fraction", "-0.1"), 2, "--rope-fraction must be in [0, 1]"),
+    ("rope-fraction-nan", story("--rope-fraction", "nan"), 2, "--rope-fraction expects a number"),
+    ("rope-fraction-not-a-number", story("--rope-fraction", "half"), 2, "--rope-fraction expects a number"),
+    ("m-missing-value", story("-m"), 2, "option -m needs a value"),
+    ("m-unknown-mode", story("-m", "train"), 2, "unknown mode 'train'"),
+    ("z-missing-value", args(STORIES, "-z"), 2, "option -z needs a value"),
+    ("p-missing-value", story("-p"), 2, "option -p needs a value"),
+    ("f-missing-value", story("-m", "ppl", "-f"), 2, "option -f needs a value"),
+    ("ppl-without-text", story("-m", "ppl"), 2, "-m ppl needs exactly one of -f FILE or -p TEXT"),
+    ("ppl-with-file-and-prompt", story("-m", "ppl", "-f", "x.txt", "-p", "hi"), 2, "needs exactly one"),
+    ("f-outside-ppl", story("-f", "x.txt"), 2, "-f is for -m ppl"),
+    ("inspect-without-prompt", story("-m", "inspect"), 2, "-m inspect needs a prompt"),
+    ("csv-outside-inspect", story("--csv", "out.csv"), 2, "--csv is for -m inspect"),
+    ("system-prompt-outside-chat", story("-y", "be nice"), 2, "-y and --no-cache are for -m chat"),
+
+    # --- checkpoint path: exit 1 -----------------------------------------------------
+    ("checkpoint-missing", lambda tmp: gen(Path(tmp) / "nope.bin"), 1, "cannot open checkpoint"),
+    ("checkpoint-is-directory", lambda tmp: gen(tmp), 1, "is not a regular file"),
+    ("checkpoint-under-a-file", lambda tmp: gen(STORIES / "x.bin"), 1, "cannot open checkpoint"),
+    ("checkpoint-symlink-loop", lambda tmp: (os.symlink("loop", Path(tmp) / "loop"), gen(Path(tmp) / "loop"))[1],
+     1, "cannot open checkpoint"),
+    ("checkpoint-is-char-device", lambda tmp: gen("/dev/null"), 1, "is not a regular file"),
+    pytest.param("checkpoint-unreadable",
+                 lambda tmp: (put(tmp, "secret.bin", b"x"), os.chmod(Path(tmp) / "secret.bin", 0),
+                              gen(Path(tmp) / "secret.bin"))[2], 1, "cannot open checkpoint",
+                 marks=pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file"),
+                 id="checkpoint-unreadable"),
+    pytest.param("checkpoint-is-fifo", fifo("checkpoint"), 1, "is not a regular file",
+                 id="checkpoint-is-fifo"),
+
+    # --- checkpoint size: empty, truncated, over-long ------------------------------------
+    ("checkpoint-empty", raw(b""), 1, "is empty"),
+    ("checkpoint-10-bytes", raw(b"\x01" * 10), 1, "too small (10 bytes)"),
+    ("checkpoint-27-bytes", cut(STORIES, 27), 1, "too small (27 bytes)"),
+    ("legacy-header-only", cut(STORIES, 28), 1, "has 28 bytes but its header implies 1056540"),
+    ("legacy-truncated-half", cut(STORIES, 500000), 1, "has 500000 bytes but its header implies"),
+    ("legacy-truncated-one-byte", cut(STORIES, -1), 1, "has 1056539 bytes but its header implies 1056540"),
+    ("legacy-one-byte-too-long", cut(STORIES, append=b"\0"), 1, "has 1056541 bytes but its header implies"),
+    ("legacy-one-float-too-long", cut(STORIES, append=b"\0" * 4), 1, "has 1056544 bytes but its header implies 1056540"),
+    ("v1-shorter-than-its-header", cut(STORIES_V1, 100), 1, "too small (100 bytes) for its 256-byte header"),
+    ("v1-truncated", cut(STORIES_V1, -4), 1, "but its header implies"),
+    ("v1-over-long", cut(STORIES_V1, append=b"\0" * 64), 1, "but its header implies"),
+    ("rope-shorter-than-its-header", rope(size=255), 1, "too small (255 bytes) for its 256-byte header"),
+    ("rope-truncated", rope(size=300000), 1, "has 300000 bytes but its header implies"),
+    ("rope-over-long", rope(append=b"\0" * 4), 1, "but its header implies"),
+    ("rope-unshared-classifier-missing", rope(shared_classifier=False), 1, "but its header implies"),
+
+    # --- magic and version --------------------------------------------------------------
+    ("wrong-magic-gguf", raw(b"GGUF" + struct.pack("<I", 3) + b"\xff" * 300), 1, "out of range"),
+    ("wrong-magic-text-file", raw(b"Once upon a time there was a checkpoint that was not one.\n"), 1,
+     "out of range"),
+    ("v1-version-2", v1([(4, "<i", 2)]), 1, "llama2.c checkpoint version 2 is not supported"),
+    ("v1-version-0", v1([(4, "<i", 0)]), 1, "version 0 is not supported"),
+    ("rope-version-2", rope([(4, "<i", 2)]), 1, "ROPE checkpoint version 2 is not supported"),
+    ("rope-version-negative", rope([(4, "<i", -1)]), 1, "ROPE checkpoint version -1 is not supported"),
+
+    # --- header fields: zero, negative, absurdly large, inconsistent -----------------------
+    ("dim-zero", legacy(dim=0), 1, "dim = 0 is out of range"),
+    ("dim-negative", legacy(dim=-64), 1, "dim = -64 is out of range"),
+    ("dim-int-max", legacy(dim=2**31 - 1), 1, "dim = 2147483647 is out of range"),
+    ("hidden-dim-zero", legacy(hidden_dim=0), 1, "hidden_dim = 0 is out of range"),
+    ("hidden-dim-huge", legacy(hidden_dim=2**30), 1, "hidden_dim = 1073741824 is out of range"),
+    ("n-layers-zero", legacy(n_layers=0), 1, "n_layers = 0 is out of range"),
+    ("n-layers-negative", legacy(n_layers=-5), 1, "n_layers = -5 is out of range"),
+    ("n-heads-zero", legacy(n_heads=0), 1, "n_heads = 0 is out of range"),
+    ("n-heads-above-dim", legacy(n_heads=128), 1, "n_heads = 128 is out of range"),
+    ("n-kv-heads-zero", legacy(n_kv_heads=0), 1, "n_kv_heads = 0 is out of range"),
+    ("n-kv-heads-above-n-heads", legacy(n_kv_heads=16), 1, "n_kv_heads = 16 is out of range"),
+    ("dim-not-divisible-by-heads", legacy(n_heads=7, n_kv_heads=7), 1, "dim 64 is not divisible by n_heads 7"),
+    ("heads-not-divisible-by-kv-heads", legacy(n_kv_heads=3), 1, "n_heads 8 is not divisible by n_kv_heads 3"),
+    ("odd-head-size", legacy(n_heads=64, n_kv_heads=4), 1, "head size 1 is odd"),
+    ("vocab-zero", legacy(vocab_size=0), 1, "vocab_size = 0 is out of range"),
+    ("vocab-int-min", legacy(vocab_size=-2**31), 1, "vocab_size = -2147483648 is out of range"),
+    ("vocab-huge", legacy(vocab_size=2**30), 1, "vocab_size = 1073741824 is out of range"),
+    ("vocab-negative-means-unshared-classifier", legacy(vocab_size=-512), 1, "but its header implies"),
+    ("seq-len-zero", legacy(seq_len=0), 1, "seq_len = 0 is out of range"),
+    ("seq-len-negative", legacy(seq_len=-1), 1, "seq_len = -1 is out of range"),
+    ("seq-len-int-max", legacy(seq_len=2**31 - 1), 1, "seq_len = 2147483647 is out of range"),
+    ("kv-cache-absurd", legacy(n_layers=1024, seq_len=2**20), 1, "the KV cache would need"),
+    # every size at its maximum: the products overflow 32 bits (and legacy's freq_cis too)
+    ("sizes-whose-products-overflow", legacy(dim=65536, hidden_dim=2**20, n_layers=1024, n_heads=2, n_kv_heads=2,
+                                             vocab_size=2**22, seq_len=1), 1, "but its header implies"),
+    ("dim-squared-overflows-int32", legacy(dim=46342, n_heads=1, n_kv_heads=1, seq_len=16), 1,
+     "but its header implies"),
+    ("v1-shared-flag-2", v1([(36, "<B", 2)]), 1, "shared-classifier flag is 2"),
+    ("v1-padding-not-zero", v1([(200, "<B", 7)]), 1, "header padding byte 200 is not zero"),
+    ("v1-dim-zero", v1([(8, "<i", 0)]), 1, "dim = 0 is out of range"),
+    ("v1-seq-len-huge", v1([(32, "<i", 2**24)]), 1, "seq_len = 16777216 is out of range"),
+    ("rope-shared-classifier-2", rope(shared_classifier=2), 1, "shared_classifier is 2"),
+    ("rope-shared-classifier-negative", rope(shared_classifier=-1), 1, "shared_classifier is -1"),
+    ("rope-reserved-not-zero", rope([(255, "<B", 1)]), 1, "reserved header byte 255 is not zero"),
+    ("rope-n-layers-zero", rope(n_layers=0), 1, "n_layers = 0 is out of range"),
+
+    # --- ROPE floats: NaN, infinite, out of range ----------------------------------------
+    ("rope-theta-nan-in-header", rope(rope_theta=float("nan")), 1, "rope_theta nan must be finite and > 0"),
+    ("rope-theta-inf-in-header", rope(rope_theta=float("inf")), 1, "rope_theta inf must be finite and > 0"),
+    ("rope-theta-minus-inf", rope(rope_theta=float("-inf")), 1, "rope_theta -inf must be finite"),
+    ("rope-theta-zero-in-header", rope(rope_theta=0.0), 1, "rope_theta 0 must be finite and > 0"),
+    ("rope-theta-negative-in-header", rope(rope_theta=-1e4), 1, "rope_theta -10000 must be finite and > 0"),
+    ("rope-fraction-nan-in-header", rope(rope_fraction=float("nan")), 1, "rope_fraction nan must be in [0, 1]"),
+    ("rope-fraction-inf-in-header", rope(rope_fraction=float("inf")), 1, "rope_fraction inf must be in [0, 1]"),
+    ("rope-fraction-above-one-in-header", rope(rope_fraction=1.5), 1, "rope_fraction 1.5 must be in [0, 1]"),
+    ("rope-fraction-negative-in-header", rope(rope_fraction=-0.25), 1, "rope_fraction -0.25 must be in [0, 1]"),
+    ("norm-eps-nan", rope(norm_eps=float("nan")), 1, "norm_eps nan must be finite and > 0"),
+    ("norm-eps-inf", rope(norm_eps=float("inf")), 1, "norm_eps inf must be finite and > 0"),
+    ("norm-eps-zero", rope(norm_eps=0.0), 1, "norm_eps 0 must be finite and > 0"),
+    ("norm-eps-negative", rope(norm_eps=-1e-5), 1, "norm_eps -1e-05 must be finite and > 0"),
+    ("rope-scale-nan", rope(rope_scale=float("nan")), 1, "rope_scale nan must be finite"),
+    ("rope-scale-zero", rope(rope_scale=0.0), 1, "rope_scale 0 must be finite"),
+    # FORMAT.md: rope_scale >= 1 (1e-40 made every frequency infinite: NaN logits)
+    ("rope-scale-below-one", rope(rope_scale=0.5), 1, "rope_scale 0.5 must be"),
+    ("rope-scale-denormal", rope(rope_scale=1e-40), 1, "rope_scale"),
+    ("rope-scale-negative", rope(rope_scale=-2.0), 1, "rope_scale -2 must be"),
+    ("rope-scale-inf", rope(rope_scale=float("inf")), 1, "rope_scale inf must be"),
+
+    ("checkpoint-is-a-tokenizer", lambda tmp: gen(TOK512), 1, "hidden_dim = 0 is out of range"),
+
+    # --- tokenizer: missing, truncated, bad lengths, wrong size --------------------------
+    ("tokenizer-missing", lambda tmp: gen(STORIES, tokenizer=Path(tmp) / "nope.bin"), 1, "cannot open tokenizer"),
+    ("tokenizer-is-directory", lambda tmp: gen(STORIES, tokenizer=MODELS), 1, "is not a regular file"),
+    ("tokenizer-is-char-device", lambda tmp: gen(STORIES, tokenizer="/dev/null"), 1, "is not a regular file"),
+    pytest.param("tokenizer-is-fifo", fifo("tokenizer"), 1, "is not a regular file",
+                 id="tokenizer-is-fifo"),
+    ("tokenizer-empty", tok(size=0), 1, "is too small (0 bytes)"),
+    ("tokenizer-3-bytes", tok(size=3), 1, "is too small (3 bytes)"),
+    ("tokenizer-header-only", tok(size=4), 1, "ends at token 0, but the model has 512 tokens"),
+    ("tokenizer-truncated-half", tok(size=3000), 1, "but the model has 512 tokens"),
+    ("tokenizer-truncated-in-a-piece", tok(size=6226), 1, "has a bad length"),
+    ("tokenizer-max-len-zero", tok(max_len=0), 1, "max_token_length 0 is out of range"),
+    ("tokenizer-max-len-negative", tok(max_len=-7), 1, "max_token_length -7 is out of range"),
+    ("tokenizer-max-len-huge", tok(max_len=2**31 - 1), 1, "max_token_length 2147483647 is out of range"),
+    ("tokenizer-negative-piece-length", tok(token=5, length=-1), 1, "token 5 has a bad length -1"),
+    ("tokenizer-int-min-piece-length", tok(token=300, length=-2**31), 1, "token 300 has a bad length -2147483648"),
+    ("tokenizer-piece-longer-than-max", tok(token=7, length=100), 1, "token 7 has a bad length 100"),
+    ("tokenizer-piece-past-end-of-file", tok(max_len=1024, token=511, length=1000), 1, "token 511 has a bad length"),
+    ("tokenizer-nan-score", tok(token=9, score=float("nan")), 1, "token 9 has a non-finite score"),
+    ("tokenizer-inf-score", tok(token=9, score=float("-inf")), 1, "token 9 has a non-finite score"),
+    ("tokenizer-trailing-bytes", tok(append=b"\0" * 3), 1, "more than the model's 512 tokens"),
+    ("tokenizer-too-many-tokens", lambda tmp: gen(STORIES, tokenizer=LLAMA_TOKENIZER), 1,
+     "has more than the model's 512 tokens"),
+    ("tokenizer-too-few-tokens", vocab_1000_with_tok512, 1, "ends at token 512, but the model has 1000 tokens"),
+    ("tokenizer-is-a-checkpoint", lambda tmp: gen(STORIES, tokenizer=STORIES), 1, "token 2 has a bad length"),
+
+    # --- -f text file --------------------------------------------------------------------
+    ("text-file-missing", lambda tmp: [STORIES, "-z", TOK512, "-m", "ppl", "-f", Path(tmp) / "nope.txt"], 1,
+     "cannot open"),
+    ("text-file-is-directory", lambda tmp: [STORIES, "-z", TOK512, "-m", "ppl", "-f", tmp], 1,
+     "is not a regular file"),
+    ("text-file-with-nul-byte", text_file(b"Once upon\0 a time"), 1, "contains a NUL byte at offset 9"),
+    ("text-file-empty", text_file(b""), 1, "the text is empty"),
+    ("ppl-empty-prompt", story("-m", "ppl", "-p", ""), 1, "the text is empty"),
+    ("csv-path-is-a-directory", lambda tmp: [STORIES, "-z", TOK512, "-m", "inspect", "-p", "Once", "--csv", tmp],
+     1, "cannot write"),
+    pytest.param("text-file-is-fifo", fifo("text"), 1, "is not a regular file", id="text-file-is-fifo"),
+
+    # --- prompts longer than the context (stories260K: seq_len 512) ----------------------
+    ("prompt-3000-words-longer-than-context", story("-t", "0", "-p", LONG_NONMERGING), 1,
+     "more than the context of 512"),
+    ("inspect-prompt-longer-than-context", story("-m", "inspect", "-p", LONG_NONMERGING), 1,
+     "more than the context of 512"),
+    ("chat-turn-longer-than-context", story("-m", "chat", "-t", "0", "-p", LONG_NONMERGING), 1,
+     "of the context's 512 remain"),
+    # the boundary: -n below the prompt length prints the prompt without running it, after the context check
+    ("prompt-one-token-over-the-context", story("-t", "0", "-n", "1", "-p", CJK_170 + "x"), 1,
+     "the prompt has 513 tokens, more than the context of 512"),
+    ("prompt-exactly-the-context", story("-t", "0", "-n", "4", "-p", CJK_170), 0, None),
+    pytest.param("prompt-3000-english-words-rejected-quickly", story("-t", "0", "-p", LONG_ENGLISH), 1,
+                 "more than the context of 512",
+                 id="prompt-3000-english-words-rejected-quickly"),
+
+    # --- tiny vocabularies: token ids the model does not have --------------------------------
+    # a character outside a vocabulary without byte pieces is <unk>, as in SentencePiece
+    pytest.param("byte-fallback-beyond-small-vocab", small_vocab(8, "abx", "-m", "tokenize"), 0, None,
+                 id="byte-fallback-beyond-small-vocab"),
+    pytest.param("byte-fallback-beyond-small-vocab-generate", small_vocab(8, "x b", "-t", "0", "-n", "6"), 0, None,
+                 id="byte-fallback-beyond-small-vocab-generate"),
+    pytest.param("vocab-without-bos", small_vocab(1, "", "-t", "0.9"), 1, "vocab_size",
+                 id="vocab-without-bos"),
+
+    # --- must succeed: exit 0, no error line -----------------------------------------------
+    ("control-legacy", lambda tmp: gen(STORIES), 0, None),
+    ("control-v1", lambda tmp: gen(STORIES_V1), 0, None),
+    ("control-rope-conversion", rope(), 0, None),
+    ("malformed-utf8-prompt-generate", story("-t", "0", "-n", "40", "-p", MALFORMED_UTF8), 0, None),
+    ("malformed-utf8-prompt-tokenize", story("-m", "tokenize", "-p", MALFORMED_UTF8), 0, None),
+    ("malformed-utf8-prompt-sampled", story("-t", "1", "-s", "7", "-n", "40", "-p", MALFORMED_UTF8), 0, None),
+    ("malformed-utf8-text-file", text_file(MALFORMED_UTF8 * 3), 0, None),
+    ("lone-continuation-bytes-only", story("-m", "tokenize", "-p", b"\x80\x81\xbf"), 0, None),
+    # a flat distribution and a tiny top-p: no token passes the cutoff (llama2.c read probindex[-1])
+    ("uniform-probabilities-top-p", story("-t", "1e30", "--top-p", "0.001", "-s", "1", "-n", "8"), 0, None),
+]
+
+
+PARAMS = [row if hasattr(row, "marks") else pytest.param(*row, id=row[0]) for row in ROWS]
+
+
+def check(r, code, message, argv):
+    """The contract: exit code, one 'run: error:' line with the message, nothing else."""
+    out = r.stdout.decode("utf-8", "replace")
+    err = r.stderr.decode("utf-8", "replace")
+    context = f"\nargv: {[str(a)[:80] for a in argv]}\nexit: {r.returncode}\nstderr:\n{err[-3000:]}"
+    assert r.returncode >= 0, f"killed by signal {-r.returncode}" + context
+    assert "Sanitizer" not in err and "runtime error:" not in err, "sanitizer report" + context
+    assert "Traceback" not in err
+    assert r.returncode == code, context
+    lines = err.splitlines()
+    errors = [line for line in lines if line.startswith("run: error:")]
+    others = [line for line in lines if not line.startswith("run: error:")]
+    if code == 0:
+        assert errors == [], context
+        assert out.strip() != "", "no output" + context
+        return
+    assert len(errors) == 1, "expected exactly one error line" + context
+    assert message in errors[0], f"expected {message!r} in the error line" + context
+    if code == 2:
+        assert others == [], "a usage error must be the only stderr line" + context
+    else:
+        assert all(STARTUP.match(line) for line in others), "unexpected stderr line" + context
+        assert len(others) <= 1, context
+        return
+    assert r.stdout == b"", "a usage error must not print output" + context
+
+
+@pytest.mark.parametrize("name,build,code,message", PARAMS)
+def test_bad_input(tmp_path, name, build, code, message):
+    argv = build(tmp_path)
+    timeout = HANG_TIMEOUT * (3 if SANITIZED else 1) if name in HANG_ROWS else 120
+    try:
+        r = run(*argv, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        r = None
+    if r is None:
+        pytest.fail(f"{name}: hang (no answer in {timeout} s)")
+    check(r, code, message, argv)
+
+
+def test_table_has_enough_rows():
+    assert len(ROWS) >= 40
+
+
+# ----------------------------------------------------------------------------
+# Properties that are not one row each
+
+
+@pytest.mark.parametrize("build", [legacy(dim=0), rope(rope_theta=float("nan")), v1([(4, "<i", 2)]),
+                                   legacy(n_kv_heads=3)], ids=["legacy-dim", "rope-theta", "v1-version",
+                                                               "kv-heads"])
+def test_header_errors_name_the_checkpoint(tmp_path, build):
+    argv = build(tmp_path)
+    r = run(*argv)
+    assert r.returncode == 1
+    assert Path(argv[0]).name in r.stderr.decode()
+
+
+@pytest.mark.skipif(SANITIZED, reason="sanitizers reserve terabytes of address space")
+@pytest.mark.parametrize("build", [legacy(n_layers=1024, seq_len=2**19, dim=64, hidden_dim=2**20),
+                                   legacy(dim=65536, hidden_dim=2**20, n_layers=1024, n_heads=2, n_kv_heads=2,
+                                          vocab_size=2**22, seq_len=1),
+                                   rope(vocab_size=2**22, dim=2**16, n_heads=2, n_kv_heads=2, hidden_dim=2**20),
+                                   rope(seq_len=2**20, n_layers=1024, dim=8, n_heads=1, n_kv_heads=1)],
+                         ids=["legacy-kv", "legacy-max", "rope-max", "rope-long-context"])
+def test_no_allocation_before_the_size_check(tmp_path, build):
+    """Headers claiming gigabytes fail on the file size under a 256 MiB address-space limit."""
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (256 << 20, 256 << 20))
+    argv = [str(a) for a in build(tmp_path)]
+    r = subprocess.run([RUN_BIN] + argv, capture_output=True, timeout=30, preexec_fn=limit,
+                       stdin=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    check(r, 1, "", argv)
+    err = r.stderr.decode()
+    assert "out of memory" not in err and ("header implies" in err or "KV cache" in err), err
+
+
+def test_tiny_temperature_is_greedy_not_garbage():
+    greedy = run(STORIES, "-z", TOK512, "-t", "0", "-n", "12", "-p", "Once")
+    tiny = run(STORIES, "-z", TOK512, "-t", "2e-38", "--top-p", "1", "-n", "12", "-s", "3", "-p", "Once")
+    assert greedy.returncode == 0
+    assert tiny.returncode in (0, 2)
+    if tiny.returncode == 0:
+        assert tiny.stdout == greedy.stdout
