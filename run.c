@@ -532,24 +532,54 @@ static float dot(const float *a, const float *b, int n) {
     return reduce_lanes(acc);
 }
 
+// Four dot products of consecutive rows of w with x: out[r] = dot(w_r, x, n).
+// The refinement: one row's lanes form a single chain of dependent multiply-adds
+// (each waits for the last), which on one core streams weights slower than memory
+// delivers them; four rows give four independent chains that share the loads of x.
+// Each row's arithmetic is exactly dot()'s.
+static void dot_rows4(float *out, const float *w, const float *x, int n) {
+#ifdef USE_AVX2
+    float acc[4][DOT_LANES];
+    __m256 lanes[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int j = 0;
+    for (; j + DOT_LANES <= n; j += DOT_LANES) {
+        __m256 xv = _mm256_loadu_ps(x + j);
+        for (int r = 0; r < 4; r++) lanes[r] = _mm256_fmadd_ps(_mm256_loadu_ps(w + (size_t)r * n + j), xv, lanes[r]);
+    }
+    for (int r = 0; r < 4; r++) {
+        _mm256_storeu_ps(acc[r], lanes[r]);
+        for (int jj = j, l = 0; jj < n; jj++, l++) acc[r][l] = mul_add(w[(size_t)r * n + jj], x[jj], acc[r][l]);
+        out[r] = reduce_lanes(acc[r]);
+    }
+#else
+    for (int r = 0; r < 4; r++) out[r] = dot(w + (size_t)r * n, x, n);
+#endif
+}
+
 // W (d,n) @ x (n,) -> xout (d,): one token. Decoding streams every weight from
 // memory once per token, so this is bound by memory bandwidth; the rows are split
-// across threads.
+// across threads, four at a time.
 static void matmul(float *xout, const float *x, const float *w, int n, int d) {
     int i;
 #pragma omp parallel for private(i)
-    for (i = 0; i < d; i++) xout[i] = dot(w + (size_t)i * n, x, n);
+    for (i = 0; i < d; i += 4) {
+        if (i + 4 <= d)
+            dot_rows4(xout + i, w + (size_t)i * n, x, n);
+        else
+            for (int r = i; r < d; r++) xout[r] = dot(w + (size_t)r * n, x, n);
+    }
 }
 
 // X (B,n) @ W^T (n,d) -> XOUT (B,d): a block of B tokens, xout[b*d + i] = W[i,:] . x[b,:].
 // The refinement of matmul for prompts: a tile of TILE_ROWS weight rows meets
 // TILE_TOKENS tokens, so each weight loaded feeds several multiply-adds and the
-// job is bound by arithmetic, not memory. (4 x 3 lane accumulators, 4 weight
-// vectors... 12 + 3 + 1 = 16 AVX registers: all of them, none spilled.) Each output
+// job is bound by arithmetic, not memory. (3 x 4 lane accumulators, 3 weight
+// vectors and 1 token vector: 16 AVX registers, all of them, none spilled; and 4
+// tokens divide the 32-token block.) Each output
 // is still exactly dot()'s arithmetic (lanes, order, reduction), so the block
 // result equals, bit for bit, what matmul gives token by token.
-#define TILE_ROWS 4
-#define TILE_TOKENS 3
+#define TILE_ROWS 3
+#define TILE_TOKENS 4
 
 static void matmul_tile(float *xout, const float *x, const float *w, int n, int d, int i0, int b0) {
     float acc[TILE_ROWS][TILE_TOKENS][DOT_LANES] = {{{0}}};
@@ -562,11 +592,11 @@ static void matmul_tile(float *xout, const float *x, const float *w, int n, int 
     for (int r = 0; r < TILE_ROWS; r++)
         for (int b = 0; b < TILE_TOKENS; b++) lanes[r][b] = _mm256_setzero_ps();
     for (; j + DOT_LANES <= n; j += DOT_LANES) {
-        __m256 xv[TILE_TOKENS];
-        for (int b = 0; b < TILE_TOKENS; b++) xv[b] = _mm256_loadu_ps(xb[b] + j);
-        for (int r = 0; r < TILE_ROWS; r++) {
-            __m256 wv = _mm256_loadu_ps(wr[r] + j);
-            for (int b = 0; b < TILE_TOKENS; b++) lanes[r][b] = _mm256_fmadd_ps(wv, xv[b], lanes[r][b]);
+        __m256 wv[TILE_ROWS];
+        for (int r = 0; r < TILE_ROWS; r++) wv[r] = _mm256_loadu_ps(wr[r] + j);
+        for (int b = 0; b < TILE_TOKENS; b++) {
+            __m256 xv = _mm256_loadu_ps(xb[b] + j);
+            for (int r = 0; r < TILE_ROWS; r++) lanes[r][b] = _mm256_fmadd_ps(wv[r], xv, lanes[r][b]);
         }
     }
     for (int r = 0; r < TILE_ROWS; r++)
@@ -631,35 +661,40 @@ static void inspect_record_attention(InspectStats *st, const Config *c, int laye
     a[2] += att[pos - 1]; // previous token
 }
 
-// Grouped-query causal attention for token b of the block, at position pos, layer l.
-// For each head h: score_t = q_h . k_t / sqrt(head_size) over t = 0..pos,
-// a = softmax(score), out_h = sum_t a_t v_t, using the key/value head h / group.
-static void attention(Transformer *t, int l, int b, int pos) {
+// Grouped-query causal attention of one head h for token b of the block, at
+// position pos, layer l: score_t = q_h . k_t / sqrt(head_size) over t = 0..pos,
+// a = softmax(score), out_h = sum_t a_t v_t, with the key/value head h / group.
+static void attention_head(Transformer *t, int l, int b, int h, int pos) {
     const Config *c = &t->config;
     RunState *s = &t->state;
     int head_size = head_size_of(c), kv_dim = kv_dim_of(c), group = c->n_heads / c->n_kv_heads;
-    size_t layer_offset = (size_t)l * c->seq_len * kv_dim;
+    size_t kv_offset = (size_t)l * c->seq_len * kv_dim + (h / group) * head_size;
+    const float *q = s->q + (size_t)b * c->dim + h * head_size;
+    float *att = s->att + ((size_t)b * c->n_heads + h) * c->seq_len;
+    for (int tt = 0; tt <= pos; tt++) {
+        const float *k = s->key_cache + kv_offset + (size_t)tt * kv_dim;
+        att[tt] = dot(q, k, head_size) / sqrtf(head_size);
+    }
+    softmax(att, pos + 1);
+    if (s->inspect) inspect_record_attention(s->inspect, c, l, h, att, pos);
+    float *out = s->xb + (size_t)b * c->dim + h * head_size;
+    memset(out, 0, head_size * sizeof(float));
+    for (int tt = 0; tt <= pos; tt++) {
+        const float *v = s->value_cache + kv_offset + (size_t)tt * kv_dim;
+        float a = att[tt];
+        for (int i = 0; i < head_size; i++) out[i] += a * v[i];
+    }
+}
+
+// Attention for the B tokens of a block at positions pos0.. in layer l. Token b
+// sees positions 0 .. pos0 + b, the earlier tokens of its own block included
+// (their keys and values are already in the cache). The heads are split across
+// threads, each thread taking all tokens of its heads.
+static void attention(Transformer *t, int l, int B, int pos0) {
     int h;
 #pragma omp parallel for private(h)
-    for (h = 0; h < c->n_heads; h++) {
-        const float *q = s->q + (size_t)b * c->dim + h * head_size;
-        float *att = s->att + ((size_t)b * c->n_heads + h) * c->seq_len;
-        for (int tt = 0; tt <= pos; tt++) {
-            const float *k = s->key_cache + layer_offset + (size_t)tt * kv_dim + (h / group) * head_size;
-            float score = 0.0f;
-            for (int i = 0; i < head_size; i++) score += q[i] * k[i];
-            att[tt] = score / sqrtf(head_size);
-        }
-        softmax(att, pos + 1);
-        if (s->inspect) inspect_record_attention(s->inspect, c, l, h, att, pos);
-        float *out = s->xb + (size_t)b * c->dim + h * head_size;
-        memset(out, 0, head_size * sizeof(float));
-        for (int tt = 0; tt <= pos; tt++) {
-            const float *v = s->value_cache + layer_offset + (size_t)tt * kv_dim + (h / group) * head_size;
-            float a = att[tt];
-            for (int i = 0; i < head_size; i++) out[i] += a * v[i];
-        }
-    }
+    for (h = 0; h < t->config.n_heads; h++)
+        for (int b = 0; b < B; b++) attention_head(t, l, b, h, pos0 + b);
 }
 
 // The forward pass for a block of n_tokens tokens at positions pos0 .. pos0+n-1
@@ -701,9 +736,7 @@ static float *forward_block(Transformer *t, const int *tokens, int n_tokens, int
         if (s->inspect && l == 0)
             for (int b = 0; b < B; b++) s->inspect->attn_positions += pos0 + b >= 1;
 
-        // causal attention: token b sees positions 0 .. pos0 + b, including the
-        // earlier tokens of its own block, which are already in the cache
-        for (int b = 0; b < B; b++) attention(t, l, b, pos0 + b);
+        attention(t, l, B, pos0);
 
         // x = x + Wo att
         matmul_tokens(s->xb2, s->xb, w->wo + (size_t)l * dim * dim, B, dim, dim);

@@ -1,0 +1,16 @@
+# bench/bench.mk: `make bench`, included by the top-level Makefile (which defines
+# CC, OPENMP, PYTHON and MODELS). Writes random 15M and 110M checkpoints into
+# bench/ on first use (gitignored), then prints a Markdown table of prefill and
+# decode tok/s and decode's weight traffic against the measured read bandwidth.
+#   make bench                          both models, 1 and 2 threads (about 2 min on idle cores;
+#                                       it waits, within limits, while other work holds them)
+#   make bench BENCH_ARGS=--quick       15M only, one run each (a smoke test)
+#   make bench BENCH_ARGS="--models 110M --threads 1"
+BENCH_ARGS ?=
+
+bench/stream: bench/stream.c
+	$(CC) -O3 -march=native $(OPENMP) -Wall -Wextra -o $@ bench/stream.c
+
+.PHONY: bench
+bench: run bench/stream
+	MODELS=$(MODELS) $(PYTHON) bench/bench.py $(BENCH_ARGS)

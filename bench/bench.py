@@ -1,0 +1,484 @@
+#!/usr/bin/env python3
+"""Speed figures for ./run: prefill and decode tokens/s, and decode's weight traffic
+against this machine's read bandwidth.
+
+    make bench                     (builds ./run and bench/stream, then runs this)
+    python3 bench/bench.py [--quick] [--models 15M,110M] [--threads 1,2] [--runs N]
+
+Models are random-weight checkpoints in the ROPE format, written into bench/ on
+first use (bench/*.bin is gitignored): the shapes of llama2.c's stories15M and
+stories110M, with a shared classifier as those have. The tokenizer is the 32000-
+token llama2.c tokenizer, read from $MODELS/tokenizer.bin (default ../shared/models).
+
+For each model and thread count (OMP_NUM_THREADS and run's -T):
+  prefill  a prompt of 256 tokens (250 for 15M, whose context is 256), -n equal to
+           the prompt length, so that nothing is decoded;
+  decode   a short prompt, then 256 new tokens (as many as fit in 15M's context);
+run -t 0 (greedy, deterministic) prints "timing: prefill N tokens X tok/s, decode
+M tokens Y tok/s" on stderr; we take the median of several runs.
+
+Decode streams every weight once per token: all float32 matrices and norms and
+the classifier, but not the token embedding (one row per token is read) unless the
+classifier shares it, in which case it is streamed once, as the classifier. That
+many bytes times decode tok/s is the achieved weight traffic, printed next to the
+read bandwidth that bench/stream measures with the same number of threads.
+
+Only numpy and the standard library.
+"""
+import argparse
+import datetime
+import os
+import platform
+import re
+import resource
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+
+import ropefile  # noqa: E402  (tests/ropefile.py: the ROPE checkpoint writer)
+
+# name: (dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len)
+SHAPES = {
+    "15M": (288, 768, 6, 6, 6, 32000, 256),
+    "110M": (768, 2048, 12, 12, 12, 32000, 1024),
+}
+PROMPT_TOKENS = {"15M": 250, "110M": 256}  # counting BOS, as run's timing line does
+DECODE_TOKENS = 256
+RUNS = {"15M": 5, "110M": 3}
+SENTENCE = ("Once upon a time, there was a little girl named Lily who loved to play in the park "
+            "with her friends. ")
+SHORT_PROMPT = "Once upon a time"
+TIMING = re.compile(r"timing: prefill (\d+) tokens ([\d.]+) tok/s, decode (\d+) tokens ([\d.]+) tok/s")
+
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------
+# Checkpoints
+
+def read_header(path):
+    """(dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared) of a ROPE checkpoint."""
+    with open(path, "rb") as f:
+        head = f.read(40)
+    magic, version, *sizes, shared = struct.unpack("<Ii7ii", head)
+    if magic != ropefile.MAGIC or version != 1:
+        raise SystemExit(f"bench: {path} is not a ROPE v1 checkpoint")
+    return (*sizes, shared)
+
+
+def float_counts(dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared):
+    """(floats in the file, floats streamed per decoded token)."""
+    head_size = dim // heads
+    q_dim, kv_dim = heads * head_size, kv_heads * head_size
+    per_layer = 2 * dim + q_dim * dim + 2 * kv_dim * dim + dim * q_dim + 3 * hidden * dim
+    body = layers * per_layer + dim  # the layers and rms_final
+    total = vocab * dim + body + (0 if shared else vocab * dim)
+    streamed = body + vocab * dim  # + the classifier, once (shared or not); no embedding rows
+    return total, streamed
+
+
+def ensure_checkpoint(name):
+    shape = SHAPES[name]
+    path = os.path.join(BENCH, f"model{name}.bin")
+    total, _ = float_counts(*shape, True)
+    expected = ropefile.HEADER_BYTES + 4 * total
+    if os.path.exists(path) and os.path.getsize(path) == expected:
+        return path
+    log(f"bench: writing the random {name} checkpoint {os.path.relpath(path, ROOT)} "
+        f"({expected / 1e6:.0f} MB) ...")
+    t0 = time.time()
+    tmp = path[:-len(".bin")] + ".tmp.bin"  # gitignored too, should a write be interrupted
+    dim, hidden, layers, heads, kv_heads, vocab, seq_len = shape
+    ropefile.write_random_checkpoint(tmp, dim=dim, hidden_dim=hidden, n_layers=layers, n_heads=heads,
+                                     n_kv_heads=kv_heads, vocab_size=vocab, seq_len=seq_len,
+                                     shared_classifier=True, seed=1)
+    if os.path.getsize(tmp) != expected:
+        raise SystemExit(f"bench: {tmp} has {os.path.getsize(tmp)} bytes, expected {expected}")
+    os.replace(tmp, path)
+    log(f"bench: ... written in {time.time() - t0:.1f} s")
+    return path
+
+
+# ----------------------------------------------------------------------------
+# Other work on the machine
+#
+# Other processes (tests, fuzzers, builds) may share these cores. With OpenMP's
+# barriers a thread that loses its core holds up the others, so a 2-thread run on
+# a machine where one core is taken runs many times slower. Before each timed run
+# we wait (within a budget) until the cores it needs are free; during it we watch
+# the CPU time others take, stop it if they take its cores, and run it again.
+
+NCPU = os.cpu_count() or 1
+SPARE = 0.2          # cores that others may use beyond those our run leaves free
+WAIT_PER_RUN = 30.0  # seconds to wait for free cores before one run
+WAIT_BUDGET = 150.0  # seconds of such waiting in all; then runs go ahead regardless
+STOP_AFTER = 1.0     # seconds of others on our cores before a run is stopped
+
+
+def cpu_busy_seconds():
+    """CPU seconds that all CPUs spent busy (not idle or iowait; steal counts) since boot."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_seconds(pid):
+    """CPU seconds (user + system, all threads) of a live process, or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def children_cpu_seconds():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def others_cores(seconds=0.3):
+    """Cores' worth of CPU that other processes use, over a short sample (nothing of ours runs)."""
+    b0, t0 = cpu_busy_seconds(), time.time()
+    time.sleep(seconds)
+    return (cpu_busy_seconds() - b0) / (time.time() - t0)
+
+
+class Contention:
+    def __init__(self, budget=WAIT_BUDGET):
+        self.waited = 0.0
+        self.budget = budget
+
+    def allowed(self, threads):
+        """Cores others may use while a run with this many threads goes on undisturbed."""
+        return max(0, NCPU - threads) + SPARE
+
+    def wait_for_cores(self, threads):
+        """Waits until others leave our run its cores, within WAIT_PER_RUN and WAIT_BUDGET."""
+        t0, said = time.time(), False
+        while True:
+            busy = others_cores()
+            waited = time.time() - t0
+            if busy <= self.allowed(threads):
+                break
+            if waited > WAIT_PER_RUN or self.waited + waited > self.budget:
+                log(f"bench: other processes keep {busy:.1f} core(s) busy; going ahead anyway")
+                break
+            if not said:
+                log(f"bench: other processes use {busy:.1f} core(s); waiting for {threads} free ...")
+                said = True
+            time.sleep(1.0)
+        self.waited += time.time() - t0
+
+
+# ----------------------------------------------------------------------------
+# Running ./run
+
+class Runner:
+    def __init__(self, run_bin, tokenizer, wait_budget):
+        self.run_bin = run_bin
+        self.tokenizer = tokenizer
+        self.contention = Contention(wait_budget)
+
+    def cmd(self, model, *args):
+        return [self.run_bin, model, "-z", self.tokenizer, *args]
+
+    def count_tokens(self, model, text):
+        out = subprocess.run(self.cmd(model, "-m", "tokenize", "-p", text), capture_output=True, text=True,
+                             check=True).stdout
+        return len(out.splitlines())
+
+    def timed(self, model, threads, prompt, steps, stoppable=True):
+        """One run: (prompt tokens, prefill tok/s, decoded tokens, decode tok/s, others' cores), or None
+        when it was stopped because other processes took its cores."""
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        cmd = self.cmd(model, "-t", "0", "-s", "1", "-T", str(threads), "-n", str(steps), "-p", prompt)
+        allowed = self.contention.allowed(threads)
+        with tempfile.TemporaryFile() as err:
+            busy0, ours0, t0 = cpu_busy_seconds(), children_cpu_seconds(), time.time()
+            p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
+            last = (busy0, 0.0, t0)
+            disturbed = 0.0
+            while True:
+                try:
+                    p.wait(timeout=0.25)
+                    break
+                except subprocess.TimeoutExpired:
+                    pass
+                now = (cpu_busy_seconds(), process_cpu_seconds(p.pid), time.time())
+                if now[1] is None:
+                    continue
+                others = max(0.0, (now[0] - last[0]) - (now[1] - last[1])) / max(1e-9, now[2] - last[2])
+                disturbed = disturbed + (now[2] - last[2]) if others > allowed else 0.0
+                last = now
+                if stoppable and disturbed >= STOP_AFTER:
+                    p.kill()  # our own child, by its handle
+                    p.wait()
+                    return None
+                if now[2] - t0 > 900:
+                    p.kill()
+                    p.wait()
+                    raise SystemExit("bench: a run took more than 15 minutes; stopped it")
+            busy1, ours1, t1 = cpu_busy_seconds(), children_cpu_seconds(), time.time()
+            err.seek(0)
+            stderr = err.read().decode("utf-8", "replace")
+        m = TIMING.search(stderr)
+        if p.returncode != 0 or not m:
+            raise SystemExit(f"bench: run failed (exit {p.returncode}): {' '.join(cmd[:8])} ...\n{stderr}")
+        others = max(0.0, (busy1 - busy0) - (ours1 - ours0)) / max(1e-9, t1 - t0)
+        return int(m[1]), float(m[2]), int(m[3]), float(m[4]), others
+
+    def timed_quiet(self, model, threads, prompt, steps, retries):
+        """timed() on free cores: waits for them, and runs again (up to retries[0] times in all, per
+        figure) a run that others disturbed. Returns the result and whether it was disturbed."""
+        while True:
+            self.contention.wait_for_cores(threads)
+            last_try = retries[0] <= 0
+            r = self.timed(model, threads, prompt, steps, stoppable=not last_try)
+            if r is None:
+                log(f"bench: other processes took the cores of a {threads}-thread run; stopped it, will run it again")
+                retries[0] -= 1
+                continue
+            disturbed = r[4] > self.contention.allowed(threads)
+            if not disturbed or last_try:
+                return r, disturbed
+            retries[0] -= 1
+            log(f"bench: other processes used {r[4]:.1f} core(s) during a {threads}-thread run; running it again")
+
+
+def make_prompt(runner, model, target):
+    """The longest run of words of SENTENCE repeated that tokenizes to <= target tokens (with BOS)."""
+    words = (SENTENCE * (target // 10 + 2)).split()
+    lo, hi = 1, len(words)  # invariant: count(lo words) <= target
+    if runner.count_tokens(model, " ".join(words)) <= target:
+        return " ".join(words), runner.count_tokens(model, " ".join(words))
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if runner.count_tokens(model, " ".join(words[:mid])) <= target:
+            lo = mid
+        else:
+            hi = mid
+    text = " ".join(words[:lo])
+    return text, runner.count_tokens(model, text)
+
+
+# ----------------------------------------------------------------------------
+# The machine
+
+def machine_line():
+    cpu = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    cores = os.cpu_count()
+    l3 = ""
+    try:
+        for idx in sorted(os.listdir("/sys/devices/system/cpu/cpu0/cache")):
+            d = f"/sys/devices/system/cpu/cpu0/cache/{idx}"
+            if not idx.startswith("index"):
+                continue
+            with open(f"{d}/level") as f:
+                level = f.read().strip()
+            with open(f"{d}/size") as f:
+                size = f.read().strip()
+            if level == "3":
+                l3 = f", L3 {size}"
+    except OSError:
+        pass
+    cc = os.environ.get("CC", "gcc")
+    try:
+        gcc = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+    except (OSError, IndexError):
+        gcc = f"{cc}: not found"
+    mem = ""
+    try:
+        with open("/proc/meminfo") as f:
+            kb = int(f.readline().split()[1])
+        mem = f", {kb / 2**20:.0f} GiB RAM"
+    except (OSError, ValueError, IndexError):
+        pass
+    return f"{cpu}, {cores} cores{l3}{mem}; {gcc}; {platform.system()} {platform.release()}"
+
+
+def source_line(run_bin):
+    """Which run.c the figures are for: the commit, whether run.c differs from it, its hash."""
+    import hashlib
+    src = os.path.join(ROOT, "run.c")
+    try:
+        with open(src, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()[:12]
+    except OSError:
+        return "run.c: not found"
+    git = ["git", "-C", ROOT]
+    try:
+        commit = subprocess.run(git + ["log", "-1", "--format=%h %s"], capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(git + ["diff", "--quiet", "HEAD", "--", "run.c"]).returncode != 0
+    except OSError:
+        commit, dirty = "", False
+    stale = os.path.getmtime(run_bin) < os.path.getmtime(src)
+    return (f"run.c sha256 {digest}" + (f", commit {commit}" if commit else "")
+            + (" + uncommitted changes to run.c" if dirty else "")
+            + (" (./run is OLDER than run.c: rebuild with make)" if stale else ""))
+
+
+def stream_bandwidth(contention, threads, reps):
+    """{threads: (GB/s, disturbed)} from bench/stream, one thread count at a time, on free cores."""
+    exe = os.path.join(BENCH, "stream")
+    if not os.path.exists(exe):
+        raise SystemExit("bench: bench/stream is missing: run `make bench` (it builds it)")
+    bw = {}
+    for t in threads:
+        for attempt in range(3):
+            contention.wait_for_cores(t)
+            busy0, ours0, t0 = cpu_busy_seconds(), children_cpu_seconds(), time.time()
+            out = subprocess.run([exe, "-m", "1024", "-r", str(reps), str(t)], capture_output=True, text=True,
+                                 check=True).stdout
+            others = max(0.0, (cpu_busy_seconds() - busy0) - (children_cpu_seconds() - ours0)) / (time.time() - t0)
+            m = re.search(r"threads (\d+) read GB/s ([\d.]+)", out)
+            if not m:
+                raise SystemExit(f"bench: cannot read bench/stream's output:\n{out}")
+            disturbed = others > contention.allowed(t)
+            bw[t] = (float(m[2]), disturbed)
+            if not disturbed:
+                break
+            log(f"bench: other processes used {others:.1f} core(s) while measuring bandwidth; again")
+    return bw
+
+
+# ----------------------------------------------------------------------------
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smoke test: 15M only, one run each")
+    ap.add_argument("--models", default=None, help="comma-separated, from 15M,110M (default: both)")
+    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
+    ap.add_argument("--runs", type=int, default=None, help="runs per figure (default 5 for 15M, 3 for 110M)")
+    args = ap.parse_args()
+
+    models = (args.models or ("15M" if args.quick else "15M,110M")).split(",")
+    for m in models:
+        if m not in SHAPES:
+            ap.error(f"unknown model {m!r} (choose from {', '.join(SHAPES)})")
+    threads = [int(t) for t in args.threads.split(",")]
+    if any(t < 1 for t in threads):
+        ap.error("thread counts must be >= 1")
+    if args.runs is not None and args.runs < 1:
+        ap.error("--runs must be >= 1")
+
+    run_bin = os.environ.get("RUN_BIN", os.path.join(ROOT, "run"))
+    if not os.path.exists(run_bin):
+        raise SystemExit(f"bench: {run_bin} is missing: run `make bench` (it builds it)")
+    models_dir = os.environ.get("MODELS", os.path.join(ROOT, "..", "shared", "models"))
+    if not os.path.isabs(models_dir):
+        models_dir = os.path.join(ROOT, models_dir)
+    tokenizer = os.path.normpath(os.path.join(models_dir, "tokenizer.bin"))
+    if not os.path.exists(tokenizer):
+        raise SystemExit(f"bench: no tokenizer at {tokenizer} (set MODELS to the folder holding tokenizer.bin)")
+    runner = Runner(run_bin, tokenizer, 20.0 if args.quick else WAIT_BUDGET)
+
+    start = time.time()
+    source = source_line(run_bin)
+    busy = others_cores(1.0)
+    log(f"bench: other processes use {busy:.1f} of {NCPU} cores"
+        + (" -- runs will wait for free cores, or be redone, within limits" if busy > SPARE else ""))
+    log("bench: measuring read bandwidth (bench/stream, 1 GiB) ...")
+    bandwidth = stream_bandwidth(runner.contention, threads, 3 if args.quick else 10)
+
+    rows, notes, raw, any_disturbed = [], [], [], False
+    for name in models:
+        path = ensure_checkpoint(name)
+        header = read_header(path)
+        dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared = header
+        _, streamed = float_counts(*header)
+        bytes_per_token = 4 * streamed
+        runs = 1 if args.quick else (args.runs or RUNS[name])
+
+        target = min(PROMPT_TOKENS[name], seq_len)
+        prompt, n_prompt = make_prompt(runner, path, target)
+        n_short = runner.count_tokens(path, SHORT_PROMPT)
+        decode_steps = min(seq_len, n_short - 1 + DECODE_TOKENS)
+        # attention also reads the KV cache: keys and values of positions 0..pos, every layer
+        kv_dim = kv_heads * (dim // heads)
+        positions = range(n_short, decode_steps)
+        kv_bytes = statistics.mean(2 * layers * (p + 1) * kv_dim * 4 for p in positions) if positions else 0
+        notes.append(f"{name}: dim {dim}, hidden {hidden}, {layers} layers, {heads}/{kv_heads} heads, vocab {vocab}, "
+                     f"seq {seq_len}; {bytes_per_token / 1e6:.1f} MB of weights streamed per decoded token "
+                     f"(classifier {'shared with the embedding' if shared else 'separate'}); the KV cache adds "
+                     f"{kv_bytes / 1e6:.1f} MB/token on average over the decode run ({100 * kv_bytes / bytes_per_token:.1f}%, "
+                     f"not counted); prefill prompt {n_prompt} tokens"
+                     + (f" (the context is {seq_len})" if n_prompt < 256 else "")
+                     + f"; decode prompt {n_short} tokens, -n {decode_steps}; median of {runs} run(s)")
+
+        log(f"bench: {name}: warm-up run (page cache) ...")
+        runner.timed(path, threads[0], SHORT_PROMPT, min(seq_len, n_short + 8))  # faults the file in
+        for t in threads:
+            log(f"bench: {name}, {t} thread(s): {runs} prefill + {runs} decode run(s) ...")
+            pre, dec, dec_n, others, disturbed = [], [], [], [], 0
+            retries = [runs]  # runs redone for other work: at most this many per model and thread count
+            for _ in range(runs):
+                (n, rate, _, _, o), d = runner.timed_quiet(path, t, prompt, n_prompt, retries)
+                if n != n_prompt:
+                    raise SystemExit(f"bench: run reported a prompt of {n} tokens, expected {n_prompt}")
+                pre.append(rate)
+                others.append(o)
+                disturbed += d
+            for _ in range(runs):
+                (_, _, m, rate, o), d = runner.timed_quiet(path, t, SHORT_PROMPT, decode_steps, retries)
+                dec.append(rate)
+                dec_n.append(m)
+                others.append(o)
+                disturbed += d
+            redone = runs - retries[0]
+            raw.append(f"{name}, {t} thread(s): prefill {', '.join(f'{r:.1f}' for r in pre)} tok/s; "
+                       f"decode {', '.join(f'{r:.1f}' for r in dec)} tok/s; "
+                       f"other processes used up to {max(others):.2f} core(s) during a kept run"
+                       + (f"; {redone} run(s) redone" if redone else "")
+                       + (f"; **{disturbed} kept run(s) disturbed**" if disturbed else ""))
+            p_med, d_med = statistics.median(pre), statistics.median(dec)
+            gbs = bytes_per_token * d_med / 1e9
+            bw, bw_disturbed = bandwidth.get(t, (None, False))
+            mark = " (!)" if disturbed else ""
+            rows.append([name, str(t), f"{p_med:.1f}{mark}", f"{d_med:.1f}{mark}",
+                         "/".join(map(str, sorted(set(dec_n)))), f"{gbs:.2f}",
+                         (f"{bw:.2f}" + (" (!)" if bw_disturbed else "")) if bw else "n/a",
+                         f"{100 * gbs / bw:.0f}%" if bw else "n/a",
+                         f"{p_med / d_med:.1f}x" if d_med > 0 else "n/a"])
+            any_disturbed = any_disturbed or disturbed or bw_disturbed
+
+    elapsed = time.time() - start
+    now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    out = [f"## run.c benchmark, {now}", "", f"Machine: {machine_line()}", "", f"Source: {source}", ""]
+    head = ["model", "threads", "prefill tok/s", "decode tok/s", "decoded tokens", "decode GB/s",
+            "read bandwidth GB/s", "% of bandwidth", "prefill speed-up over decode"]
+    out.append("| " + " | ".join(head) + " |")
+    out.append("|" + "|".join("---" if i < 2 else "---:" for i in range(len(head))) + "|")
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    out.append("")
+    out += [f"- {n}" for n in notes]
+    out.append("- decode GB/s = weight bytes streamed per token x decode tok/s; read bandwidth = bench/stream, "
+               "a sum over 1 GiB of floats, best of several passes, same thread count")
+    out.append("- random weights, greedy (-t 0); prefill and decode tok/s as run prints them (median). Runs: ")
+    out += [f"  - {r}" for r in raw]
+    out.append(f"- took {elapsed:.0f} s (of which {runner.contention.waited:.0f} s waiting for free cores); "
+               f"other processes used {busy:.1f} of {NCPU} cores at the start"
+               + ("; (!) marks figures measured while other processes took the cores they needed: "
+                  "treat them with care" if any_disturbed else ""))
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()
