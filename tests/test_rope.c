@@ -193,14 +193,15 @@ static void test_rope_frequencies_follow_theta(void) {
 
 // the kernels: matmul and matmul_block against a double-precision plain loop
 static void test_matmul_kernels_agree(void) {
-    int n = 37 * 8 + 5, d = 23, B = 11;
+    int n = 37 * 8 + 5, d = 23, B = 19; // partial tiles of rows and tokens
     float *w = malloc(sizeof(float) * n * d), *x = malloc(sizeof(float) * n * B);
     float *one = malloc(sizeof(float) * d * B), *block = malloc(sizeof(float) * d * B);
+    float *scratch = malloc(sizeof(float) * n * B);
     unsigned long long rng = 5;
     random_vector(w, n * d, &rng);
     random_vector(x, n * B, &rng);
     for (int b = 0; b < B; b++) matmul(one + b * d, x + b * n, w, n, d);
-    matmul_block(block, x, w, B, n, d);
+    matmul_block(block, x, w, B, n, d, scratch);
     double worst = 0;
     for (int b = 0; b < B; b++)
         for (int i = 0; i < d; i++) {
@@ -218,6 +219,7 @@ static void test_matmul_kernels_agree(void) {
     free(x);
     free(one);
     free(block);
+    free(scratch);
 }
 
 // the forward pass: a prompt in blocks gives the same logits as token by token
@@ -228,8 +230,8 @@ static void test_block_forward_equals_token_forward(const char *checkpoint) {
         check(0, "block_forward_equals_token_forward", error_message);
         return;
     }
-    int V = a.config.vocab_size, n = 70; // more than two blocks, with a partial one
-    int tokens[70];
+    int V = a.config.vocab_size, n = 2 * PREFILL_BLOCK + 6; // two blocks and a partial one
+    int tokens[2 * PREFILL_BLOCK + 6];
     for (int i = 0; i < n; i++) tokens[i] = (i * 37 + 11) % V;
     float *block_logits = malloc(sizeof(float) * V * n);
     for (int i = 0; i < n; i += PREFILL_BLOCK) {
