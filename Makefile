@@ -12,8 +12,13 @@ PYTHON ?= /usr/bin/python3
 CFLAGS ?= -O3 -march=native
 WARN = -Wall -Wextra
 BUILD_FLAGS = $(CFLAGS) -ffp-contract=off $(WARN)
-# OpenMP when the compiler has it; otherwise a single-threaded build, warning-free
+# OpenMP when the compiler has it (make NO_OPENMP=1: without); a build without is
+# single-threaded and warning-free
+ifdef NO_OPENMP
+OPENMP := -Wno-unknown-pragmas
+else
 OPENMP := $(shell echo 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /dev/null 2>/dev/null && echo -fopenmp || echo -Wno-unknown-pragmas)
+endif
 SANITIZE = -O1 -g -march=native -ffp-contract=off -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
 TEST_WARN = $(WARN) -Wno-unused-function
 

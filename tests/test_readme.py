@@ -30,3 +30,10 @@ def test_readme_command_runs(command):
                        env={"PATH": "/usr/bin:/bin", "MODELS": "../shared/models"})
     assert r.returncode == 0, r.stderr.decode()[-2000:]
     assert r.stdout.strip(), "the command printed nothing"
+
+
+def test_make_bench_runs_in_its_quick_form():
+    # the README's `make bench`, as a one-run smoke test on the 15M shape (no timing is asserted)
+    r = subprocess.run(["make", "-s", "bench", "BENCH_ARGS=--quick"], cwd=ROOT, capture_output=True, timeout=600)
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    assert b"| 15M | 1 |" in r.stdout and b"read bandwidth" in r.stdout
