@@ -37,7 +37,7 @@ $(FUZZ_BUILD_FLAGS): fuzz-force
 	@mkdir -p $(FUZZ_WORK)
 	@echo '$(FUZZ_CC) $(FUZZ_CFLAGS) $(FUZZ_DEFS)' | cmp -s - $@ || echo '$(FUZZ_CC) $(FUZZ_CFLAGS) $(FUZZ_DEFS)' > $@
 
-fuzz/fuzz_%: fuzz/fuzz_%.c run.c $(FUZZ_BUILD_FLAGS)
+fuzz/fuzz_%: fuzz/fuzz_%.c fuzz/fuzz_common.h run.c $(FUZZ_BUILD_FLAGS)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) $(FUZZ_DEFS) -o $@ $< -lm
 
 .PHONY: fuzz fuzz-short fuzz-build fuzz-corpus fuzz-clean fuzz-force

@@ -8,18 +8,9 @@
 // dummy-prefix space is dropped after BOS; byte-fallback pieces become their byte),
 // so nothing of the prompt is lost or invented. safe_print runs on every piece with
 // stdout sent to /dev/null.
-#define RUN_TESTING
-#include "../run.c"
+#include "fuzz_common.h"
 
 #include <libgen.h>
-
-#define CHECK(cond)                                                                                  \
-    do {                                                                                             \
-        if (!(cond)) {                                                                               \
-            fprintf(stderr, "fuzz_encode: check failed: %s (line %d)\n", #cond, __LINE__);         \
-            abort();                                                                                 \
-        }                                                                                            \
-    } while (0)
 
 static Tokenizer tokenizer;
 

@@ -9,16 +9,8 @@
 // cut to a few positions (cheap: inputs are at most a few KB).
 // (This sampling step found nothing new: llama2.c's probindex[-1] read in
 // sample_topp, for NaN logits or vocab_size 1, was fixed before the first run.)
-#define RUN_TESTING
-#include "../run.c"
+#include "fuzz_common.h"
 
-#define CHECK(cond)                                                                                  \
-    do {                                                                                             \
-        if (!(cond)) {                                                                               \
-            fprintf(stderr, "fuzz_header: check failed: %s (line %d)\n", #cond, __LINE__);         \
-            abort();                                                                                 \
-        }                                                                                            \
-    } while (0)
 
 // [p, p + n floats) lies inside [lo, hi)
 static void check_inside(const float *p, uint64_t n, const char *lo, const char *hi) {

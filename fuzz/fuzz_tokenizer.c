@@ -11,16 +11,8 @@
 // Encoding is left out for vocab_size < 3, which validate_config refuses for a
 // model (a vocabulary holds <unk>, <s> and </s>). This harness found encode's byte
 // fallback emitting ids byte + 3 beyond small vocabularies (now <unk>, byte_token).
-#define RUN_TESTING
-#include "../run.c"
+#include "fuzz_common.h"
 
-#define CHECK(cond)                                                                                  \
-    do {                                                                                             \
-        if (!(cond)) {                                                                               \
-            fprintf(stderr, "fuzz_tokenizer: check failed: %s (line %d)\n", #cond, __LINE__);      \
-            abort();                                                                                 \
-        }                                                                                            \
-    } while (0)
 
 static const char *const TEXTS[] = {
     "", "a", "Once upon a time", "  two  spaces ", "<s></s><0x41>", "caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac",
