@@ -601,25 +601,34 @@ static void matmul(float *xout, const float *x, const float *w, int n, int d) {
 #define TILE_TOKENS 4
 #endif
 
+// a block rounded up to whole tiles still fits the block-sized buffers
+_Static_assert(PREFILL_BLOCK % TILE_TOKENS == 0, "PREFILL_BLOCK must be a multiple of TILE_TOKENS");
+
 #ifdef USE_AVX512
 // packed[(p * chunks + c) * 16 + h * 8 + l] = x[2p + h][8c + l]: tokens in pairs,
-// eight floats of each in turn (chunks = n / 8, rounded down).
+// eight floats of each in turn (chunks = n / 8, rounded down). The last tile is
+// padded with copies of the last token, whose results matmul_tile drops.
 static void pack_token_pairs(float *packed, const float *x, int B, int n) {
-    int chunks = n / DOT_LANES;
-    for (int p = 0; p < B / 2; p++)
+    int chunks = n / DOT_LANES, padded = (B + TILE_TOKENS - 1) / TILE_TOKENS * TILE_TOKENS;
+    for (int p = 0; p < padded / 2; p++)
         for (int c = 0; c < chunks; c++)
-            for (int h = 0; h < 2; h++)
-                memcpy(packed + ((size_t)p * chunks + c) * 16 + h * 8, x + (size_t)(2 * p + h) * n + c * 8,
+            for (int h = 0; h < 2; h++) {
+                int token = 2 * p + h < B ? 2 * p + h : B - 1;
+                memcpy(packed + ((size_t)p * chunks + c) * 16 + h * 8, x + (size_t)token * n + c * 8,
                        DOT_LANES * sizeof(float));
+            }
 }
 #endif
 
+// One tile: rows i0.. and tokens b0 .. b0 + n_tokens - 1 (n_tokens <= TILE_TOKENS; a
+// short tile computes copies of its last token and keeps only the real results,
+// which is cheaper than one dot() per leftover token and row).
 static void matmul_tile(float *xout, const float *x, const float *packed, const float *w, int n, int d, int i0,
-                        int b0) {
+                        int b0, int n_tokens) {
     float acc[TILE_ROWS][TILE_TOKENS][DOT_LANES] = {{{0}}};
     const float *wr[TILE_ROWS], *xb[TILE_TOKENS];
     for (int r = 0; r < TILE_ROWS; r++) wr[r] = w + (size_t)(i0 + r) * n;
-    for (int b = 0; b < TILE_TOKENS; b++) xb[b] = x + (size_t)(b0 + b) * n;
+    for (int b = 0; b < TILE_TOKENS; b++) xb[b] = x + (size_t)(b0 + (b < n_tokens ? b : n_tokens - 1)) * n;
     int j = 0;
 #if defined(USE_AVX512)
     enum { PAIRS = TILE_TOKENS / 2 };
@@ -667,27 +676,29 @@ static void matmul_tile(float *xout, const float *x, const float *packed, const 
                 for (int l = 0; l < DOT_LANES; l++) acc[r][b][l] = mul_add(wr[r][j + l], xb[b][j + l], acc[r][b][l]);
 #endif
     for (int r = 0; r < TILE_ROWS; r++)
-        for (int b = 0; b < TILE_TOKENS; b++) {
+        for (int b = 0; b < n_tokens; b++) {
             for (int jj = j, l = 0; jj < n; jj++, l++) acc[r][b][l] = mul_add(wr[r][jj], xb[b][jj], acc[r][b][l]);
             xout[(size_t)(b0 + b) * d + i0 + r] = reduce_lanes(acc[r][b]);
         }
 }
 
-// scratch: room for B * n floats (the AVX-512 path packs the tokens there).
+// scratch: room for B * n floats, B rounded up to a multiple of TILE_TOKENS (the
+// AVX-512 path packs the tokens there).
 static void matmul_block(float *xout, const float *x, const float *w, int B, int n, int d, float *scratch) {
-    int full_rows = d - d % TILE_ROWS, full_tokens = B - B % TILE_TOKENS;
+    int full_rows = d - d % TILE_ROWS;
 #ifdef USE_AVX512
-    pack_token_pairs(scratch, x, full_tokens, n);
+    pack_token_pairs(scratch, x, B, n);
 #endif
     int i;
 #pragma omp parallel for private(i) schedule(static)
     for (i = 0; i < d; i += TILE_ROWS) {
-        int rows = i < full_rows ? TILE_ROWS : d - i;
-        if (rows == TILE_ROWS)
-            for (int b = 0; b < full_tokens; b += TILE_TOKENS) matmul_tile(xout, x, scratch, w, n, d, i, b);
-        // the edges: tokens past the last full tile, rows past the last full tile
-        for (int b = rows == TILE_ROWS ? full_tokens : 0; b < B; b++)
-            for (int r = i; r < i + rows; r++) xout[(size_t)b * d + r] = dot(w + (size_t)r * n, x + (size_t)b * n, n);
+        if (i < full_rows) {
+            for (int b = 0; b < B; b += TILE_TOKENS)
+                matmul_tile(xout, x, scratch, w, n, d, i, b, B - b < TILE_TOKENS ? B - b : TILE_TOKENS);
+        } else { // the rows past the last full tile
+            for (int b = 0; b < B; b++)
+                for (int r = i; r < d; r++) xout[(size_t)b * d + r] = dot(w + (size_t)r * n, x + (size_t)b * n, n);
+        }
     }
 }
 

@@ -196,7 +196,7 @@ static void test_matmul_kernels_agree(void) {
     int n = 37 * 8 + 5, d = 23, B = 19; // partial tiles of rows and tokens
     float *w = malloc(sizeof(float) * n * d), *x = malloc(sizeof(float) * n * B);
     float *one = malloc(sizeof(float) * d * B), *block = malloc(sizeof(float) * d * B);
-    float *scratch = malloc(sizeof(float) * n * B);
+    float *scratch = malloc(sizeof(float) * n * (B + TILE_TOKENS)); // B rounded up to whole tiles
     unsigned long long rng = 5;
     random_vector(w, n * d, &rng);
     random_vector(x, n * B, &rng);
