@@ -154,8 +154,10 @@ static int head_size_of(const Config *c) { return c->dim / c->n_heads; }
 static int kv_dim_of(const Config *c) { return c->n_kv_heads * head_size_of(c); }
 
 // rope_angles = floor(p * head_size / 2): the number of rotary pairs that rotate.
-// p is stored as float32, so 0.7 arrives as 0.69999999; the 1e-4 absorbs that
-// rounding (head sizes are far below 1e4 / float32's 6e-8).
+// p is stored as float32, so 0.7 arrives as 0.699999988 and 0.7 * 20 / 2 as
+// 6.99999988, which would floor to 6. Float32 is off by at most 6e-8 relative,
+// i.e. 3e-5 of a pair for a head size of 1024, so adding 1e-4 of a pair before
+// the floor gives the count Python's int(p * d // 2) gives for the decimal p.
 static int rope_angles_of(const Config *c) {
     int n = (int)floor((double)c->rope_fraction * (head_size_of(c) / 2) + 1e-4);
     int pairs = head_size_of(c) / 2;
