@@ -19,7 +19,8 @@ OPENMP := -Wno-unknown-pragmas
 else
 OPENMP := $(shell echo 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /dev/null 2>/dev/null && echo -fopenmp || echo -Wno-unknown-pragmas)
 endif
-SANITIZE = -O1 -g -march=native -ffp-contract=off -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+# the sanitizer builds leave OpenMP out (one thread; libgomp is not instrumented)
+SANITIZE = -O1 -g -march=native -ffp-contract=off -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all -Wno-unknown-pragmas
 TEST_WARN = $(WARN) -Wno-unused-function
 
 run: run.c
