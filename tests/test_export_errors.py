@@ -164,21 +164,16 @@ def test_wrong_shape(tmp_path):
                  "tensor model.layers.0.self_attn.k_proj.weight has shape [8, 8], expected [4, 8]")
 
 
-def test_unknown_dtype(tmp_path):
+@pytest.mark.parametrize("dtype, message", [
+    ("F7", "unknown dtype F7 for tensor model.norm.weight"),  # not a safetensors dtype
+    ("I32", "dtype I32"),  # a real dtype, but not float weights
+])
+def test_unknown_or_integer_dtype_is_refused(tmp_path, dtype, message):
     model = write_hf(tmp_path / "m")
     tensors = {name: encode(w, "F32") for name, w in hf_weights().items()}
-    tensors["model.norm.weight"] = ("F7", (DIM,), bytes(4 * DIM))
+    tensors["model.norm.weight"] = (dtype, (DIM,), bytes(4 * DIM))
     (model / "model.safetensors").write_bytes(safetensors_bytes(tensors))
-    assert_fails(run_export(model, tmp_path / "out.bin"), EXIT_BAD_INPUT,
-                 "unknown dtype F7 for tensor model.norm.weight")
-
-
-def test_integer_dtype_is_refused(tmp_path):
-    model = write_hf(tmp_path / "m")
-    tensors = {name: encode(w, "F32") for name, w in hf_weights().items()}
-    tensors["model.norm.weight"] = ("I32", (DIM,), bytes(4 * DIM))
-    (model / "model.safetensors").write_bytes(safetensors_bytes(tensors))
-    assert_fails(run_export(model, tmp_path / "out.bin"), EXIT_BAD_INPUT, "dtype I32")
+    assert_fails(run_export(model, tmp_path / "out.bin"), EXIT_BAD_INPUT, message)
 
 
 def test_header_length_beyond_file(tmp_path):
