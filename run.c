@@ -310,18 +310,51 @@ static void map_weights(TransformerWeights *w, const Config *c, CheckpointFormat
     w->wcls = c->shared_classifier ? w->token_embedding : ptr;
 }
 
+// Opens an input file (checkpoint, tokenizer, text) for reading: returns its
+// descriptor and size, or -1 with an error naming it as `what` ("checkpoint ",
+// "tokenizer ", or "" for a text file). Only regular files: with O_NONBLOCK a
+// FIFO cannot block the open, and fstat then refuses it like a directory.
+static int open_regular_file(const char *path, const char *what, size_t *size) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
+    if (fd < 0) return fail("cannot open %s%s: %s", what, path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return fail("%s%s is not a regular file", what, path);
+    }
+    *size = (size_t)st.st_size;
+    return fd;
+}
+
+// Reads a whole input file into memory, with a NUL after its last byte.
+static char *read_whole_file(const char *path, const char *what, size_t *size) {
+    int fd = open_regular_file(path, what, size);
+    if (fd < 0) return NULL;
+    char *data = malloc(*size + 1);
+    size_t got = 0;
+    while (data && got < *size) {
+        ssize_t n = read(fd, data + got, *size - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        got += (size_t)n;
+    }
+    close(fd);
+    if (!data || got != *size) {
+        free(data);
+        fail("cannot read %s%s", what, path);
+        return NULL;
+    }
+    data[*size] = '\0';
+    return data;
+}
+
 // Opens and maps a checkpoint. Nothing is allocated until the file size agrees
 // with the header.
 static int load_checkpoint(Transformer *t, const char *path) {
     memset(t, 0, sizeof(*t));
-    int fd = open(path, O_RDONLY | O_NONBLOCK); // O_NONBLOCK: a FIFO must not block the open
-    if (fd < 0) return fail("cannot open checkpoint %s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return fail("checkpoint %s is not a regular file", path);
-    }
-    size_t size = (size_t)st.st_size;
+    size_t size = 0;
+    int fd = open_regular_file(path, "checkpoint ", &size);
+    if (fd < 0) return -1;
     if (size == 0) {
         close(fd);
         return fail("checkpoint %s is empty", path);
@@ -970,40 +1003,12 @@ static int build_tokenizer_from_memory(Tokenizer *t, const unsigned char *data, 
     return 0;
 }
 
-// Opens a file for reading; NULL if it cannot be opened or is not a regular file
-// (*not_regular tells which). O_NONBLOCK: opening a FIFO must not wait for a writer.
-static FILE *open_regular_file(const char *path, int *not_regular) {
-    *not_regular = 0;
-    int fd = open(path, O_RDONLY | O_NONBLOCK);
-    if (fd < 0) return NULL;
-    struct stat st;
-    FILE *file = NULL;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) *not_regular = 1;
-    else file = fdopen(fd, "rb");
-    if (!file) close(fd);
-    return file;
-}
-
 static int build_tokenizer(Tokenizer *t, const char *path, int vocab_size) {
     memset(t, 0, sizeof(*t));
-    int not_regular;
-    FILE *file = open_regular_file(path, &not_regular);
-    if (!file && not_regular) return fail("tokenizer %s is not a regular file", path);
-    if (!file) return fail("cannot open tokenizer %s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(file), &st) != 0) {
-        fclose(file);
-        return fail("cannot read tokenizer %s", path);
-    }
-    size_t size = (size_t)st.st_size;
-    unsigned char *data = malloc(size ? size : 1);
-    if (!data || fread(data, 1, size, file) != size) {
-        free(data);
-        fclose(file);
-        return fail("cannot read tokenizer %s", path);
-    }
-    fclose(file);
-    int result = build_tokenizer_from_memory(t, data, size, vocab_size, path);
+    size_t size = 0;
+    char *data = read_whole_file(path, "tokenizer ", &size);
+    if (!data) return -1;
+    int result = build_tokenizer_from_memory(t, (const unsigned char *)data, size, vocab_size, path);
     free(data);
     return result;
 }
@@ -1327,6 +1332,13 @@ static int check_logits(const float *logits, int vocab_size, int pos) {
     return 0;
 }
 
+// -v: "label: id id id" on stderr.
+static void print_token_ids(const char *label, const int *ids, int n) {
+    fprintf(stderr, "%s:", label);
+    for (int i = 0; i < n; i++) fprintf(stderr, " %d", ids[i]);
+    fprintf(stderr, "\n");
+}
+
 // Tokens per second over a span in seconds, 0 when nothing was timed.
 static double rate(int n, double seconds) { return seconds > 0 ? n / seconds : 0.0; }
 
@@ -1381,11 +1393,7 @@ static int generate(Transformer *t, Tokenizer *tok, Sampler *sampler, const char
     }
     printf("\n");
     double t2 = time_in_s();
-    if (verbose) {
-        fprintf(stderr, "generated:");
-        for (int i = 0; i < n_generated; i++) fprintf(stderr, " %d", generated[i]);
-        fprintf(stderr, "\n");
-    }
+    if (verbose) print_token_ids("generated", generated, n_generated);
     free(generated);
     fprintf(stderr, "timing: prefill %d tokens %.1f tok/s, decode %d tokens %.1f tok/s\n", n_prompt,
             rate(n_prompt, t1 - t0), n_generated, rate(n_generated > 0 ? n_generated - 1 : 0, t2 - t1));
@@ -1665,10 +1673,10 @@ static void print_reply_piece(const char *piece, int interactive) {
     }
 }
 
-static void print_ids(const char *label, int turn, const int *ids, int n) {
-    fprintf(stderr, "chat: turn %d %s:", turn, label);
-    for (int i = 0; i < n; i++) fprintf(stderr, " %d", ids[i]);
-    fprintf(stderr, "\n");
+static void print_turn_ids(const char *kind, int turn, const int *ids, int n) {
+    char label[64];
+    snprintf(label, sizeof(label), "chat: turn %d %s", turn, kind);
+    print_token_ids(label, ids, n);
 }
 
 // Samples and prints a reply until EOS, the reply limit or the end of the context,
@@ -1761,7 +1769,7 @@ static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOpti
             break;
         }
         memcpy(history + n_history, turn_tokens, (size_t)n_turn * sizeof(int));
-        if (opt.verbose) print_ids("prompt", turn + 1, turn_tokens, n_turn);
+        if (opt.verbose) print_turn_ids("prompt", turn + 1, turn_tokens, n_turn);
         free(turn_tokens);
 
         // 4. prefill: the new tokens only, or with --no-cache the whole transcript
@@ -1778,7 +1786,7 @@ static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOpti
             result = -1;
             break;
         }
-        if (opt.verbose) print_ids("reply", turn + 1, history + reply_start, n_history - reply_start);
+        if (opt.verbose) print_turn_ids("reply", turn + 1, history + reply_start, n_history - reply_start);
         pending_eos = 1;
         turn++;
     }
@@ -1853,29 +1861,9 @@ static long parse_int(const char *flag, const char *value, long lo, long hi) {
 
 // Reads a text file whole. Text may not contain NUL bytes (they would end it early).
 static char *read_text_file(const char *path) {
-    int not_regular;
-    FILE *f = open_regular_file(path, &not_regular);
-    if (!f) {
-        if (not_regular) fail("%s is not a regular file", path);
-        else fail("cannot open %s: %s", path, strerror(errno));
-        return NULL;
-    }
-    struct stat st;
-    if (fstat(fileno(f), &st) != 0) {
-        fclose(f);
-        fail("cannot read %s", path);
-        return NULL;
-    }
-    size_t size = (size_t)st.st_size;
-    char *text = malloc(size + 1);
-    if (!text || fread(text, 1, size, f) != size) {
-        free(text);
-        fclose(f);
-        fail("cannot read %s", path);
-        return NULL;
-    }
-    fclose(f);
-    text[size] = '\0';
+    size_t size = 0;
+    char *text = read_whole_file(path, "", &size);
+    if (!text) return NULL;
     if (strlen(text) != size) {
         fail("%s contains a NUL byte at offset %zu: not a text file", path, strlen(text));
         free(text);
