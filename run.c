@@ -560,12 +560,24 @@ static float reduce_lanes(const float acc[DOT_LANES]) {
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+#ifdef USE_AVX2
+// reduce_lanes() in an AVX register, in the same pairwise order: each step adds a
+// copy with neighbours swapped (a + b == b + a exactly); the sum ends in lane 0.
+static inline float reduce_lanes_avx(__m256 v) {
+    v = _mm256_add_ps(v, _mm256_permute_ps(v, 0xB1));          // (l0+l1), (l2+l3), ...
+    v = _mm256_add_ps(v, _mm256_permute_ps(v, 0x4E));          // (l0+l1)+(l2+l3), (l4+l5)+(l6+l7)
+    v = _mm256_add_ps(v, _mm256_permute2f128_ps(v, v, 1));     // the two halves of four added
+    return _mm256_cvtss_f32(v);
+}
+#endif
+
 static float dot(const float *a, const float *b, int n) {
     float acc[DOT_LANES] = {0};
     int j = 0;
 #ifdef USE_AVX2
     __m256 lanes = _mm256_setzero_ps();
     for (; j + DOT_LANES <= n; j += DOT_LANES) lanes = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j), lanes);
+    if (j == n) return reduce_lanes_avx(lanes);
     _mm256_storeu_ps(acc, lanes);
 #else
     for (; j + DOT_LANES <= n; j += DOT_LANES)
@@ -575,27 +587,32 @@ static float dot(const float *a, const float *b, int n) {
     return reduce_lanes(acc);
 }
 
-// Four dot products of consecutive rows of w with x: out[r] = dot(w_r, x, n).
-// The refinement: one row's lanes form a single chain of dependent multiply-adds
-// (each waits for the last), which on one core streams weights slower than memory
-// delivers them; four rows give four independent chains that share the loads of x.
-// Each row's arithmetic is exactly dot()'s.
-static void dot_rows4(float *out, const float *w, const float *x, int n) {
+// Four dot products of rows of w with x: out[r] = dot(w_r, x, n), w_r = w + r * stride
+// (consecutive matrix rows, or cached keys kv_dim apart). The refinement: one row's
+// lanes form a single chain of dependent multiply-adds (each waits for the last),
+// which on one core streams weights slower than memory delivers them; four rows give
+// four independent chains that share the loads of x. Each row's arithmetic is
+// exactly dot()'s.
+static void dot_rows4(float *out, const float *w, size_t stride, const float *x, int n) {
 #ifdef USE_AVX2
     float acc[4][DOT_LANES];
     __m256 lanes[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     int j = 0;
     for (; j + DOT_LANES <= n; j += DOT_LANES) {
         __m256 xv = _mm256_loadu_ps(x + j);
-        for (int r = 0; r < 4; r++) lanes[r] = _mm256_fmadd_ps(_mm256_loadu_ps(w + (size_t)r * n + j), xv, lanes[r]);
+        for (int r = 0; r < 4; r++) lanes[r] = _mm256_fmadd_ps(_mm256_loadu_ps(w + r * stride + j), xv, lanes[r]);
     }
     for (int r = 0; r < 4; r++) {
+        if (j == n) {
+            out[r] = reduce_lanes_avx(lanes[r]);
+            continue;
+        }
         _mm256_storeu_ps(acc[r], lanes[r]);
-        for (int jj = j, l = 0; jj < n; jj++, l++) acc[r][l] = mul_add(w[(size_t)r * n + jj], x[jj], acc[r][l]);
+        for (int jj = j, l = 0; jj < n; jj++, l++) acc[r][l] = mul_add(w[r * stride + jj], x[jj], acc[r][l]);
         out[r] = reduce_lanes(acc[r]);
     }
 #else
-    for (int r = 0; r < 4; r++) out[r] = dot(w + (size_t)r * n, x, n);
+    for (int r = 0; r < 4; r++) out[r] = dot(w + r * stride, x, n);
 #endif
 }
 
@@ -607,7 +624,7 @@ static void matmul(float *xout, const float *x, const float *w, int n, int d) {
 #pragma omp parallel for private(i)
     for (i = 0; i < d; i += 4) {
         if (i + 4 <= d)
-            dot_rows4(xout + i, w + (size_t)i * n, x, n);
+            dot_rows4(xout + i, w + (size_t)i * n, n, x, n);
         else
             for (int r = i; r < d; r++) xout[r] = dot(w + (size_t)r * n, x, n);
     }
@@ -664,14 +681,6 @@ static inline __m512 reduce_lane_pairs(__m512 v) {
     v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));          // (l0+l1), (l2+l3), ...
     v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));          // (l0+l1)+(l2+l3), (l4+l5)+(l6+l7)
     return _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1)); // the two halves of four added
-}
-#elif defined(USE_AVX2)
-// reduce_lanes() in an AVX register, the same pairwise order: the result is in lane 0.
-static inline float reduce_lanes_avx(__m256 v) {
-    v = _mm256_add_ps(v, _mm256_permute_ps(v, 0xB1));
-    v = _mm256_add_ps(v, _mm256_permute_ps(v, 0x4E));
-    v = _mm256_add_ps(v, _mm256_permute2f128_ps(v, v, 1));
-    return _mm256_cvtss_f32(v);
 }
 #endif
 
@@ -826,6 +835,8 @@ static void inspect_record_attention(InspectStats *st, const Config *c, int laye
 // Grouped-query causal attention of one head h for token b of the block, at
 // position pos, layer l: score_t = q_h . k_t / sqrt(head_size) over t = 0..pos,
 // a = softmax(score), out_h = sum_t a_t v_t, with the key/value head h / group.
+// The scores take four keys at a time (dot_rows4: four independent chains, each
+// exactly one dot()), which a long prompt needs: a single chain is latency-bound.
 static void attention_head(Transformer *t, int l, int b, int h, int pos) {
     const Config *c = &t->config;
     RunState *s = &t->state;
@@ -833,10 +844,11 @@ static void attention_head(Transformer *t, int l, int b, int h, int pos) {
     size_t kv_offset = (size_t)l * c->seq_len * kv_dim + (h / group) * head_size;
     const float *q = s->q + (size_t)b * c->dim + h * head_size;
     float *att = s->att + ((size_t)b * c->n_heads + h) * c->seq_len;
-    for (int tt = 0; tt <= pos; tt++) {
-        const float *k = s->key_cache + kv_offset + (size_t)tt * kv_dim;
-        att[tt] = dot(q, k, head_size) / sqrtf(head_size);
-    }
+    const float *keys = s->key_cache + kv_offset;
+    int tt = 0;
+    for (; tt + 4 <= pos + 1; tt += 4) dot_rows4(att + tt, keys + (size_t)tt * kv_dim, kv_dim, q, head_size);
+    for (; tt <= pos; tt++) att[tt] = dot(q, keys + (size_t)tt * kv_dim, head_size);
+    for (tt = 0; tt <= pos; tt++) att[tt] /= sqrtf(head_size);
     softmax(att, pos + 1);
     if (s->inspect) inspect_record_attention(s->inspect, c, l, h, att, pos);
     float *out = s->xb + (size_t)b * c->dim + h * head_size;
@@ -874,8 +886,12 @@ static float *forward_block(Transformer *t, const int *tokens, int n_tokens, int
     for (int b = 0; b < B; b++)
         memcpy(s->x + (size_t)b * dim, w->token_embedding + (size_t)tokens[b] * dim, dim * sizeof(float));
 
+    // The per-token work between the matmuls (norms, rotation, residuals, SwiGLU) is
+    // split across threads by token when there is a block of them; one token's is
+    // too small to share. Measured on the 110M model, 2 threads: prefill +4%.
     for (int l = 0; l < c->n_layers; l++) {
         // attention: xb = rmsnorm(x); q = Wq xb, k = Wk xb, v = Wv xb
+#pragma omp parallel for if (B > 1)
         for (int b = 0; b < B; b++)
             rmsnorm(s->xb + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_att + (size_t)l * dim, dim, c->norm_eps);
         matmul_tokens(s, s->q, s->xb, w->wq + (size_t)l * dim * dim, B, dim, dim);
@@ -884,6 +900,7 @@ static float *forward_block(Transformer *t, const int *tokens, int n_tokens, int
 
         // rotate q and k by their positions, then store k and v in the cache
         size_t layer_offset = (size_t)l * c->seq_len * kv_dim;
+#pragma omp parallel for if (B > 1 && !s->inspect) // inspect's sums are not shared-safe
         for (int b = 0; b < B; b++) {
             int pos = pos0 + b;
             float *q = s->q + (size_t)b * dim, *k = s->k + (size_t)b * kv_dim;
@@ -902,19 +919,23 @@ static float *forward_block(Transformer *t, const int *tokens, int n_tokens, int
 
         // x = x + Wo att
         matmul_tokens(s, s->xb2, s->xb, w->wo + (size_t)l * dim * dim, B, dim, dim);
+#pragma omp parallel for if (B > 1)
         for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] += s->xb2[i];
 
         // feed-forward (SwiGLU): x = x + W2 (silu(W1 xb) * W3 xb), xb = rmsnorm(x)
+#pragma omp parallel for if (B > 1)
         for (int b = 0; b < B; b++)
             rmsnorm(s->xb + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_ffn + (size_t)l * dim, dim, c->norm_eps);
         matmul_tokens(s, s->hb, s->xb, w->w1 + (size_t)l * dim * hidden, B, dim, hidden);
         matmul_tokens(s, s->hb2, s->xb, w->w3 + (size_t)l * dim * hidden, B, dim, hidden);
+#pragma omp parallel for if (B > 1)
         for (size_t i = 0; i < (size_t)B * hidden; i++) {
             float val = s->hb[i];
             val *= (1.0f / (1.0f + expf(-val))); // silu(x) = x * sigmoid(x)
             s->hb[i] = val * s->hb2[i];
         }
         matmul_tokens(s, s->xb2, s->hb, w->w2 + (size_t)l * dim * hidden, B, hidden, dim);
+#pragma omp parallel for if (B > 1)
         for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] += s->xb2[i];
     }
 
