@@ -772,8 +772,10 @@ static void matmul_tile(float *xout, const float *x, const float *packed, const 
 }
 
 // scratch: room for B * n floats, B rounded up to a multiple of TILE_TOKENS (the
-// AVX-512 path packs the tokens there). Each thread takes a band of row tiles and
-// runs each row tile against every token tile of the block.
+// AVX-512 path packs the tokens there). Each thread takes eight row tiles at a time
+// (dynamic scheduling: on a shared machine one core is often slower, and a static
+// split leaves the other waiting; measured +2 to +8% prefill) and runs each row
+// tile against every token tile of the block.
 //   The refinement: a row tile's weights come from memory during its first token
 // tile, and the arithmetic waits for them. So while one row tile is at work, the
 // weights of the next are requested into L2, a share per token tile, spread over
@@ -784,7 +786,7 @@ static void matmul_block(float *xout, const float *x, const float *w, int B, int
 #endif
     int token_tiles = (B + TILE_TOKENS - 1) / TILE_TOKENS;
     int i;
-#pragma omp parallel for private(i) schedule(static)
+#pragma omp parallel for private(i) schedule(dynamic, 8)
     for (i = 0; i < d; i += TILE_ROWS) {
         int rows = d - i < TILE_ROWS ? d - i : TILE_ROWS;
         int next = i + rows, next_rows = d - next < TILE_ROWS ? d - next : TILE_ROWS;
