@@ -15,13 +15,19 @@ For each model and thread count (OMP_NUM_THREADS and run's -T):
            the prompt length, so that nothing is decoded;
   decode   a short prompt, then 256 new tokens (as many as fit in 15M's context);
 run -t 0 (greedy, deterministic) prints "timing: prefill N tokens X tok/s, decode
-M tokens Y tok/s" on stderr; we take the median of several runs.
+M tokens Y tok/s" on stderr; we take the median of several rounds.
 
 Decode streams every weight once per token: all float32 matrices and norms and
 the classifier, but not the token embedding (one row per token is read) unless the
 classifier shares it, in which case it is streamed once, as the classifier. That
 many bytes times decode tok/s is the achieved weight traffic, printed next to the
 read bandwidth that bench/stream measures with the same number of threads.
+
+This machine's figures drift by 10-30% within minutes, so each model and thread
+count runs in rounds: a bandwidth reading, a decode run, another bandwidth
+reading, a prefill run. A round's bandwidth is the mean of its two readings. The
+fraction of the bandwidth and the prefill speed-up are the medians of each
+round's own ratios.
 
 Only numpy and the standard library.
 """
@@ -51,7 +57,8 @@ SHAPES = {
 }
 PROMPT_TOKENS = {"15M": 250, "110M": 256}  # counting BOS, as run's timing line does
 DECODE_TOKENS = 256
-RUNS = {"15M": 5, "110M": 3}
+RUNS = {"15M": 5, "110M": 5}
+STREAM_REPS = 20    # passes over 1 GiB per bandwidth reading: about a second
 SENTENCE = ("Once upon a time, there was a little girl named Lily who loved to play in the park "
             "with her friends. ")
 SHORT_PROMPT = "Once upon a time"
@@ -336,27 +343,25 @@ def source_line(run_bin):
 
 
 def stream_bandwidth(contention, threads, reps):
-    """{threads: (GB/s, disturbed)} from bench/stream, one thread count at a time, on free cores."""
+    """(best pass GB/s, mean GB/s over all passes, disturbed): one reading of bench/stream with
+    this many threads, on free cores (tried again, up to three times, when others took them)."""
     exe = os.path.join(BENCH, "stream")
     if not os.path.exists(exe):
         raise SystemExit("bench: bench/stream is missing: run `make bench` (it builds it)")
-    bw = {}
-    for t in threads:
-        for attempt in range(3):
-            contention.wait_for_cores(t)
-            busy0, ours0, t0 = cpu_busy_seconds(), children_cpu_seconds(), time.time()
-            out = subprocess.run([exe, "-m", "1024", "-r", str(reps), str(t)], capture_output=True, text=True,
-                                 check=True).stdout
-            others = max(0.0, (cpu_busy_seconds() - busy0) - (children_cpu_seconds() - ours0)) / (time.time() - t0)
-            m = re.search(r"threads (\d+) read GB/s ([\d.]+)", out)
-            if not m:
-                raise SystemExit(f"bench: cannot read bench/stream's output:\n{out}")
-            disturbed = others > contention.allowed(t)
-            bw[t] = (float(m[2]), disturbed)
-            if not disturbed:
-                break
-            log(f"bench: other processes used {others:.1f} core(s) while measuring bandwidth; again")
-    return bw
+    for attempt in range(3):
+        contention.wait_for_cores(threads)
+        busy0, ours0, t0 = cpu_busy_seconds(), children_cpu_seconds(), time.time()
+        out = subprocess.run([exe, "-m", "1024", "-r", str(reps), str(threads)], capture_output=True, text=True,
+                             check=True).stdout
+        others = max(0.0, (cpu_busy_seconds() - busy0) - (children_cpu_seconds() - ours0)) / (time.time() - t0)
+        m = re.search(r"threads (\d+) read GB/s ([\d.]+) mean ([\d.]+)", out)
+        if not m:
+            raise SystemExit(f"bench: cannot read bench/stream's output:\n{out}")
+        disturbed = others > contention.allowed(threads)
+        if not disturbed:
+            break
+        log(f"bench: other processes used {others:.1f} core(s) while measuring bandwidth; again")
+    return float(m[2]), float(m[3]), disturbed
 
 
 # ----------------------------------------------------------------------------
@@ -395,8 +400,7 @@ def main():
     busy = others_cores(1.0)
     log(f"bench: other processes use {busy:.1f} of {NCPU} cores"
         + (" -- runs will wait for free cores, or be redone, within limits" if busy > SPARE else ""))
-    log("bench: measuring read bandwidth (bench/stream, 1 GiB) ...")
-    bandwidth = stream_bandwidth(runner.contention, threads, 3 if args.quick else 10)
+    stream_reps = 4 if args.quick else STREAM_REPS
 
     rows, notes, raw, any_disturbed = [], [], [], False
     for name in models:
@@ -421,57 +425,82 @@ def main():
                      f"{kv_bytes / 1e6:.1f} MB/token on average over the decode run ({100 * kv_bytes / bytes_per_token:.1f}%, "
                      f"not counted); prefill prompt {n_prompt} tokens"
                      + (f" (the context is {seq_len})" if n_prompt < 256 else "")
-                     + f"; decode prompt {n_short} tokens, -n {decode_steps}; median of {runs} run(s)")
+                     + f"; decode prompt {n_short} tokens, -n {decode_steps}; median of {runs} round(s)")
 
         log(f"bench: {name}: warm-up run (page cache) ...")
         runner.timed(path, threads[0], SHORT_PROMPT, min(seq_len, n_short + 8))  # faults the file in
         for t in threads:
-            log(f"bench: {name}, {t} thread(s): {runs} prefill + {runs} decode run(s) ...")
-            pre, dec, dec_n, others, disturbed = [], [], [], [], 0
+            # Rounds of (bandwidth reading, decode run, bandwidth reading, prefill run), so
+            # that each decode is compared with the bandwidth read just before and just after
+            # it (their mean), and each prefill with the decode of the same minute: this VM's
+            # figures drift by 10-30% within minutes, all of them together.
+            log(f"bench: {name}, {t} thread(s): {runs} round(s) of bandwidth, prefill and decode ...")
+            pre, dec, dec_n, peaks, means, speedups, others = [], [], [], [], [], [], []
+            of_peak, of_mean = [], []
+            disturbed = bw_disturbed = 0
             retries = [runs]  # runs redone for other work: at most this many per model and thread count
             for _ in range(runs):
-                (n, rate, _, _, o), d = runner.timed_quiet(path, t, prompt, n_prompt, retries)
-                if n != n_prompt:
-                    raise SystemExit(f"bench: run reported a prompt of {n} tokens, expected {n_prompt}")
-                pre.append(rate)
-                others.append(o)
-                disturbed += d
-            for _ in range(runs):
-                (_, _, m, rate, o), d = runner.timed_quiet(path, t, SHORT_PROMPT, decode_steps, retries)
-                dec.append(rate)
+                peak1, mean1, d1 = stream_bandwidth(runner.contention, t, stream_reps)
+                (_, _, m, d_rate, o), d = runner.timed_quiet(path, t, SHORT_PROMPT, decode_steps, retries)
+                dec.append(d_rate)
                 dec_n.append(m)
                 others.append(o)
                 disturbed += d
+                peak2, mean2, d2 = stream_bandwidth(runner.contention, t, stream_reps)
+                # the bandwidth while the decode ran, as near as we can tell
+                peak, mean = (peak1 + peak2) / 2, (mean1 + mean2) / 2
+                peaks.append(peak)
+                means.append(mean)
+                bw_disturbed += d1 + d2
+                (n, p_rate, _, _, o), d = runner.timed_quiet(path, t, prompt, n_prompt, retries)
+                if n != n_prompt:
+                    raise SystemExit(f"bench: run reported a prompt of {n} tokens, expected {n_prompt}")
+                pre.append(p_rate)
+                others.append(o)
+                disturbed += d
+                of_peak.append(bytes_per_token * d_rate / 1e9 / peak)
+                of_mean.append(bytes_per_token * d_rate / 1e9 / mean)
+                speedups.append(p_rate / d_rate if d_rate > 0 else float("nan"))
             redone = runs - retries[0]
-            raw.append(f"{name}, {t} thread(s): prefill {', '.join(f'{r:.1f}' for r in pre)} tok/s; "
+            raw.append(f"{name}, {t} thread(s), by round: read bandwidth (best pass / mean) "
+                       f"{', '.join(f'{a:.2f}/{b:.2f}' for a, b in zip(peaks, means))} GB/s; "
+                       f"prefill {', '.join(f'{r:.1f}' for r in pre)} tok/s; "
                        f"decode {', '.join(f'{r:.1f}' for r in dec)} tok/s; "
                        f"other processes used up to {max(others):.2f} core(s) during a kept run"
                        + (f"; {redone} run(s) redone" if redone else "")
-                       + (f"; **{disturbed} kept run(s) disturbed**" if disturbed else ""))
+                       + (f"; **{disturbed} kept run(s) disturbed**" if disturbed else "")
+                       + (f"; **{bw_disturbed} bandwidth reading(s) disturbed**" if bw_disturbed else ""))
             p_med, d_med = statistics.median(pre), statistics.median(dec)
             gbs = bytes_per_token * d_med / 1e9
-            bw, bw_disturbed = bandwidth.get(t, (None, False))
             mark = " (!)" if disturbed else ""
             rows.append([name, str(t), f"{p_med:.1f}{mark}", f"{d_med:.1f}{mark}",
                          "/".join(map(str, sorted(set(dec_n)))), f"{gbs:.2f}",
-                         (f"{bw:.2f}" + (" (!)" if bw_disturbed else "")) if bw else "n/a",
-                         f"{100 * gbs / bw:.0f}%" if bw else "n/a",
-                         f"{p_med / d_med:.1f}x" if d_med > 0 else "n/a"])
+                         f"{statistics.median(peaks):.2f}" + (" (!)" if bw_disturbed else ""),
+                         f"{statistics.median(means):.2f}" + (" (!)" if bw_disturbed else ""),
+                         f"{100 * statistics.median(of_peak):.0f}%", f"{100 * statistics.median(of_mean):.0f}%",
+                         f"{statistics.median(speedups):.1f}x"])
             any_disturbed = any_disturbed or disturbed or bw_disturbed
 
     elapsed = time.time() - start
     now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     out = [f"## run.c benchmark, {now}", "", f"Machine: {machine_line()}", "", f"Source: {source}", ""]
     head = ["model", "threads", "prefill tok/s", "decode tok/s", "decoded tokens", "decode GB/s",
-            "read bandwidth GB/s", "% of bandwidth", "prefill speed-up over decode"]
+            "read GB/s, best pass", "read GB/s, sustained", "% of best pass", "% of sustained",
+            "prefill speed-up over decode"]
     out.append("| " + " | ".join(head) + " |")
     out.append("|" + "|".join("---" if i < 2 else "---:" for i in range(len(head))) + "|")
     out += ["| " + " | ".join(r) + " |" for r in rows]
     out.append("")
     out += [f"- {n}" for n in notes]
-    out.append("- decode GB/s = weight bytes streamed per token x decode tok/s; read bandwidth = bench/stream, "
-               "a sum over 1 GiB of floats, best of several passes, same thread count")
-    out.append("- random weights, greedy (-t 0); prefill and decode tok/s as run prints them (median). Runs: ")
+    out.append(f"- decode GB/s = weight bytes streamed per token x decode tok/s (median); read GB/s = "
+               f"bench/stream, a sum over 1 GiB of floats, {stream_reps} passes with the same thread count, read "
+               f"just before and just after each round's decode run (median over rounds of the two readings' "
+               f"mean): the best pass (the peak) and all passes' bytes over their time (what a reader sustains "
+               f"over a span like the decode run's, shared-machine interruptions included)")
+    out.append("- % of best pass, % of sustained and prefill speed-up: the median over rounds of each round's "
+               "own ratio (decode GB/s / read GB/s; prefill tok/s / decode tok/s), so that the machine's drift "
+               "between rounds cancels")
+    out.append("- random weights, greedy (-t 0); prefill and decode tok/s as run prints them (median). Rounds: ")
     out += [f"  - {r}" for r in raw]
     out.append(f"- took {elapsed:.0f} s (of which {runner.contention.waited:.0f} s waiting for free cores); "
                f"other processes used {busy:.1f} of {NCPU} cores at the start"

@@ -6,10 +6,12 @@
    arithmetic: a sum over a large float array (default 1 GiB, far bigger than the
    caches), split into contiguous static chunks across threads, with 64 independent
    partial sums (eight AVX registers' worth) so that the adds never limit the rate.
-   Reported: the best of several repetitions, in GB/s (1e9 bytes per second).
+   Reported, in GB/s (1e9 bytes per second): the best of several passes (the peak),
+   and all passes' bytes over all passes' time (what a reader sustains over that
+   span, which on a shared machine includes the moments others take from it).
 
    Usage: stream [-m MIB] [-r REPS] [THREADS ...]     (default: 1024 MiB, 10 reps, 1 2)
-   Output, one line per thread count:  threads N read GB/s X
+   Output, one line per thread count:  threads N read GB/s X mean Y
    Without OpenMP every count runs on one thread; the line then says "(no OpenMP)". */
 
 #include <stdio.h>
@@ -98,15 +100,18 @@ int main(int argc, char **argv) {
     float sink = 0.0f;
     for (int t = 0; t < n_threads; t++) {
         read_pass(a, n, threads[t], &sink); // warm-up: page tables, thread pool
-        double best = 1e30;
+        double best = 1e30, total = 0.0;
         for (int r = 0; r < reps; r++) {
             double s = read_pass(a, n, threads[t], &sink);
             if (s < best) best = s;
+            total += s;
         }
+        double bytes = (double)n * sizeof(float);
 #ifdef _OPENMP
-        printf("threads %d read GB/s %.2f\n", threads[t], n * sizeof(float) / best / 1e9);
+        printf("threads %d read GB/s %.2f mean %.2f\n", threads[t], bytes / best / 1e9, bytes * reps / total / 1e9);
 #else
-        printf("threads %d read GB/s %.2f (no OpenMP)\n", threads[t], n * sizeof(float) / best / 1e9);
+        printf("threads %d read GB/s %.2f mean %.2f (no OpenMP)\n", threads[t], bytes / best / 1e9,
+               bytes * reps / total / 1e9);
 #endif
     }
     fprintf(stderr, "stream: %zu MiB, best of %d, checksum %g\n", mib, reps, (double)sink);
