@@ -160,16 +160,16 @@ typedef struct {
 static int head_size_of(const Config *c) { return c->dim / c->n_heads; }
 static int kv_dim_of(const Config *c) { return c->n_kv_heads * head_size_of(c); }
 
-// rope_angles = floor(p * head_size / 2): the number of rotary pairs that rotate.
-// p is stored as float32, so 0.7 arrives as 0.699999988 and 0.7 * 20 / 2 as
-// 6.99999988, which would floor to 6. Float32 is off by at most 6e-8 relative,
-// i.e. 3e-5 of a pair for a head size of 1024, so adding 1e-4 of a pair before
-// the floor gives the count Python's int(p * d // 2) gives for the decimal p.
 // Where position pos of key/value head kvh of layer l starts in the KV cache.
 static size_t kv_cache_offset(const Config *c, int l, int kvh, int pos) {
     return (((size_t)l * c->n_kv_heads + kvh) * c->seq_len + pos) * head_size_of(c);
 }
 
+// rope_angles = floor(p * head_size / 2): the number of rotary pairs that rotate.
+// p is stored as float32, so 0.7 arrives as 0.699999988 and 0.7 * 20 / 2 as
+// 6.99999988, which would floor to 6. Float32 is off by at most 6e-8 relative,
+// i.e. 3e-5 of a pair for a head size of 1024, so adding 1e-4 of a pair before
+// the floor gives the count Python's int(p * d // 2) gives for the decimal p.
 static int rope_angles_of(const Config *c) {
     int n = (int)floor((double)c->rope_fraction * (head_size_of(c) / 2) + 1e-4);
     int pairs = head_size_of(c) / 2;
@@ -512,8 +512,8 @@ static int build_run_state(RunState *s, const Config *c) {
     s->value_cache = alloc_floats(cache);
     s->rope_cos = alloc_floats((size_t)c->seq_len * angles);
     s->rope_sin = alloc_floats((size_t)c->seq_len * angles);
-    if (!s->x || !s->xb || !s->xb2 || !s->hb || !s->hb2 || !s->q || !s->k || !s->v || !s->att || !s->logits || !s->scratch || !s->q_head || !s->q_pairs ||
-        !s->key_cache || !s->value_cache || !s->rope_cos || !s->rope_sin) {
+    if (!s->x || !s->xb || !s->xb2 || !s->hb || !s->hb2 || !s->q || !s->k || !s->v || !s->att || !s->logits ||
+        !s->scratch || !s->q_head || !s->q_pairs || !s->key_cache || !s->value_cache || !s->rope_cos || !s->rope_sin) {
         free_run_state(s);
         return fail("out of memory allocating the run state (KV cache %zu MiB)", cache * 2 * sizeof(float) >> 20);
     }
@@ -748,7 +748,8 @@ static void matmul_tile(float *xout, const float *x, const float *packed, const 
                 __m512 sums = reduce_lane_pairs(lanes[r][p]);
                 int b = 2 * p;
                 if (b < n_tokens) xout[(size_t)(b0 + b) * d + i0 + r] = _mm512_cvtss_f32(sums);
-                if (b + 1 < n_tokens) xout[(size_t)(b0 + b + 1) * d + i0 + r] = _mm_cvtss_f32(_mm512_extractf32x4_ps(sums, 2));
+                if (b + 1 < n_tokens)
+                    xout[(size_t)(b0 + b + 1) * d + i0 + r] = _mm_cvtss_f32(_mm512_extractf32x4_ps(sums, 2));
             }
         return;
     }
@@ -884,7 +885,8 @@ static void attention_head(Transformer *t, int l, int b, int h, int pos, int sco
         for (; tt + 4 <= pos + 1; tt += 4) dot_rows4(att + tt, keys + (size_t)tt * head_size, q, head_size);
         for (; tt <= pos; tt++) att[tt] = dot(q, keys + (size_t)tt * head_size, head_size);
     }
-    for (tt = 0; tt <= pos; tt++) att[tt] /= sqrtf(head_size);
+    float root = sqrtf(head_size);
+    for (tt = 0; tt <= pos; tt++) att[tt] /= root;
     softmax(att, pos + 1);
     if (s->inspect) inspect_record_attention(s->inspect, c, l, h, att, pos);
     float *out = s->xb + (size_t)b * c->dim + h * head_size;
@@ -892,7 +894,8 @@ static void attention_head(Transformer *t, int l, int b, int h, int pos, int sco
     const float *values = s->value_cache + kv_offset;
     tt = 0;
     for (; tt + 4 <= pos + 1; tt += 4) {
-        const float *v0 = values + (size_t)tt * head_size, *v1 = v0 + head_size, *v2 = v1 + head_size, *v3 = v2 + head_size;
+        const float *v0 = values + (size_t)tt * head_size, *v1 = v0 + head_size, *v2 = v1 + head_size,
+                    *v3 = v2 + head_size;
         float a0 = att[tt], a1 = att[tt + 1], a2 = att[tt + 2], a3 = att[tt + 3];
         for (int i = 0; i < head_size; i++) out[i] = (((out[i] + a0 * v0[i]) + a1 * v1[i]) + a2 * v2[i]) + a3 * v3[i];
     }
@@ -919,7 +922,8 @@ static void attention_block_scores(Transformer *t, int l, int h, int B, int pos0
     // the tile wants each token's query contiguous (and, for AVX-512, packed in pairs)
     float *q = s->q_head + (size_t)h * PREFILL_BLOCK * head_size;
     float *packed = s->q_pairs + (size_t)h * PREFILL_BLOCK * head_size;
-    for (int b = 0; b < B; b++) memcpy(q + (size_t)b * head_size, s->q + (size_t)b * c->dim + h * head_size, head_size * sizeof(float));
+    for (int b = 0; b < B; b++)
+        memcpy(q + (size_t)b * head_size, s->q + (size_t)b * c->dim + h * head_size, head_size * sizeof(float));
 #ifdef USE_AVX512
     pack_token_pairs(packed, q, B, head_size);
 #endif
@@ -929,8 +933,8 @@ static void attention_block_scores(Transformer *t, int l, int h, int B, int pos0
     for (int b = 0; b < B; b += TILE_TOKENS) {
         int n_tokens = B - b < TILE_TOKENS ? B - b : TILE_TOKENS, n_keys = pos0 + b + n_tokens;
         for (int i = 0; i < n_keys; i += TILE_ROWS)
-            matmul_tile(att, q, packed, keys, head_size, row_stride, i, n_keys - i < TILE_ROWS ? n_keys - i : TILE_ROWS, b,
-                        n_tokens, NULL, 0);
+            matmul_tile(att, q, packed, keys, head_size, row_stride, i, n_keys - i < TILE_ROWS ? n_keys - i : TILE_ROWS,
+                        b, n_tokens, NULL, 0);
     }
 }
 
@@ -2106,9 +2110,9 @@ int main(int argc, char *argv[]) {
             "run: %s (%s): dim %d, hidden %d, layers %d, heads %d/%d, vocab %d, seq %d | rope theta %g%s, "
             "fraction %g%s (%d of %d pairs rotate), scale %g, eps %g\n",
             checkpoint_path, format_name(transformer.format), c->dim, c->hidden_dim, c->n_layers, c->n_heads,
-            c->n_kv_heads, c->vocab_size, c->seq_len, c->rope_theta,
-            rope_theta > 0 ? " (command line)" : "", c->rope_fraction, rope_fraction >= 0 ? " (command line)" : "", rope_angles_of(c), head_size_of(c) / 2, c->rope_scale,
-            c->norm_eps);
+            c->n_kv_heads, c->vocab_size, c->seq_len, c->rope_theta, rope_theta > 0 ? " (command line)" : "",
+            c->rope_fraction, rope_fraction >= 0 ? " (command line)" : "", rope_angles_of(c), head_size_of(c) / 2,
+            c->rope_scale, c->norm_eps);
 
     // 3. the tokenizer and the sampler
     Tokenizer tokenizer;
