@@ -2,15 +2,20 @@
 # CC, OPENMP, PYTHON and MODELS). Writes random 15M and 110M checkpoints into
 # bench/ on first use (gitignored), then prints a Markdown table of prefill and
 # decode tok/s and decode's weight traffic against the measured read bandwidth.
-#   make bench                          both models, 1 and 2 threads (about 2 min on idle cores;
+#   make bench                          both models, 1 and 2 threads (about 4 min on idle cores;
 #                                       it waits, within limits, while other work holds them)
 #   make bench BENCH_ARGS=--quick       15M only, one run each (a smoke test)
 #   make bench BENCH_ARGS="--models 110M --threads 1"
+#   make bench PEER=/path/to/llama2.c/run LLAMA_BENCH=/path/to/llama-bench
+#                                       side by side with llama2.c and llama.cpp on the same
+#                                       weights (see bench/bench.py); either may be left out
 BENCH_ARGS ?=
+PEER ?=
+LLAMA_BENCH ?=
 
 bench/stream: bench/stream.c
 	$(CC) -O3 -march=native $(OPENMP) -Wall -Wextra -o $@ bench/stream.c
 
 .PHONY: bench
 bench: run bench/stream
-	MODELS=$(MODELS) $(PYTHON) bench/bench.py $(BENCH_ARGS)
+	MODELS=$(MODELS) PEER=$(PEER) LLAMA_BENCH=$(LLAMA_BENCH) $(PYTHON) bench/bench.py $(BENCH_ARGS)

@@ -29,10 +29,27 @@ reading, a prefill run. A round's bandwidth is the mean of its two readings. The
 fraction of the bandwidth and the prefill speed-up are the medians of each
 round's own ratios.
 
+Side by side with the programs users would otherwise run, on the same weights:
+  PEER=/path/to/run          a llama2.c-compatible CLI (karpathy/llama2.c's run,
+                             built as its Makefile's `runomp` builds it). Each
+                             round also runs it on the same checkpoint written in
+                             llama2.c's format, same prompt, -n and threads, right
+                             before or after our decode run (the order alternates);
+                             the ratio is of whole-process wall times.
+  LLAMA_BENCH=/path/to/llama-bench   llama.cpp's benchmark on the same weights as
+                             F32 GGUF (bench/model*.gguf; when missing, made with
+                             llama-convert-llama2c-to-ggml found beside llama-bench
+                             or at $LLAMA_CONVERT). Each round runs its pp test
+                             (the prefill prompt's length) and tg test (decode
+                             tokens) next to ours; the ratios are of tok/s.
+Each ratio printed is the median over rounds of that round's own ratio.
+
 Only numpy and the standard library.
 """
 import argparse
+import csv
 import datetime
+import io
 import os
 import platform
 import re
@@ -113,6 +130,33 @@ def ensure_checkpoint(name):
     os.replace(tmp, path)
     log(f"bench: ... written in {time.time() - t0:.1f} s")
     return path
+
+
+def ensure_llama2c_checkpoint(path):
+    """The same weights in llama2.c's legacy format (export.py --legacy), for PEER."""
+    out = path[:-len(".bin")] + "_llama2c.bin"
+    if not os.path.exists(out) or os.path.getmtime(out) < os.path.getmtime(path):
+        log(f"bench: writing {os.path.relpath(out, ROOT)} for the peer (export.py --legacy) ...")
+        subprocess.run([sys.executable, os.path.join(ROOT, "export.py"), path, out, "--legacy"], check=True,
+                       stdout=subprocess.DEVNULL)
+    return out
+
+
+def ensure_gguf(llama2c_path, tokenizer, llama_bench):
+    """The same weights as an F32 GGUF for llama.cpp, converted from the llama2.c file."""
+    out = llama2c_path[:-len("_llama2c.bin")] + ".gguf"
+    if os.path.exists(out) and os.path.getmtime(out) >= os.path.getmtime(llama2c_path):
+        return out
+    convert = os.environ.get("LLAMA_CONVERT") or os.path.join(os.path.dirname(llama_bench),
+                                                              "llama-convert-llama2c-to-ggml")
+    if not os.path.exists(convert):
+        raise SystemExit(f"bench: no {os.path.relpath(out, ROOT)} and no converter at {convert} "
+                         "(set LLAMA_CONVERT to llama.cpp's llama-convert-llama2c-to-ggml)")
+    log(f"bench: writing {os.path.relpath(out, ROOT)} for llama.cpp ({os.path.basename(convert)}) ...")
+    subprocess.run([convert, "--copy-vocab-from-model", tokenizer, "--llama2c-model", llama2c_path,
+                    "--llama2c-output-model", out], check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    return out
 
 
 # ----------------------------------------------------------------------------
@@ -205,14 +249,27 @@ class Runner:
         return len(out.splitlines())
 
     def timed(self, model, threads, prompt, steps, stoppable=True):
-        """One run: (prompt tokens, prefill tok/s, decoded tokens, decode tok/s, others' cores), or None
-        when it was stopped because other processes took its cores."""
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        """One run: (prompt tokens, prefill tok/s, decoded tokens, decode tok/s, others' cores, wall
+        seconds), or None when it was stopped because other processes took its cores."""
         cmd = self.cmd(model, "-t", "0", "-s", "1", "-T", str(threads), "-n", str(steps), "-p", prompt)
+        r = self.timed_command(cmd, threads, stoppable)
+        if r is None:
+            return None
+        stderr, others, wall = r
+        m = TIMING.search(stderr)
+        if not m:
+            raise SystemExit(f"bench: no timing line from {' '.join(cmd[:8])} ...\n{stderr}")
+        return int(m[1]), float(m[2]), int(m[3]), float(m[4]), others, wall
+
+    def timed_command(self, cmd, threads, stoppable=True, capture_stdout=False):
+        """Runs cmd with OMP_NUM_THREADS=threads, watching the cores: (stderr, or stdout with
+        capture_stdout, others' cores, wall seconds), or None when it was stopped because other
+        processes took its cores."""
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
         allowed = self.contention.allowed(threads)
-        with tempfile.TemporaryFile() as err:
+        with tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as out:
             busy0, ours0, t0 = cpu_busy_seconds(), children_cpu_seconds(), time.time()
-            p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
+            p = subprocess.Popen(cmd, stdout=out if capture_stdout else subprocess.DEVNULL, stderr=err, env=env)
             last = (busy0, 0.0, t0)
             disturbed = 0.0
             while True:
@@ -238,28 +295,56 @@ class Runner:
             busy1, ours1, t1 = cpu_busy_seconds(), children_cpu_seconds(), time.time()
             err.seek(0)
             stderr = err.read().decode("utf-8", "replace")
-        m = TIMING.search(stderr)
-        if p.returncode != 0 or not m:
+            out.seek(0)
+            stdout = out.read().decode("utf-8", "replace")
+        if p.returncode != 0:
             raise SystemExit(f"bench: run failed (exit {p.returncode}): {' '.join(cmd[:8])} ...\n{stderr}")
         others = max(0.0, (busy1 - busy0) - (ours1 - ours0)) / max(1e-9, t1 - t0)
-        return int(m[1]), float(m[2]), int(m[3]), float(m[4]), others
+        return stdout if capture_stdout else stderr, others, t1 - t0
 
-    def timed_quiet(self, model, threads, prompt, steps, retries):
-        """timed() on free cores: waits for them, and runs again (up to retries[0] times in all, per
-        figure) a run that others disturbed. Returns the result and whether it was disturbed."""
+    def timed_quiet(self, model, threads, prompt, steps, retries, run=None):
+        """timed() (or run(stoppable), of the same shape) on free cores: waits for them, and runs
+        again (up to retries[0] times in all, per figure) a run that others disturbed. Returns the
+        result and whether it was disturbed."""
+        if run is None:
+            def run(stoppable):
+                return self.timed(model, threads, prompt, steps, stoppable)
         while True:
             self.contention.wait_for_cores(threads)
             last_try = retries[0] <= 0
-            r = self.timed(model, threads, prompt, steps, stoppable=not last_try)
+            r = run(not last_try)
             if r is None:
                 log(f"bench: other processes took the cores of a {threads}-thread run; stopped it, will run it again")
                 retries[0] -= 1
                 continue
-            disturbed = r[4] > self.contention.allowed(threads)
+            disturbed = r[-2] > self.contention.allowed(threads)
             if not disturbed or last_try:
                 return r, disturbed
             retries[0] -= 1
             log(f"bench: other processes used {r[4]:.1f} core(s) during a {threads}-thread run; running it again")
+
+
+def peer_decode(runner, peer, model, threads, prompt, steps, stoppable):
+    """llama2.c's run (or a CLI like it) on the same checkpoint: (others' cores, wall seconds)."""
+    cmd = [peer, model, "-z", runner.tokenizer, "-t", "0", "-n", str(steps), "-i", prompt]
+    r = runner.timed_command(cmd, threads, stoppable)
+    return None if r is None else (r[1], r[2])
+
+
+def llama_bench(runner, exe, gguf, threads, n_prompt, n_gen, stoppable):
+    """llama.cpp's llama-bench, one repetition of pp n_prompt and tg n_gen: (pp tok/s, tg tok/s,
+    others' cores, wall seconds)."""
+    cmd = [exe, "-m", gguf, "-p", str(n_prompt), "-n", str(n_gen), "-t", str(threads), "-r", "1", "-o", "csv"]
+    r = runner.timed_command(cmd, threads, stoppable, capture_stdout=True)
+    if r is None:
+        return None
+    stdout, others, wall = r
+    rows = list(csv.DictReader(io.StringIO(stdout)))
+    pp = [float(x["avg_ts"]) for x in rows if int(x["n_prompt"]) > 0 and int(x["n_gen"]) == 0]
+    tg = [float(x["avg_ts"]) for x in rows if int(x["n_gen"]) > 0 and int(x["n_prompt"]) == 0]
+    if not pp or not tg:
+        raise SystemExit(f"bench: cannot read llama-bench's CSV:\n{stdout}")
+    return pp[0], tg[0], others, wall
 
 
 def make_prompt(runner, model, target):
@@ -394,6 +479,11 @@ def main():
     if not os.path.exists(tokenizer):
         raise SystemExit(f"bench: no tokenizer at {tokenizer} (set MODELS to the folder holding tokenizer.bin)")
     runner = Runner(run_bin, tokenizer, 20.0 if args.quick else WAIT_BUDGET)
+    peer = os.environ.get("PEER") or None
+    lbench = os.environ.get("LLAMA_BENCH") or None
+    for what, exe in (("PEER", peer), ("LLAMA_BENCH", lbench)):
+        if exe and not os.access(exe, os.X_OK):
+            raise SystemExit(f"bench: {what}={exe} is not an executable file")
 
     start = time.time()
     source = source_line(run_bin)
@@ -402,7 +492,7 @@ def main():
         + (" -- runs will wait for free cores, or be redone, within limits" if busy > SPARE else ""))
     stream_reps = 4 if args.quick else STREAM_REPS
 
-    rows, notes, raw, any_disturbed = [], [], [], False
+    rows, side, notes, raw, any_disturbed = [], [], [], [], False
     for name in models:
         path = ensure_checkpoint(name)
         header = read_header(path)
@@ -427,8 +517,12 @@ def main():
                      + (f" (the context is {seq_len})" if n_prompt < 256 else "")
                      + f"; decode prompt {n_short} tokens, -n {decode_steps}; median of {runs} round(s)")
 
+        peer_path = ensure_llama2c_checkpoint(path) if peer or lbench else None
+        gguf = ensure_gguf(peer_path, tokenizer, lbench) if lbench else None
         log(f"bench: {name}: warm-up run (page cache) ...")
         runner.timed(path, threads[0], SHORT_PROMPT, min(seq_len, n_short + 8))  # faults the file in
+        if peer:
+            peer_decode(runner, peer, peer_path, threads[0], SHORT_PROMPT, n_short + 8, False)
         for t in threads:
             # Rounds of (bandwidth reading, decode run, bandwidth reading, prefill run), so
             # that each decode is compared with the bandwidth read just before and just after
@@ -439,25 +533,52 @@ def main():
             of_peak, of_mean = [], []
             disturbed = bw_disturbed = 0
             retries = [runs]  # runs redone for other work: at most this many per model and thread count
-            for _ in range(runs):
+            vs_peer, vs_pp, vs_tg, peer_rates, pp_rates, tg_rates, ours_wall = [], [], [], [], [], [], []
+            for k in range(runs):
                 peak1, mean1, d1 = stream_bandwidth(runner.contention, t, stream_reps)
-                (_, _, m, d_rate, o), d = runner.timed_quiet(path, t, SHORT_PROMPT, decode_steps, retries)
+                # ours and the peer one after the other, first one then the other by turns
+                for turn in ((0, 1) if k % 2 == 0 else (1, 0)):
+                    if turn == 0:
+                        (_, _, m, d_rate, o, wall), d = runner.timed_quiet(path, t, SHORT_PROMPT, decode_steps,
+                                                                            retries)
+                    elif peer:
+                        (o, peer_wall), d = runner.timed_quiet(
+                            None, t, None, None, retries,
+                            run=lambda stoppable: peer_decode(runner, peer, peer_path, t, SHORT_PROMPT,
+                                                              decode_steps, stoppable))
+                    else:
+                        continue
+                    others.append(o)
+                    disturbed += d
                 dec.append(d_rate)
                 dec_n.append(m)
-                others.append(o)
-                disturbed += d
+                ours_wall.append((decode_steps - 1) / wall)
+                if peer:
+                    vs_peer.append(peer_wall / wall)
+                    peer_rates.append((decode_steps - 1) / peer_wall)
                 peak2, mean2, d2 = stream_bandwidth(runner.contention, t, stream_reps)
                 # the bandwidth while the decode ran, as near as we can tell
                 peak, mean = (peak1 + peak2) / 2, (mean1 + mean2) / 2
                 peaks.append(peak)
                 means.append(mean)
                 bw_disturbed += d1 + d2
-                (n, p_rate, _, _, o), d = runner.timed_quiet(path, t, prompt, n_prompt, retries)
+                (n, p_rate, _, _, o, _), d = runner.timed_quiet(path, t, prompt, n_prompt, retries)
                 if n != n_prompt:
                     raise SystemExit(f"bench: run reported a prompt of {n} tokens, expected {n_prompt}")
                 pre.append(p_rate)
                 others.append(o)
                 disturbed += d
+                if lbench:
+                    (pp, tg, o, _), d = runner.timed_quiet(
+                        None, t, None, None, retries,
+                        run=lambda stoppable: llama_bench(runner, lbench, gguf, t, n_prompt, DECODE_TOKENS,
+                                                          stoppable))
+                    others.append(o)
+                    disturbed += d
+                    pp_rates.append(pp)
+                    tg_rates.append(tg)
+                    vs_pp.append(p_rate / pp)
+                    vs_tg.append(d_rate / tg)
                 of_peak.append(bytes_per_token * d_rate / 1e9 / peak)
                 of_mean.append(bytes_per_token * d_rate / 1e9 / mean)
                 speedups.append(p_rate / d_rate if d_rate > 0 else float("nan"))
@@ -480,6 +601,17 @@ def main():
                          f"{100 * statistics.median(of_peak):.0f}%", f"{100 * statistics.median(of_mean):.0f}%",
                          f"{statistics.median(speedups):.1f}x"])
             any_disturbed = any_disturbed or disturbed or bw_disturbed
+            if peer or lbench:
+                def cell(values, fmt="{:.1f}"):
+                    return fmt.format(statistics.median(values)) if values else "-"
+                side.append([name, str(t), cell(ours_wall), cell(peer_rates), cell(vs_peer, "**{:.2f}x**"),
+                             f"{p_med:.1f}", cell(pp_rates), cell(vs_pp, "**{:.2f}x**"),
+                             f"{d_med:.1f}", cell(tg_rates), cell(vs_tg, "{:.2f}x")])
+                raw.append(f"{name}, {t} thread(s), side by side by round: run decode, whole process "
+                           f"{', '.join(f'{r:.1f}' for r in ours_wall)} tok/s"
+                           + (f"; peer {', '.join(f'{r:.1f}' for r in peer_rates)} tok/s" if peer else "")
+                           + (f"; llama-bench pp {', '.join(f'{r:.1f}' for r in pp_rates)}, tg "
+                              f"{', '.join(f'{r:.1f}' for r in tg_rates)} tok/s" if lbench else ""))
 
     elapsed = time.time() - start
     now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
@@ -491,6 +623,21 @@ def main():
     out.append("|" + "|".join("---" if i < 2 else "---:" for i in range(len(head))) + "|")
     out += ["| " + " | ".join(r) + " |" for r in rows]
     out.append("")
+    if side:
+        out.append("Side by side on the same weights (each ratio: the median over rounds of that round's ratio; "
+                   "above 1 means run is faster):")
+        out.append("")
+        head2 = ["model", "threads", "run decode tok/s, whole process", "llama2.c (PEER), whole process",
+                 "run / llama2.c", "run prefill tok/s", "llama.cpp pp tok/s", "run / llama.cpp prefill",
+                 "run decode tok/s", "llama.cpp tg tok/s", "run / llama.cpp decode"]
+        out.append("| " + " | ".join(head2) + " |")
+        out.append("|" + "|".join("---" if i < 2 else "---:" for i in range(len(head2))) + "|")
+        out += ["| " + " | ".join(r) + " |" for r in side]
+        out.append("")
+        out.append(f"- PEER: {peer or '-'}; LLAMA_BENCH: {lbench or '-'}. Whole process: (-n minus 1) tokens over the "
+                   "wall time of the process, model loading and prompt included, for both programs alike; llama.cpp's "
+                   "figures are llama-bench's own (pp: the prefill prompt's length; tg: "
+                   f"{DECODE_TOKENS} tokens from an empty context), F32 weights converted from the same file")
     out += [f"- {n}" for n in notes]
     out.append(f"- decode GB/s = weight bytes streamed per token x decode tok/s (median); read GB/s = "
                f"bench/stream, a sum over 1 GiB of floats, {stream_reps} passes with the same thread count, read "

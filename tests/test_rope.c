@@ -191,10 +191,14 @@ static void test_rope_frequencies_follow_theta(void) {
           "rope_frequency_is_theta_pow_minus_2i_over_d_divided_by_scale", "wrong frequency");
 }
 
-// the kernels: matmul and matmul_block against a double-precision plain loop. n a
-// multiple of eight takes the kernels' in-register lane sums, n = 8k + 5 their tail.
-static void test_matmul_kernels_agree(int n, const char *close_name, const char *exact_name) {
-    int d = 23, B = 19; // partial tiles of rows and tokens
+// the kernels: matmul and matmul_block against a double-precision plain loop, and
+// matmul against its plain form, one dot() per row, bit for bit. n a multiple of
+// eight takes the kernels' in-register lane sums, n = 8k + 5 their tail. d = 23
+// rows (five groups of four and three left over) is below PARALLEL_MIN_WORK, one
+// thread; d = 203 is above it, split across threads.
+static void test_matmul_kernels_agree(int n, int d, const char *close_name, const char *exact_name,
+                                      const char *plain_name) {
+    int B = 19; // partial tiles of rows and tokens
     float *w = malloc(sizeof(float) * n * d), *x = malloc(sizeof(float) * n * B);
     float *one = malloc(sizeof(float) * d * B), *block = malloc(sizeof(float) * d * B);
     float *scratch = malloc(sizeof(float) * n * (B + TILE_TOKENS)); // B rounded up to whole tiles
@@ -216,6 +220,10 @@ static void test_matmul_kernels_agree(int n, const char *close_name, const char 
              memcmp(one, block, sizeof(float) * d * B) == 0);
     check(worst < 1e-4, close_name, detail);
     check(memcmp(one, block, sizeof(float) * d * B) == 0, exact_name, detail);
+    int plain = 1;
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < d; i++) plain &= one[b * d + i] == dot(w + (size_t)i * n, x + b * n, n);
+    check(plain, plain_name, "a row differs from dot()");
     free(w);
     free(x);
     free(one);
@@ -255,10 +263,15 @@ int main(int argc, char **argv) {
     test_rope_angles_is_floor_of_p_times_half_head();
     test_table_rope_equals_plain_rope();
     test_rope_frequencies_follow_theta();
-    test_matmul_kernels_agree(37 * 8, "matmul_equals_double_precision_plain_loop",
-                              "matmul_block_equals_matmul_token_by_token_bitwise");
-    test_matmul_kernels_agree(37 * 8 + 5, "matmul_equals_double_precision_plain_loop_with_tail",
-                              "matmul_block_equals_matmul_token_by_token_bitwise_with_tail");
+    test_matmul_kernels_agree(37 * 8, 23, "matmul_equals_double_precision_plain_loop",
+                              "matmul_block_equals_matmul_token_by_token_bitwise", "matmul_equals_one_dot_per_row_bitwise");
+    test_matmul_kernels_agree(37 * 8 + 5, 23, "matmul_equals_double_precision_plain_loop_with_tail",
+                              "matmul_block_equals_matmul_token_by_token_bitwise_with_tail",
+                              "matmul_equals_one_dot_per_row_bitwise_with_tail");
+    check(37 * 8 * 23 < PARALLEL_MIN_WORK && 37 * 8 * 203 >= PARALLEL_MIN_WORK,
+          "kernel_tests_cover_one_thread_and_threaded_matmul", "PARALLEL_MIN_WORK moved: change d");
+    test_matmul_kernels_agree(37 * 8, 203, "threaded_matmul_equals_double_precision_plain_loop",
+                              "matmul_block_equals_threaded_matmul_bitwise", "threaded_matmul_equals_one_dot_per_row_bitwise");
     if (argc > 1) test_block_forward_equals_token_forward(argv[1]);
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed != 0;
