@@ -195,7 +195,7 @@ static void test_rope_frequencies_follow_theta(void) {
 // matmul against its plain form, one dot() per row, bit for bit. n a multiple of
 // eight takes the kernels' in-register lane sums, n = 8k + 5 their tail. d = 23
 // rows (five groups of four and three left over) is below PARALLEL_MIN_WORK, one
-// thread; d = 203 is above it, split across threads.
+// thread; d = 251 is above it, split across threads.
 static void test_matmul_kernels_agree(int n, int d, const char *close_name, const char *exact_name,
                                       const char *plain_name) {
     int B = 19; // partial tiles of rows and tokens
@@ -268,9 +268,9 @@ int main(int argc, char **argv) {
     test_matmul_kernels_agree(37 * 8 + 5, 23, "matmul_equals_double_precision_plain_loop_with_tail",
                               "matmul_block_equals_matmul_token_by_token_bitwise_with_tail",
                               "matmul_equals_one_dot_per_row_bitwise_with_tail");
-    check(37 * 8 * 23 < PARALLEL_MIN_WORK && 37 * 8 * 203 >= PARALLEL_MIN_WORK,
+    check(37 * 8 * 23 < PARALLEL_MIN_WORK && 37 * 8 * 251 >= PARALLEL_MIN_WORK,
           "kernel_tests_cover_one_thread_and_threaded_matmul", "PARALLEL_MIN_WORK moved: change d");
-    test_matmul_kernels_agree(37 * 8, 203, "threaded_matmul_equals_double_precision_plain_loop",
+    test_matmul_kernels_agree(37 * 8, 251, "threaded_matmul_equals_double_precision_plain_loop",
                               "matmul_block_equals_threaded_matmul_bitwise", "threaded_matmul_equals_one_dot_per_row_bitwise");
     if (argc > 1) test_block_forward_equals_token_forward(argv[1]);
     printf("%d passed, %d failed\n", n_passed, n_failed);
