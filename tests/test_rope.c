@@ -245,7 +245,7 @@ static void test_block_forward_equals_token_forward(const char *checkpoint) {
     float *block_logits = malloc(sizeof(float) * V * n);
     for (int i = 0; i < n; i += PREFILL_BLOCK) {
         int len = n - i < PREFILL_BLOCK ? n - i : PREFILL_BLOCK;
-        memcpy(block_logits + (size_t)i * V, forward_block(&a, tokens + i, len, i, 1), sizeof(float) * V * len);
+        memcpy(block_logits + (size_t)i * V, forward_block(&a, tokens + i, len, i, LOGITS_ALL), sizeof(float) * V * len);
     }
     int same = 1;
     for (int i = 0; i < n; i++) same &= memcmp(forward(&b, tokens[i], i), block_logits + (size_t)i * V, sizeof(float) * V) == 0;
