@@ -321,7 +321,7 @@ class Runner:
             if not disturbed or last_try:
                 return r, disturbed
             retries[0] -= 1
-            log(f"bench: other processes used {r[4]:.1f} core(s) during a {threads}-thread run; running it again")
+            log(f"bench: other processes used {r[-2]:.1f} core(s) during a {threads}-thread run; running it again")
 
 
 def peer_decode(runner, peer, model, threads, prompt, steps, stoppable):
