@@ -398,8 +398,8 @@ static int load_checkpoint(Transformer *t, const char *path) {
 // Pins OpenMP thread k to the k-th core this process may use (Linux), unless the
 // user chose a binding (OMP_PROC_BIND) or there are more threads than cores.
 // Unpinned, a worker that went to sleep between parallel regions (while the
-// tokenizer loads, or while the sampler sorts) is woken on the core of the thread
-// that wakes it, where it waits until the scheduler moves it: measured on Zen 4,
+// tokenizer loads) can be woken on the core of the thread that wakes it, where it
+// waits until the scheduler moves it: measured on Zen 4,
 // 15M, 2 threads, the first parallel region of a prefill took 2-8 ms instead of
 // 0.4 ms, a tenth of the prefill.
 static void pin_threads(void) {
