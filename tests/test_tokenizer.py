@@ -1,9 +1,11 @@
 """Encoding against SentencePiece's ids (../shared/golden/encode_llama2.json)."""
 import json
+import subprocess
+import sys
 
 import pytest
 
-from conftest import GOLDEN, LLAMA_TOKENIZER, STORIES, TOK512, run
+from conftest import GOLDEN, LLAMA_TOKENIZER, MODELS, ROOT, RUN_BIN, STORIES, TOK512, run
 
 CASES = json.loads((GOLDEN / "encode_llama2.json").read_text(encoding="utf-8"))
 
@@ -45,3 +47,20 @@ def test_decode_strips_the_space_after_bos_and_prints_bytes():
     # the story model greedily continues "Once"; the output starts without a space
     r = run(STORIES, "-z", TOK512, "-t", 0, "-n", 5, "-p", "Once")
     assert r.stdout.startswith(b"Once upon")
+
+
+def test_shipped_tokenizer_bin_equals_shared_and_export_output(tmp_path):
+    shipped = (ROOT / "tokenizer.bin").read_bytes()
+    assert shipped == (MODELS / "tokenizer.bin").read_bytes()
+    made = tmp_path / "tokenizer.bin"
+    r = subprocess.run([sys.executable, str(ROOT / "export.py"), "--tokenizer", str(MODELS / "tokenizer.model"),
+                        "-o", str(made)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert shipped == made.read_bytes()
+
+
+def test_run_from_repo_root_finds_the_shipped_tokenizer(llama_vocab_model):
+    r = subprocess.run([RUN_BIN, str(llama_vocab_model), "-m", "tokenize", "-p", "Hello world"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert [int(line.split("\t")[0]) for line in r.stdout.splitlines()] == [1, 15043, 3186]
