@@ -1212,6 +1212,44 @@ static float *prefill(Transformer *t, const int *tokens, int n, int pos0) {
 }
 
 // ----------------------------------------------------------------------------
+// Shifting the KV cache: RoPE's relative property at work
+//
+// A key cached at position n holds R(n) k. Moved to position n - delta, it must
+// hold R(n - delta) k, and since R(m)^T R(n) = R(n - m), that is R(-delta) R(n) k:
+// one more rotation of each rotated pair by -delta * omega_i, without knowing k.
+// R(-delta) is R(delta) with the sines negated, so the tables' row for position
+// delta gives it. Values carry no position and move as they are; p-RoPE's
+// unrotated pairs need nothing. Chat's --shift rotate drops a conversation's
+// oldest turns this way, as llama.cpp's context shift does, instead of running
+// the kept tokens through the model again. (The two rotations round twice where a
+// fresh key rounds once: measured on stories260K, shifted keys differ from fresh
+// ones by about 1e-6 of their size.)
+//
+// Moves positions from .. from+n-1 of every layer and head down to to .. to+n-1
+// (0 <= to < from).
+static void kv_cache_shift(Transformer *t, int to, int from, int n) {
+    const Config *c = &t->config;
+    RunState *s = &t->state;
+    int head_size = head_size_of(c), n_rotated = rope_angles_of(c), delta = from - to;
+    const float *cos_delta = s->rope_cos + (size_t)delta * n_rotated, *sin_delta = s->rope_sin + (size_t)delta * n_rotated;
+    for (int l = 0; l < c->n_layers; l++) {
+        for (int kvh = 0; kvh < c->n_kv_heads; kvh++) {
+            for (int j = 0; j < n; j++) {
+                size_t src = kv_cache_offset(c, l, kvh, from + j), dst = kv_cache_offset(c, l, kvh, to + j);
+                memcpy(s->value_cache + dst, s->value_cache + src, head_size * sizeof(float));
+                float *key = s->key_cache + dst;
+                memcpy(key, s->key_cache + src, head_size * sizeof(float));
+                for (int i = 0; i < n_rotated; i++) { // rope_apply's rotation, by the angle -delta * omega_i
+                    float x0 = key[2 * i], x1 = key[2 * i + 1];
+                    key[2 * i] = x0 * cos_delta[i] + x1 * sin_delta[i];
+                    key[2 * i + 1] = -x0 * sin_delta[i] + x1 * cos_delta[i];
+                }
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
 // The Byte Pair Encoding (BPE) tokenizer: strings <-> tokens, in llama2.c's
 // tokenizer.bin format (int32 max_token_length; then per token: float32 score,
 // int32 length, the bytes). SentencePiece's '▁' is stored as a plain space.
@@ -1953,6 +1991,14 @@ static int inspect(Transformer *t, const Tokenizer *tok, const char *prompt, con
 // prefix, as Hugging Face's template does.) The KV cache carries the conversation:
 // a turn processes only its own new tokens. The EOS that closes a reply is fed at
 // the start of the next turn, so no forward pass is spent on it if none follows.
+//
+// A conversation longer than the context drops its oldest whole turns, keeping the
+// system prompt, until the next turn and room for a reply fit (shift_context):
+// --shift recompute runs the kept transcript through the model again, exactly as a
+// fresh session over it would; --shift rotate moves the kept keys and values down
+// and re-rotates the keys (kv_cache_shift), recomputing nothing.
+
+typedef enum { SHIFT_RECOMPUTE, SHIFT_ROTATE } ShiftMode;
 
 typedef struct {
     const char *system_prompt; // -y, or asked for when interactive
@@ -1961,7 +2007,29 @@ typedef struct {
     int interactive;           // stdin is a terminal: show prompts
     int no_cache;              // --no-cache: recompute the whole transcript each turn
     int verbose;               // -v: print the token ids of each turn on stderr
+    ShiftMode shift;           // --shift: how the oldest turns are dropped
 } ChatOptions;
+
+// Where one turn's tokens sit in the conversation, in three spans:
+//   [start, user_start)        the template's head: "</s><s>[INST]", or for the
+//                              first turn "<s>[INST]" or the system block
+//                              "<s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n"
+//   [user_start, reply_start)  "{user} [/INST]"
+//   [reply_start, end)         the reply
+// user_start is -1 when the head's tokens are not a prefix of the turn's (a merge
+// across the boundary); such a turn cannot be cut there, and rotate falls back to
+// recompute.
+typedef struct {
+    char *user; // the user's text, kept to encode the turn again when it becomes the first
+    int start, user_start, reply_start, end;
+} ChatTurn;
+
+typedef struct {
+    int *tokens;     // every token in the KV cache, in order (seq_len of them at most)
+    int n_tokens;
+    ChatTurn *turns; // the turns in the cache, oldest first
+    int n_turns;
+} Conversation;
 
 // Reads one line from stdin without its line ending; NULL at end of input.
 static char *read_line(char **buffer, size_t *capacity) {
@@ -1971,16 +2039,44 @@ static char *read_line(char **buffer, size_t *capacity) {
     return *buffer;
 }
 
-// The text of one user turn in the Llama 2 template (without BOS).
-static char *format_turn(const char *system_prompt, const char *user) {
+// The text of one user turn in the Llama 2 template (without BOS); with head_only,
+// only the part before the user's text.
+static char *format_turn(const char *system_prompt, const char *user, int head_only) {
     size_t size = strlen(user) + (system_prompt ? strlen(system_prompt) : 0) + 64;
     char *text = malloc(size);
     if (!text) return NULL;
-    if (system_prompt && system_prompt[0] != '\0')
+    int system = system_prompt && system_prompt[0] != '\0';
+    if (head_only)
+        snprintf(text, size, system ? "[INST] <<SYS>>\n%s\n<</SYS>>\n\n" : "[INST]", system ? system_prompt : "");
+    else if (system)
         snprintf(text, size, "[INST] <<SYS>>\n%s\n<</SYS>>\n\n%s [/INST]", system_prompt, user);
     else
         snprintf(text, size, "[INST] %s [/INST]", user);
     return text;
+}
+
+// Encodes a user turn: "</s>" (closing the previous reply) unless it is the first
+// turn in the cache, then "<s>" and the template text, in which the first turn
+// carries the system prompt. Sets *n and *user_offset (where the user's text
+// begins, or -1; see ChatTurn). Returns a new array, NULL when out of memory.
+static int *encode_turn(const Tokenizer *tok, const char *system_prompt, const char *user, int first, int *n,
+                        int *user_offset) {
+    char *text = format_turn(first ? system_prompt : NULL, user, 0);
+    char *head = format_turn(first ? system_prompt : NULL, user, 1);
+    int *tokens = text && head ? malloc((strlen(text) + 4) * sizeof(int)) : NULL;
+    int *head_tokens = tokens ? malloc((strlen(head) + 4) * sizeof(int)) : NULL;
+    int n_text, n_head;
+    if (!head_tokens || encode(tok, text, 1, 0, tokens + !first, &n_text) != 0 ||
+        encode(tok, head, 1, 0, head_tokens, &n_head) != 0) {
+        free(text), free(head), free(tokens), free(head_tokens);
+        return NULL;
+    }
+    if (!first) tokens[0] = TOKEN_EOS;
+    *n = n_text + !first;
+    int is_prefix = n_head <= n_text && memcmp(head_tokens, tokens + !first, n_head * sizeof(int)) == 0;
+    *user_offset = is_prefix ? n_head + !first : -1;
+    free(text), free(head), free(head_tokens);
+    return tokens;
 }
 
 // In piped mode a reply is one line; these escapes keep it one line.
@@ -2004,30 +2100,125 @@ static void print_turn_ids(const char *kind, int turn, const int *ids, int n) {
     print_token_ids(label, ids, n);
 }
 
-// Samples and prints a reply until EOS, the reply limit or the end of the context,
-// appending its tokens to the history (each is run through the model as it is
-// sampled, so the cache holds the whole reply).
+// How many tokens the conversation keeps after dropping its d oldest turns
+// (0 < d < n_turns), or -1 when rotate cannot cut there. Recompute keeps turn d
+// encoded again as the first turn (it now carries the system prompt) and all that
+// follows its prompt; rotate keeps the first turn's head (the system block) and
+// everything from turn d's user text on.
+static int kept_length(const Conversation *conv, const Tokenizer *tok, const char *system_prompt, ShiftMode mode,
+                       int d) {
+    const ChatTurn *turn = &conv->turns[d];
+    if (mode == SHIFT_ROTATE) {
+        int keep = conv->turns[0].user_start;
+        return keep < 0 || turn->user_start < 0 ? -1 : keep + conv->n_tokens - turn->user_start;
+    }
+    int n_first, user_offset;
+    int *first = encode_turn(tok, system_prompt, turn->user, 1, &n_first, &user_offset);
+    if (!first) return -1;
+    free(first);
+    return n_first + conv->n_tokens - turn->reply_start;
+}
+
+// Drops the d oldest turns and frees their text; the others' spans move down by delta.
+static void forget_turns(Conversation *conv, int d, int delta) {
+    for (int i = 0; i < d; i++) free(conv->turns[i].user);
+    memmove(conv->turns, conv->turns + d, (conv->n_turns - d) * sizeof(ChatTurn));
+    conv->n_turns -= d;
+    for (int i = 0; i < conv->n_turns; i++) {
+        ChatTurn *turn = &conv->turns[i];
+        turn->start = i == 0 ? 0 : turn->start - delta;
+        if (turn->user_start >= 0 && i > 0) turn->user_start -= delta;
+        turn->reply_start -= delta;
+        turn->end -= delta;
+    }
+}
+
+// --shift recompute: encode turn d again as the first turn (with the system
+// prompt), keep its reply and all later tokens, and run them through the model
+// from position 0 (unless --no-cache, whose next prefill does that anyway).
+static int shift_by_recompute(Transformer *t, const Tokenizer *tok, const ChatOptions *opt, Conversation *conv,
+                              int d) {
+    ChatTurn *turn = &conv->turns[d];
+    int n_first, user_offset;
+    int *first = encode_turn(tok, opt->system_prompt, turn->user, 1, &n_first, &user_offset);
+    if (!first) return fail("out of memory");
+    int n_rest = conv->n_tokens - turn->reply_start, delta = turn->reply_start - n_first;
+    // the kept tokens: [first prompt][turn d's reply and all after it]
+    memmove(conv->tokens + n_first, conv->tokens + turn->reply_start, n_rest * sizeof(int));
+    memcpy(conv->tokens, first, n_first * sizeof(int));
+    free(first);
+    conv->n_tokens = n_first + n_rest;
+    turn->user_start = user_offset;
+    turn->reply_start = n_first + delta; // forget_turns moves it down by delta
+    forget_turns(conv, d, delta);
+    if (!opt->no_cache) prefill(t, conv->tokens, conv->n_tokens, 0);
+    return 0;
+}
+
+// --shift rotate: keep the first turn's head (the system block, positions
+// 0..keep-1) and move everything from turn d's user text on down to position keep.
+static int shift_by_rotation(Transformer *t, Conversation *conv, int d) {
+    int keep = conv->turns[0].user_start, from = conv->turns[d].user_start, n = conv->n_tokens - from;
+    kv_cache_shift(t, keep, from, n);
+    memmove(conv->tokens + keep, conv->tokens + from, n * sizeof(int));
+    conv->n_tokens = keep + n;
+    conv->turns[d].user_start = keep;
+    forget_turns(conv, d, from - keep);
+    return 0;
+}
+
+// Makes room for a turn of n_turn tokens and a reply of `room` tokens by dropping
+// the fewest oldest turns that do it (or all of them). Returns how many were
+// dropped, or -1 on error. With all dropped, the conversation is empty and the
+// turn must be encoded again as the first.
+static int shift_context(Transformer *t, const Tokenizer *tok, const ChatOptions *opt, Conversation *conv,
+                         int n_turn, int room) {
+    int seq_len = t->config.seq_len, d, rotate = opt->shift == SHIFT_ROTATE;
+    for (d = 1; d < conv->n_turns; d++) {
+        int kept = kept_length(conv, tok, opt->system_prompt, rotate ? SHIFT_ROTATE : SHIFT_RECOMPUTE, d);
+        if (kept < 0 && rotate) { // the template could not be cut at a token boundary
+            fprintf(stderr, "run: cannot cut the cached turns at a token boundary; recomputing instead\n");
+            rotate = 0;
+            kept = kept_length(conv, tok, opt->system_prompt, SHIFT_RECOMPUTE, d);
+        }
+        if (kept < 0) return fail("out of memory");
+        if (kept + n_turn + room <= seq_len) break;
+    }
+    if (d == conv->n_turns) { // drop them all
+        forget_turns(conv, d, conv->n_tokens);
+        conv->n_tokens = 0;
+        return d;
+    }
+    int result = rotate ? shift_by_rotation(t, conv, d) : shift_by_recompute(t, tok, opt, conv, d);
+    return result == 0 ? d : -1;
+}
+
+// Samples and prints a reply until EOS or BOS (llama2.c's models end a document
+// with BOS), the reply limit or the end of the context, appending its tokens to
+// the conversation (each is run through the model as it is sampled, so the cache
+// holds the whole reply).
 static int stream_reply(Transformer *t, const Tokenizer *tok, Sampler *sampler, const ChatOptions *opt,
-                        float *logits, int *history, int *n_history) {
-    int seq_len = t->config.seq_len, reply_start = *n_history, prev = TOKEN_BOS, result = 0;
-    if (opt->interactive) printf("Assistant:");
+                        float *logits, Conversation *conv) {
+    int seq_len = t->config.seq_len, reply_start = conv->n_tokens, prev = TOKEN_BOS, result = 0;
+    if (opt->interactive) printf("Assistant: ");
     while (1) {
-        if (opt->reply_limit > 0 && *n_history - reply_start >= opt->reply_limit) break;
-        if (*n_history >= seq_len) {
+        int pos = conv->n_tokens;
+        if (opt->reply_limit > 0 && pos - reply_start >= opt->reply_limit) break;
+        if (pos >= seq_len) {
             fprintf(stderr, "run: the context of %d tokens is full; the reply is cut here\n", seq_len);
             break;
         }
-        if (check_logits(logits, t->config.vocab_size, *n_history - 1) != 0) {
+        if (check_logits(logits, t->config.vocab_size, pos - 1) != 0) {
             result = -1;
             break;
         }
         int next = sample(sampler, logits);
-        if (next == TOKEN_EOS) break;
+        if (next == TOKEN_EOS || next == TOKEN_BOS) break;
         print_reply_piece(decode(tok, prev, next), opt->interactive);
         fflush(stdout);
-        history[*n_history] = next;
-        logits = forward(t, next, *n_history);
-        (*n_history)++;
+        conv->tokens[pos] = next;
+        logits = forward(t, next, pos);
+        conv->n_tokens++;
         prev = next;
     }
     printf("\n");
@@ -2035,56 +2226,63 @@ static int stream_reply(Transformer *t, const Tokenizer *tok, Sampler *sampler, 
     return result;
 }
 
-static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOptions opt) {
-    const Config *c = &t->config;
-    int seq_len = c->seq_len;
-    int *history = malloc((size_t)seq_len * sizeof(int)); // every token in the cache, in order
-    char *line = NULL, *system_line = NULL;
-    size_t line_cap = 0, system_cap = 0;
-    int n_history = 0, turn = 0, result = 0, pending_eos = 0;
-    if (!history) return fail("out of memory");
-
-    const char *system_prompt = opt.system_prompt;
-    if (!system_prompt && opt.interactive) {
-        printf("System prompt (optional): ");
-        fflush(stdout);
-        system_prompt = read_line(&system_line, &system_cap);
+// Reads the next user turn: -p first, then one line of stdin each, skipping empty
+// lines. NULL at end of input.
+static const char *next_user_turn(const ChatOptions *opt, int turn, char **line, size_t *line_cap) {
+    if (turn == 0 && opt->first_user && opt->first_user[0] != '\0') {
+        if (opt->interactive) printf("User: %s\n", opt->first_user);
+        return opt->first_user;
     }
     while (1) {
-        // 1. the user's turn: -p first, then one line of stdin each; skip empty lines
-        const char *user;
-        if (turn == 0 && opt.first_user && opt.first_user[0] != '\0') {
-            user = opt.first_user;
-            if (opt.interactive) printf("User: %s\n", user);
-        } else {
-            if (opt.interactive) {
-                printf("User: ");
-                fflush(stdout);
-            }
-            user = read_line(&line, &line_cap);
-            if (!user) break; // end of input: the session ends cleanly
-            if (user[0] == '\0') continue;
+        if (opt->interactive) {
+            printf("User: ");
+            fflush(stdout);
         }
+        const char *user = read_line(line, line_cap);
+        if (!user || user[0] != '\0') return user;
+    }
+}
 
-        // 2. its tokens: the EOS closing the previous reply, BOS, the template
-        char *text = format_turn(turn == 0 ? system_prompt : NULL, user);
-        int *turn_tokens = text ? malloc((strlen(text) + 4) * sizeof(int)) : NULL;
-        int n_turn = 0;
-        if (!text || !turn_tokens) {
-            free(text);
+static void free_conversation(Conversation *conv) {
+    for (int i = 0; i < conv->n_turns; i++) free(conv->turns[i].user);
+    free(conv->turns);
+    free(conv->tokens);
+}
+
+static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOptions opt) {
+    int seq_len = t->config.seq_len;
+    // room kept for a reply when the context is shifted: the reply limit, or half the context
+    int room = opt.reply_limit > 0 ? opt.reply_limit : seq_len / 2;
+    Conversation conv = {malloc((size_t)seq_len * sizeof(int)), 0, malloc((size_t)seq_len * sizeof(ChatTurn)), 0};
+    char *line = NULL, *system_line = NULL;
+    size_t line_cap = 0, system_cap = 0;
+    int turn = 0, result = 0;
+    if (!conv.tokens || !conv.turns) {
+        free_conversation(&conv);
+        return fail("out of memory");
+    }
+
+    if (!opt.system_prompt && opt.interactive) {
+        printf("System prompt (optional): ");
+        fflush(stdout);
+        opt.system_prompt = read_line(&system_line, &system_cap);
+    }
+    while (1) {
+        // 1. the user's turn
+        const char *user = next_user_turn(&opt, turn, &line, &line_cap);
+        if (!user) break; // end of input: the session ends cleanly
+
+        // 2. refuse a turn that leaves no room for a reply token even in an empty
+        // context (where it would carry the system prompt)
+        int n_turn, user_offset;
+        int *turn_tokens = encode_turn(tok, opt.system_prompt, user, 1, &n_turn, &user_offset);
+        if (!turn_tokens) {
             result = fail("out of memory");
             break;
         }
-        if (pending_eos) turn_tokens[n_turn++] = TOKEN_EOS;
-        int n_encoded;
-        encode(tok, text, 1, 0, turn_tokens + n_turn, &n_encoded);
-        n_turn += n_encoded;
-        free(text);
-
-        // 3. refuse a turn that leaves no room for a reply token
-        if (n_history + n_turn >= seq_len) {
-            fail("turn %d needs %d tokens but only %d of the context's %d remain", turn + 1, n_turn,
-                 seq_len - n_history, seq_len);
+        if (n_turn >= seq_len) {
+            fail("turn %d needs %d tokens but only %d of the context's %d remain", turn + 1, n_turn, seq_len - 1,
+                 seq_len);
             free(turn_tokens);
             if (opt.interactive) { // the user may write something shorter, or end with Ctrl-D
                 fprintf(stderr, "run: %s\n", error_message);
@@ -2093,31 +2291,67 @@ static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOpti
             result = -1;
             break;
         }
-        memcpy(history + n_history, turn_tokens, (size_t)n_turn * sizeof(int));
+
+        // 3. its tokens after the conversation so far; when it and room for a reply
+        // do not fit, drop the oldest turns (if all go, it is the first turn again)
+        if (conv.n_turns > 0) {
+            free(turn_tokens);
+            turn_tokens = encode_turn(tok, opt.system_prompt, user, 0, &n_turn, &user_offset);
+            if (turn_tokens && conv.n_tokens + n_turn + room > seq_len) {
+                int dropped = shift_context(t, tok, &opt, &conv, n_turn, room);
+                if (dropped < 0) {
+                    free(turn_tokens);
+                    result = -1;
+                    break;
+                }
+                fprintf(stderr, "run: the context is full: dropped the oldest %d turn%s, kept %d tokens (--shift %s)\n",
+                        dropped, dropped == 1 ? "" : "s", conv.n_tokens,
+                        opt.shift == SHIFT_ROTATE ? "rotate" : "recompute");
+                if (conv.n_turns == 0) {
+                    free(turn_tokens);
+                    turn_tokens = encode_turn(tok, opt.system_prompt, user, 1, &n_turn, &user_offset);
+                }
+            }
+            if (!turn_tokens) {
+                result = fail("out of memory");
+                break;
+            }
+        }
+        ChatTurn *record = &conv.turns[conv.n_turns];
+        record->user = strdup(user);
+        if (!record->user) {
+            free(turn_tokens);
+            result = fail("out of memory");
+            break;
+        }
+        conv.n_turns++;
+        record->start = conv.n_tokens;
+        record->user_start = user_offset < 0 ? -1 : conv.n_tokens + user_offset;
+        record->reply_start = conv.n_tokens + n_turn;
+        memcpy(conv.tokens + conv.n_tokens, turn_tokens, (size_t)n_turn * sizeof(int));
         if (opt.verbose) print_turn_ids("prompt", turn + 1, turn_tokens, n_turn);
         free(turn_tokens);
 
         // 4. prefill: the new tokens only, or with --no-cache the whole transcript
         float *logits;
         if (opt.no_cache)
-            logits = prefill(t, history, n_history + n_turn, 0);
+            logits = prefill(t, conv.tokens, conv.n_tokens + n_turn, 0);
         else
-            logits = prefill(t, history + n_history, n_turn, n_history);
-        n_history += n_turn;
+            logits = prefill(t, conv.tokens + conv.n_tokens, n_turn, conv.n_tokens);
+        conv.n_tokens += n_turn;
 
         // 5. the reply
-        int reply_start = n_history;
-        if (stream_reply(t, tok, sampler, &opt, logits, history, &n_history) != 0) {
+        if (stream_reply(t, tok, sampler, &opt, logits, &conv) != 0) {
             result = -1;
             break;
         }
-        if (opt.verbose) print_turn_ids("reply", turn + 1, history + reply_start, n_history - reply_start);
-        pending_eos = 1;
+        record->end = conv.n_tokens;
+        if (opt.verbose) print_turn_ids("reply", turn + 1, conv.tokens + record->reply_start, record->end - record->reply_start);
         turn++;
     }
     free(line);
     free(system_line);
-    free(history);
+    free_conversation(&conv);
     return result;
 }
 
@@ -2144,6 +2378,8 @@ static void usage(FILE *out) {
             "  --rope-fraction FLOAT  override the p-RoPE fraction p, in [0, 1]\n"
             "  --csv PATH         write the inspect numbers as CSV (-m inspect)\n"
             "  --no-cache         chat: recompute the whole transcript every turn\n"
+            "  --shift MODE       chat, when the context is full: drop the oldest turns and\n"
+            "                     recompute (default) or rotate the cached keys\n"
             "  -T INT             threads (default: OMP_NUM_THREADS or all cores)\n"
             "  -v                 print the generated token ids on stderr (chat: each turn's)\n"
             "  -h, --help         this help\n"
@@ -2204,7 +2440,7 @@ static const char *format_name(CheckpointFormat f) {
 int main(int argc, char *argv[]) {
     // defaults
     const char *checkpoint_path = NULL, *tokenizer_path = "tokenizer.bin", *prompt = NULL, *mode = "generate";
-    const char *text_path = NULL, *system_prompt = NULL, *csv_path = NULL;
+    const char *text_path = NULL, *system_prompt = NULL, *csv_path = NULL, *shift = NULL;
     float temperature = 1.0f, topp = 0.9f, rope_theta = 0.0f, rope_fraction = -1.0f;
     long seed = 0, steps = 256, threads = 0;
     int verbose = 0, no_cache = 0, steps_given = 0;
@@ -2224,7 +2460,7 @@ int main(int argc, char *argv[]) {
         if (strcmp(arg, "-v") == 0) { verbose = 1; continue; }
         if (strcmp(arg, "--no-cache") == 0) { no_cache = 1; continue; }
         static const char *with_value[] = {"-p", "-i", "-m", "-t", "--top-p", "-s", "-n", "-z", "-f", "-y",
-                                           "--rope-theta", "--rope-fraction", "--csv", "-T"};
+                                           "--rope-theta", "--rope-fraction", "--csv", "-T", "--shift"};
         int known = 0;
         for (size_t k = 0; k < sizeof(with_value) / sizeof(with_value[0]); k++) known |= strcmp(arg, with_value[k]) == 0;
         if (!known) usage_error("unknown option '%s'", arg);
@@ -2236,6 +2472,7 @@ int main(int argc, char *argv[]) {
         else if (strcmp(arg, "-f") == 0) text_path = value;
         else if (strcmp(arg, "-y") == 0) system_prompt = value;
         else if (strcmp(arg, "--csv") == 0) csv_path = value;
+        else if (strcmp(arg, "--shift") == 0) shift = value;
         else if (strcmp(arg, "-t") == 0) {
             temperature = parse_float(arg, value);
             if (temperature < 0) usage_error("-t must be >= 0, got %s", value);
@@ -2261,7 +2498,11 @@ int main(int argc, char *argv[]) {
     if (text_path && !is_ppl) usage_error("-f is for -m ppl");
     if (is_inspect && !prompt) usage_error("-m inspect needs a prompt (-p TEXT)");
     if (csv_path && !is_inspect) usage_error("--csv is for -m inspect");
-    if ((system_prompt || no_cache) && !is_chat) usage_error("-y and --no-cache are for -m chat");
+    if ((system_prompt || no_cache || shift) && !is_chat) usage_error("-y, --no-cache and --shift are for -m chat");
+    if (shift && strcmp(shift, "recompute") != 0 && strcmp(shift, "rotate") != 0)
+        usage_error("unknown --shift '%s' (recompute, rotate)", shift);
+    int shift_rotate = shift && strcmp(shift, "rotate") == 0;
+    if (shift_rotate && no_cache) usage_error("--shift rotate moves the cache, and --no-cache keeps none");
 #ifdef _OPENMP
     if (threads > 0) omp_set_num_threads((int)threads);
 #else
@@ -2307,7 +2548,8 @@ int main(int argc, char *argv[]) {
     } else {
         // -n limits each reply; 0, or a limit the context cannot reach, means none
         int reply_limit = steps_given && steps < c->seq_len ? (int)steps : 0;
-        ChatOptions opt = {system_prompt, prompt, reply_limit, isatty(STDIN_FILENO), no_cache, verbose};
+        ChatOptions opt = {system_prompt, prompt,  reply_limit, isatty(STDIN_FILENO),
+                           no_cache,      verbose, shift_rotate ? SHIFT_ROTATE : SHIFT_RECOMPUTE};
         result = chat(&transformer, &tokenizer, &sampler, opt);
     }
     if (result != 0) runtime_error();

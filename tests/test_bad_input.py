@@ -267,7 +267,12 @@ ROWS = [
     ("f-outside-ppl", story("-f", "x.txt"), 2, "-f is for -m ppl"),
     ("inspect-without-prompt", story("-m", "inspect"), 2, "-m inspect needs a prompt"),
     ("csv-outside-inspect", story("--csv", "out.csv"), 2, "--csv is for -m inspect"),
-    ("system-prompt-outside-chat", story("-y", "be nice"), 2, "-y and --no-cache are for -m chat"),
+    ("system-prompt-outside-chat", story("-y", "be nice"), 2, "-y, --no-cache and --shift are for -m chat"),
+    ("shift-outside-chat", story("--shift", "rotate"), 2, "-y, --no-cache and --shift are for -m chat"),
+    ("shift-missing-value", story("-m", "chat", "--shift"), 2, "option --shift needs a value"),
+    ("shift-unknown", story("-m", "chat", "--shift", "slide"), 2, "unknown --shift 'slide' (recompute, rotate)"),
+    ("shift-rotate-without-cache", story("-m", "chat", "--shift", "rotate", "--no-cache"), 2,
+     "--shift rotate moves the cache, and --no-cache keeps none"),
 
     # --- checkpoint path: exit 1 -----------------------------------------------------
     ("checkpoint-missing", lambda tmp: gen(Path(tmp) / "nope.bin"), 1, "cannot open checkpoint"),

@@ -1,13 +1,18 @@
-"""Chat mode: the Llama 2 template, KV-cache reuse, end of input, the context limit, a terminal."""
+"""Chat mode: the Llama 2 template, KV-cache reuse, end of input, the context limit and its
+shifts, a terminal."""
 import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 
+import numpy as np
 import pytest
 
-from conftest import LLAMA_TOKENIZER, MODELS, RUN_BIN, STORIES, TOK512, run
+import hf_fixture
+import reference
+from conftest import LLAMA_TOKENIZER, MODELS, ROOT, RUN_BIN, STORIES, TOK512, run
 
 STORY_CHAT = [STORIES, "-z", TOK512, "-m", "chat", "-t", 0]
 
@@ -75,11 +80,153 @@ def test_turn_longer_than_context_is_refused_with_message():
     assert len(r.stdout.decode().splitlines()) == 1  # the first reply was given
 
 
-def test_context_full_cuts_the_reply_with_message():
-    # no reply limit: stories260K rarely emits EOS, so the reply runs into the context end
-    r = run(*STORY_CHAT, "-p", "hello", input="")
+def test_context_full_cuts_the_reply_with_message(tmp_path):
+    # no reply limit, and a random model that seldom samples BOS or EOS: the reply
+    # runs into the end of its 64-token context
+    from ropefile import write_random_checkpoint
+    model = write_random_checkpoint(tmp_path / "random64.bin", seq_len=64, seed=5)
+    r = run(model, "-z", TOK512, "-m", "chat", "-t", 0, "-v", "-p", "hello", input="")
     assert r.returncode == 0
-    assert b"context of 512 tokens is full" in r.stderr
+    assert b"context of 64 tokens is full; the reply is cut here" in r.stderr
+    assert len(turn_ids(r.stderr, "prompt")[1]) + len(turn_ids(r.stderr, "reply")[1]) == 64
+
+
+def test_reply_ends_at_bos_and_neither_bos_nor_eos_is_printed():
+    # the TinyStories models end a story with BOS: the reply stops there, before
+    # the context is full, and the next turn goes on
+    r = run(*STORY_CHAT, "-v", "-p", "hello", input="And then?\n")
+    assert r.returncode == 0, r.stderr
+    replies = turn_ids(r.stderr, "reply")
+    assert b"is full" not in r.stderr
+    assert 0 < len(replies[1]) < 400 and sorted(replies) == [1, 2]
+    assert not {1, 2} & set(replies[1] + replies[2])
+    assert b"<s>" not in r.stdout and b"</s>" not in r.stdout
+
+
+FORTY_TURNS = "".join(f"Tell me about thing number {i}.\n" for i in range(1, 41))
+
+
+@pytest.mark.parametrize("shift", ["recompute", "rotate"])
+def test_forty_turn_session_survives_its_context(shift):
+    r = run(STORIES, "-z", TOK512, "-m", "chat", "-s", 7, "-y", "You tell short stories.", "--shift", shift,
+            input=FORTY_TURNS, timeout=300)
+    assert r.returncode == 0, r.stderr[-500:]
+    assert len(r.stdout.decode().split("\n")) == 41  # forty replies, one line each
+    assert b"<s>" not in r.stdout and b"</s>" not in r.stdout
+    assert re.search(rb"dropped the oldest \d+ turns?, kept \d+ tokens \(--shift " + shift.encode(), r.stderr)
+    assert b"error" not in r.stderr
+
+
+# --- shifts checked against the NumPy reference (tests/reference.py) ---------------------
+
+SYSTEM = "Be brief."
+USERS = [f"question {w}" for w in ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]]
+REPLY_LIMIT = 8
+
+
+@pytest.fixture(scope="module")
+def small_chat_model(tmp_path_factory):
+    """A random HF checkpoint with a 128-token context, exported to the ROPE format."""
+    d = tmp_path_factory.mktemp("hf_chat")
+    config, tensors = hf_fixture.make_hf_checkpoint(d, vocab_size=512, seq_len=128, seed=11)
+    out = d / "model.bin"
+    r = subprocess.run([sys.executable, str(ROOT / "export.py"), str(d), str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return config, tensors, out
+
+
+def tokenize(model, text):
+    r = run(model, "-z", TOK512, "-m", "tokenize", "-p", text)
+    assert r.returncode == 0, r.stderr
+    return [int(line.split(b"\t")[0]) for line in r.stdout.splitlines()]  # BOS first
+
+
+def chat_events(stderr):
+    """The -v lines in order: ('prompt', ids), ('reply', ids), ('dropped', n_turns, n_kept)."""
+    events = []
+    for line in stderr.splitlines():
+        m = re.match(rb"chat: turn \d+ (prompt|reply):(.*)$", line)
+        if m:
+            events.append((m.group(1).decode(), [int(i) for i in m.group(2).split()]))
+        m = re.search(rb"dropped the oldest (\d+) turns?, kept (\d+) tokens", line)
+        if m:
+            events.append(("dropped", int(m.group(1)), int(m.group(2))))
+    return events
+
+
+def run_session(model, *flags):
+    r = run(model, "-z", TOK512, "-m", "chat", "-t", 0, "-n", REPLY_LIMIT, "-v", "-y", SYSTEM, *flags,
+            input="".join(u + "\n" for u in USERS))
+    assert r.returncode == 0, r.stderr
+    return r, chat_events(r.stderr)
+
+
+def assert_greedy_reply(config, tensors, context, reply):
+    """reply is what argmax decoding gives after context, by the reference: each
+    token the reference's argmax (or within 1e-4 of it), and a reply shorter than
+    the limit ends where the reference's argmax is BOS or EOS."""
+    logits = reference.forward(config, tensors, context + reply, {"kind": "paper", "theta": 10000.0, "p": 1.0})
+    for j, token in enumerate(reply + ([None] if len(reply) < REPLY_LIMIT else [])):
+        row = logits[len(context) - 1 + j]
+        if token is None:
+            assert int(np.argmax(row)) in (1, 2), "the reply ended early"
+        else:
+            assert row[token] >= row.max() - 1e-4, f"reply token {j}: {token}, reference argmax {np.argmax(row)}"
+
+
+def test_recompute_shift_replies_equal_fresh_reference_over_kept_transcript(small_chat_model):
+    config, tensors, model = small_chat_model
+    r, events = run_session(model, "--shift", "recompute")
+    # replay the conversation: [user, prompt ids, reply ids] of the turns in the context
+    turns, user_index, shifts = [], 0, 0
+    for event in events:
+        if event[0] == "dropped":
+            _, dropped, kept = event
+            shifts += 1
+            del turns[:dropped]
+            if turns:  # the first kept turn carries the system prompt again, as in a fresh session
+                turns[0][1] = tokenize(model, f"[INST] <<SYS>>\n{SYSTEM}\n<</SYS>>\n\n{turns[0][0]} [/INST]")
+            assert kept == sum(len(p) + len(rep) for _, p, rep in turns)
+        elif event[0] == "prompt":
+            turns.append([USERS[user_index], event[1], None])
+            user_index += 1
+        else:
+            turns[-1][2] = event[1]
+            context = [t for _, p, rep in turns[:-1] for t in p + rep] + turns[-1][1]
+            assert len(context) + len(event[1]) <= 128
+            assert_greedy_reply(config, tensors, context, event[1])
+    assert user_index == len(USERS) and shifts >= 2
+    # a fresh --no-cache session (it shifts the same way) gives the same replies
+    fresh = run(model, "-z", TOK512, "-m", "chat", "-t", 0, "-n", REPLY_LIMIT, "-y", SYSTEM, "--no-cache",
+                input="".join(u + "\n" for u in USERS))
+    assert fresh.stdout == r.stdout
+
+
+def test_rotate_shift_keeps_the_system_block_and_the_later_turns(small_chat_model):
+    _, _, model = small_chat_model
+    recompute, _ = run_session(model, "--shift", "recompute")
+    r, events = run_session(model, "--shift", "rotate")
+    system_block = len(tokenize(model, f"[INST] <<SYS>>\n{SYSTEM}\n<</SYS>>\n\n"))  # with BOS
+    inst_head = 2 + len(tokenize(model, "[INST]")) - 1  # EOS, BOS, [INST] before a later turn's text
+    turns = []
+    for event in events:
+        if event[0] == "dropped":
+            _, dropped, kept = event
+            del turns[:dropped]
+            # kept: the system block, then from the first kept turn's user text on
+            expected = system_block + sum(len(p) + len(rep) for p, rep in turns) - inst_head
+            assert kept == expected
+        elif event[0] == "prompt":
+            turns.append([event[1], None])
+        else:
+            turns[-1][1] = event[1]
+    assert sum(e[0] == "dropped" for e in events) >= 2
+    # the turns before the first shift are the same in both modes; the rest need not be
+    first_shift = [e[0] for e in events].index("dropped")
+    replies_before = sum(e[0] == "reply" for e in events[:first_shift])
+    lines_rotate, lines_recompute = r.stdout.splitlines(), recompute.stdout.splitlines()
+    assert lines_rotate[:replies_before] == lines_recompute[:replies_before]
+    assert len(lines_rotate) == len(USERS)
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
@@ -106,7 +253,7 @@ def test_terminal_session_shows_prompts_streams_and_ctrl_d_exits_0(tmp_path):
         subprocess.run(["tmux", "send-keys", "-t", session, "You tell stories.", "Enter"], check=True)
         assert wait_for(r"(?m)^User:\s*$"), screen()
         subprocess.run(["tmux", "send-keys", "-t", session, "Tell me a story", "Enter"], check=True)
-        assert wait_for(r"Assistant:.+\S"), screen()
+        assert wait_for(r"Assistant: \S"), screen()  # the reply starts after a space
         assert wait_for(r"(?m)^Assistant:.+\n+User:\s*$"), screen()
         subprocess.run(["tmux", "send-keys", "-t", session, "C-d"], check=True)
         deadline = time.time() + 20

@@ -255,6 +255,73 @@ static void test_block_forward_equals_token_forward(const char *checkpoint) {
     free_transformer(&b);
 }
 
+// Largest |a - b| over the layer-0 key (or value) vectors at positions lo..hi-1,
+// relative to the largest |b| of the same head vector.
+static double layer0_cache_error(const Config *c, const float *a, const float *b, int lo, int hi) {
+    int head_size = head_size_of(c);
+    double worst = 0;
+    for (int kvh = 0; kvh < c->n_kv_heads; kvh++) {
+        for (int pos = lo; pos < hi; pos++) {
+            const float *x = a + kv_cache_offset(c, 0, kvh, pos), *y = b + kv_cache_offset(c, 0, kvh, pos);
+            double scale = 0, err = 0;
+            for (int i = 0; i < head_size; i++) {
+                scale = fmax(scale, fabs(y[i]));
+                err = fmax(err, fabs((double)x[i] - y[i]));
+            }
+            worst = fmax(worst, err / scale);
+        }
+    }
+    return worst;
+}
+
+// --shift rotate: a run of 500 tokens drops positions 12..299 and moves the last
+// 200 down to 12..211, re-rotating the cached keys. Layer 0's keys depend only on
+// the token and its position, so they must equal the keys of a fresh run over
+// the kept 212 tokens. A move that skipped the re-rotation must fail that check.
+static void test_shifted_keys_equal_fresh_keys(const char *checkpoint, float fraction, const char *name) {
+    Transformer a, b;
+    if (load_checkpoint(&a, checkpoint) || load_checkpoint(&b, checkpoint)) {
+        check(0, name, error_message);
+        return;
+    }
+    a.config.rope_fraction = b.config.rope_fraction = fraction;
+    if (build_run_state(&a.state, &a.config) || build_run_state(&b.state, &b.config)) {
+        check(0, name, error_message);
+        return;
+    }
+    const Config *c = &a.config;
+    enum { N = 500, KEEP = 12, FROM = 300 };
+    int tokens[N], kept[N];
+    for (int i = 0; i < N; i++) tokens[i] = 3 + (i * 7919 + 13) % (c->vocab_size - 3);
+    int n_kept = 0;
+    for (int i = 0; i < KEEP; i++) kept[n_kept++] = tokens[i];
+    for (int i = FROM; i < N; i++) kept[n_kept++] = tokens[i];
+
+    prefill(&a, tokens, N, 0);
+    size_t cache_floats = (size_t)c->n_layers * c->n_kv_heads * c->seq_len * head_size_of(c);
+    float *unshifted = malloc(cache_floats * sizeof(float));
+    memcpy(unshifted, a.state.key_cache, cache_floats * sizeof(float));
+    kv_cache_shift(&a, KEEP, FROM, N - FROM);
+    prefill(&b, kept, n_kept, 0);
+
+    double key_error = layer0_cache_error(c, a.state.key_cache, b.state.key_cache, 0, n_kept);
+    double value_error = layer0_cache_error(c, a.state.value_cache, b.state.value_cache, 0, n_kept);
+    // the same move without re-rotation: the old keys at the new positions
+    for (int kvh = 0; kvh < c->n_kv_heads; kvh++)
+        for (int j = 0; j < N - FROM; j++)
+            memcpy(unshifted + kv_cache_offset(c, 0, kvh, KEEP + j), unshifted + kv_cache_offset(c, 0, kvh, FROM + j),
+                   head_size_of(c) * sizeof(float));
+    double unrotated_error = layer0_cache_error(c, unshifted, b.state.key_cache, 0, n_kept);
+    char detail[160];
+    snprintf(detail, sizeof(detail), "key error %.3g, value error %.3g, error without re-rotation %.3g", key_error,
+             value_error, unrotated_error);
+    printf("     (%s)\n", detail);
+    check(key_error <= 1e-5 && value_error == 0 && unrotated_error > 1e-2, name, detail);
+    free(unshifted);
+    free_transformer(&a);
+    free_transformer(&b);
+}
+
 int main(int argc, char **argv) {
     test_rotation_equals_block_diagonal_matrix();
     test_score_depends_only_on_relative_position();
@@ -272,7 +339,11 @@ int main(int argc, char **argv) {
           "kernel_tests_cover_one_thread_and_threaded_matmul", "PARALLEL_MIN_WORK moved: change d");
     test_matmul_kernels_agree(37 * 8, 251, "threaded_matmul_equals_double_precision_plain_loop",
                               "matmul_block_equals_threaded_matmul_bitwise", "threaded_matmul_equals_one_dot_per_row_bitwise");
-    if (argc > 1) test_block_forward_equals_token_forward(argv[1]);
+    if (argc > 1) {
+        test_block_forward_equals_token_forward(argv[1]);
+        test_shifted_keys_equal_fresh_keys(argv[1], 1.0f, "shifted_keys_equal_fresh_keys_in_layer_0_rope");
+        test_shifted_keys_equal_fresh_keys(argv[1], 0.5f, "shifted_keys_equal_fresh_keys_in_layer_0_p_rope_half");
+    }
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed != 0;
 }
