@@ -767,22 +767,14 @@ static void pack_token_pairs(float *packed, const float *x, int B, int n) {
 #endif
 
 #if defined(USE_AVX512)
-// reduce_lanes() for two tokens at once: a register with two tokens' eight lanes side
-// by side is summed in reduce_lanes' pairwise order, leaving the first token's dot
-// product in lane 0 and the second's in lane 8. Each step adds a copy of the register
-// with neighbours swapped; a + b == b + a exactly, so the sums are reduce_lanes' own.
-static inline __m512 reduce_lane_pairs(__m512 v) {
-    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));          // (l0+l1), (l2+l3), ...
-    v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));          // (l0+l1)+(l2+l3), (l4+l5)+(l6+l7)
-    return _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1)); // the two halves of four added
-}
-
-// reduce_lane_pairs() for four registers a, b, c, d at once: their sums leave in one
+// reduce_lanes() for two tokens in each of four registers a, b, c, d at once. Each
+// register holds two tokens' eight lanes side by side; the eight sums leave in one
 // register, [a, b, c, d] of the first token in lanes 0-3 and of the second token in
 // lanes 8-11. Each step adds two registers' neighbouring lanes, shuffled side by side
 // (shuffle_ps takes lanes 0 and 2, or 1 and 3, of each four from both), so every sum
-// is still reduce_lanes' ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), but eleven instructions
-// do the work of twenty-four. In a tile over short rows (n = 48 for a head's keys,
+// is still reduce_lanes' ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), in eleven instructions
+// where reducing the registers one at a time (a swap and an add per step, three
+// steps each) takes twenty-four. In a tile over short rows (n = 48 for a head's keys,
 // 288 for 15M) the sums were a large share of the time.
 static inline __m512 reduce_four_lane_pairs(__m512 a, __m512 b, __m512 c, __m512 d) {
     __m512 ab = _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD)); // a01 a23 b01 b23
