@@ -422,19 +422,72 @@ static void pin_threads(void) {
 #endif
 }
 
-// Before the model runs: brings the mapped weights into memory and starts (and
-// pins) the threads, so that the clock of the first prefill times inference, not
-// loading. Left to the first forward pass, the pages of the mapping are faulted in
-// one at a time (measured on 15M: the classifier alone, 37 MB, took 5-10 ms, 15%
-// of a 242-token prefill), and OpenMP starts its threads at the first parallel
-// region (about 2 ms). MADV_POPULATE_READ (Linux 5.14) maps every page in one
-// call; where it is missing, the pages come as they are touched, as before. The
-// mode that only tokenizes needs neither.
-static void prepare_to_run(Transformer *t) {
+// Reads one byte of every page of the mapping, the threads splitting the pages.
+// The first access of a process to a page costs about a microsecond even when the
+// page is mapped: measured on the KVM-hosted AMD Zen 4 machines this project runs
+// on, the first pass over the 15M checkpoint's 60 MB took 20-26 ms, every later
+// pass 3.4 ms, and the same in a second process right after the first (so it is
+// the process's page mapping, not the data, that is cold). A pass of one read per
+// page pays the whole of it (15.7 ms on one thread, then 3.4 ms for the full read).
+static void touch_pages(const unsigned char *base, size_t size) {
+    long n_pages = (long)((size + 4095) / 4096), i;
+    unsigned sum = 0;
+#pragma omp parallel for reduction(+ : sum)
+    for (i = 0; i < n_pages; i++) sum += base[(size_t)i * 4096];
+    volatile unsigned sink = sum; // keeps the reads
+    (void)sink;
+}
+
+// Writes zeros to the run state's block-sized arrays and to the KV cache at
+// positions 0 .. n_positions-1 of every layer and head (the threads splitting the
+// cache's (layer, head) runs), so that the memory the run will use is mapped in
+// before it is timed. The arrays are allocated lazily (a long context costs memory
+// only as far as it is used), and each of their pages comes with a page fault when
+// it is first written: measured on Zen 4, the 15M model's first 236-token prefill
+// spent about 10 ms of 40 on the cache's faults and 3 ms on the other arrays'.
+// llama.cpp clears its whole KV cache when it creates a context, for the same
+// reason; here only the positions this run will use.
+static void touch_run_state(Transformer *t, int n_positions) {
+    const Config *c = &t->config;
+    RunState *s = &t->state;
+    size_t B = PREFILL_BLOCK, dim = c->dim, kv_dim = kv_dim_of(c), hidden = c->hidden_dim;
+    float *arrays[] = {s->x, s->xb, s->xb2, s->q, s->q_head, s->q_pairs, s->k, s->v, s->hb, s->hb2, s->scratch, s->att,
+                       s->logits};
+    size_t lengths[] = {B * dim, B * dim, B * dim, B * dim, B * dim, B * dim, B * kv_dim, B * kv_dim, B * hidden,
+                        B * hidden, B * (hidden > dim ? hidden : dim), B * c->n_heads * (size_t)c->seq_len,
+                        (size_t)c->vocab_size}; // the logits: the one row that generation uses
+    for (size_t i = 0; i < sizeof(arrays) / sizeof(arrays[0]); i++) memset(arrays[i], 0, lengths[i] * sizeof(float));
+    int n_runs = c->n_layers * c->n_kv_heads, r;
+    size_t bytes = (size_t)n_positions * head_size_of(c) * sizeof(float);
+#pragma omp parallel for
+    for (r = 0; r < n_runs; r++) {
+        size_t at = kv_cache_offset(c, r / c->n_kv_heads, r % c->n_kv_heads, 0);
+        memset(s->key_cache + at, 0, bytes);
+        memset(s->value_cache + at, 0, bytes);
+    }
+}
+
+// Before the model runs: brings the mapped weights and the run state (the KV cache
+// as far as the run will use it) into memory, and starts (and pins) the threads, so that the clock
+// of the first prefill times inference, not loading. Left to the first forward
+// pass, the pages of the mapping are faulted in one at a time (measured on 15M:
+// the classifier alone, 37 MB, took 5-10 ms, 15% of a 242-token prefill), and
+// OpenMP starts its threads at the first parallel region (about 2 ms).
+// MADV_POPULATE_READ (Linux 5.14) maps every page in one call; where it is
+// missing, the pages come as they are touched. Then every page is read once
+// (touch_pages), on all threads. Measured on the 15M model, one thread: the first
+// prefill of a process took 62 ms, the next ones 31; with the weights' pages read
+// and the cache touched first, the first one takes 31 too. The whole process
+// takes as long either way (what is timed is only what inference costs, as a
+// warm-up run gives in llama.cpp's llama-bench). The mode that only tokenizes
+// needs none of this.
+static void prepare_to_run(Transformer *t, int n_positions) {
+    pin_threads();
 #ifdef MADV_POPULATE_READ
     madvise(t->mapped, t->file_size, MADV_POPULATE_READ); // a hint: failure changes nothing
 #endif
-    pin_threads();
+    touch_pages(t->mapped, t->file_size);
+    touch_run_state(t, n_positions);
 }
 
 // ----------------------------------------------------------------------------
@@ -689,8 +742,18 @@ static void dot_rows4(float *out, const float *w, const float *x, int n, size_t 
 // A parallel region costs a few microseconds (waking the other threads, the barrier
 // at its end, a system call in libgomp), the time of some ten thousand
 // multiply-adds. A matmul or an attention step with fewer multiply-adds than this
-// is done by the calling thread alone, without entering OpenMP.
+// is done by the calling thread alone, without entering OpenMP; so is all work when
+// there is only one thread (-T 1), where a region would be all cost.
 #define PARALLEL_MIN_WORK 65536
+
+static int worth_a_parallel_region(long work) {
+#ifdef _OPENMP
+    return work >= PARALLEL_MIN_WORK && omp_get_max_threads() > 1;
+#else
+    (void)work;
+    return 0;
+#endif
+}
 
 // W (d,n) @ x (n,) -> xout (d,): one token. Decoding streams every weight from
 // memory once per token, so this is bound by memory bandwidth: what matters is
@@ -707,15 +770,47 @@ static void dot_rows4(float *out, const float *w, const float *x, int n, size_t 
 // and give every prefetcher plain sequential streams; measured on Zen 4 they read
 // as fast as one row at a time or faster (110M, 2 threads: 100 against 80-90 tok/s).
 // The d % 4 rows left over go one at a time.
-static void matmul(float *xout, const float *x, const float *w, int n, int d) {
+static void matmul_rows(float *xout, const float *x, const float *w, int n, int d) {
     int quarter = d / 4, i;
-    if ((long)n * d < PARALLEL_MIN_WORK) {
-        for (i = 0; i < quarter; i++) dot_rows4(xout + i, w + (size_t)i * n, x, n, quarter);
-    } else {
-#pragma omp parallel for private(i)
-        for (i = 0; i < quarter; i++) dot_rows4(xout + i, w + (size_t)i * n, x, n, quarter);
-    }
+    for (i = 0; i < quarter; i++) dot_rows4(xout + i, w + (size_t)i * n, x, n, quarter);
     for (i = 4 * quarter; i < d; i++) xout[i] = dot(w + (size_t)i * n, x, n);
+}
+
+// One matrix of several that multiply the same x: xout = W x, W of d rows.
+typedef struct {
+    float *xout;
+    const float *w;
+    int d;
+} Projection;
+
+// Several matrices applied to one token's x (q, k and v; or W1 and W3), split
+// across threads in one parallel region: each thread takes its band of the first
+// matrix, then, without waiting for the others (nowait), its band of the next. A
+// parallel region costs a few microseconds (waking the threads, the barrier at its
+// end). Measured on the 15M model, decoding 250 tokens (six alternating runs each,
+// Zen 4): 2 threads, 1275 tok/s with a region for each of the 43 matmuls a token,
+// 1386 with q, k, v and W1, W3 fused into 31; one thread (no region at all now),
+// 719 against 770.
+static void matmuls(const float *x, int n, const Projection *p, int n_proj) {
+    long work = 0;
+    for (int j = 0; j < n_proj; j++) work += (long)n * p[j].d;
+    if (!worth_a_parallel_region(work)) {
+        for (int j = 0; j < n_proj; j++) matmul_rows(p[j].xout, x, p[j].w, n, p[j].d);
+        return;
+    }
+#pragma omp parallel
+    for (int j = 0; j < n_proj; j++) {
+        int quarter = p[j].d / 4, i;
+#pragma omp for nowait
+        for (i = 0; i < quarter; i++) dot_rows4(p[j].xout + i, p[j].w + (size_t)i * n, x, n, quarter);
+#pragma omp single nowait
+        for (i = 4 * quarter; i < p[j].d; i++) p[j].xout[i] = dot(p[j].w + (size_t)i * n, x, n);
+    }
+}
+
+static void matmul(float *xout, const float *x, const float *w, int n, int d) {
+    Projection p = {xout, w, d};
+    matmuls(x, n, &p, 1);
 }
 
 // X (B,n) @ W^T (n,d) -> XOUT (B,d): a block of B tokens, xout[b*d + i] = W[i,:] . x[b,:].
@@ -939,6 +1034,16 @@ static void matmul_tokens(RunState *s, float *xout, const float *x, const float 
         matmul_block(xout, x, w, B, n, d, s->scratch);
 }
 
+// The matrices p applied to the B tokens of x (rows of n): one parallel region for
+// all of them when B = 1 (matmuls), a matmul_block each for a block.
+static void project_tokens(RunState *s, const float *x, const Projection *p, int n_proj, int B, int n) {
+    if (B == 1) {
+        matmuls(x, n, p, n_proj);
+        return;
+    }
+    for (int j = 0; j < n_proj; j++) matmul_block(p[j].xout, x, p[j].w, B, n, p[j].d, s->scratch);
+}
+
 // Adds the query/key chunk norms and the attention summary of one position to the
 // inspect accumulators. The rotation preserves |chunk i|, so measuring before or
 // after it gives the same number.
@@ -1054,7 +1159,7 @@ static void attention(Transformer *t, int l, int B, int pos0) {
     const Config *c = &t->config;
     long work = (long)B * c->n_heads * (pos0 + B) * head_size_of(c); // the scores' multiply-adds
     int h;
-    if (work < PARALLEL_MIN_WORK) {
+    if (!worth_a_parallel_region(work)) {
         for (h = 0; h < c->n_heads; h++) attention_for_head(t, l, h, B, pos0);
         return;
     }
@@ -1160,9 +1265,10 @@ static float *forward_block(Transformer *t, const int *tokens, int n_tokens, int
     for (int l = 0; l < c->n_layers; l++) {
         // attention: xb = rmsnorm(x); q = Wq xb, k = Wk xb, v = Wv xb
         for_each_token(attention_norm, t, l, B, pos0);
-        matmul_tokens(s, s->q, s->xb, w->wq + (size_t)l * dim * dim, B, dim, dim);
-        matmul_tokens(s, s->k, s->xb, w->wk + (size_t)l * dim * kv_dim, B, dim, kv_dim);
-        matmul_tokens(s, s->v, s->xb, w->wv + (size_t)l * dim * kv_dim, B, dim, kv_dim);
+        Projection qkv[3] = {{s->q, w->wq + (size_t)l * dim * dim, dim},
+                             {s->k, w->wk + (size_t)l * dim * kv_dim, kv_dim},
+                             {s->v, w->wv + (size_t)l * dim * kv_dim, kv_dim}};
+        project_tokens(s, s->xb, qkv, 3, B, dim);
 
         for_each_token(rotate_and_cache, t, l, B, pos0);
         if (s->inspect) s->inspect->positions += l == 0 ? B : 0;
@@ -1174,8 +1280,9 @@ static float *forward_block(Transformer *t, const int *tokens, int n_tokens, int
         // x = x + Wo att; then the feed-forward (SwiGLU): x = x + W2 (silu(W1 xb) * W3 xb), xb = rmsnorm(x)
         matmul_tokens(s, s->xb2, s->xb, w->wo + (size_t)l * dim * dim, B, dim, dim);
         for_each_token(attention_residual_and_ffn_norm, t, l, B, pos0);
-        matmul_tokens(s, s->hb, s->xb, w->w1 + (size_t)l * dim * hidden, B, dim, hidden);
-        matmul_tokens(s, s->hb2, s->xb, w->w3 + (size_t)l * dim * hidden, B, dim, hidden);
+        Projection w13[2] = {{s->hb, w->w1 + (size_t)l * dim * hidden, hidden},
+                             {s->hb2, w->w3 + (size_t)l * dim * hidden, hidden}};
+        project_tokens(s, s->xb, w13, 2, B, dim);
         for_each_token(swiglu, t, l, B, pos0);
         matmul_tokens(s, s->xb2, s->hb, w->w2 + (size_t)l * dim * hidden, B, hidden, dim);
         for_each_token(ffn_residual, t, l, B, pos0);
@@ -2508,7 +2615,6 @@ int main(int argc, char *argv[]) {
     if (rope_theta > 0) c->rope_theta = rope_theta;
     if (rope_fraction >= 0) c->rope_fraction = rope_fraction;
     if (build_run_state(&transformer.state, c) != 0) runtime_error();
-    if (!is_tokenize) prepare_to_run(&transformer);
     fprintf(stderr,
             "run: %s (%s): dim %d, hidden %d, layers %d, heads %d/%d, vocab %d, seq %d | rope theta %g%s, "
             "fraction %g%s (%d of %d pairs rotate), scale %g, eps %g\n",
@@ -2524,6 +2630,7 @@ int main(int argc, char *argv[]) {
     Sampler sampler;
     if (build_sampler(&sampler, c->vocab_size, temperature, topp, (unsigned long long)seed) != 0) runtime_error();
     if (steps == 0 || steps > c->seq_len) steps = c->seq_len;
+    if (!is_tokenize) prepare_to_run(&transformer, is_generate ? (int)steps : c->seq_len);
 
     // 4. run the mode
     int result;
