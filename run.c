@@ -2634,7 +2634,9 @@ int main(int argc, char *argv[]) {
     Sampler sampler;
     if (build_sampler(&sampler, c->vocab_size, temperature, topp, (unsigned long long)seed) != 0) runtime_error();
     if (steps == 0 || steps > c->seq_len) steps = c->seq_len;
-    if (!is_tokenize) prepare_to_run(&transformer, is_generate ? (int)steps : c->seq_len);
+    // the KV cache positions to map in before the clock: generation's steps; chat
+    // fills the whole context in a long session; ppl and inspect map theirs as they go
+    if (!is_tokenize) prepare_to_run(&transformer, is_generate ? (int)steps : is_chat ? c->seq_len : 0);
 
     // 4. run the mode
     int result;
