@@ -16,6 +16,10 @@ LLAMA_BENCH ?=
 bench/stream: bench/stream.c
 	$(CC) -O3 -march=native $(OPENMP) -Wall -Wextra -o $@ bench/stream.c
 
+# where decode's reads lose speed against bench/stream (see bench/read_order.c)
+bench/read_order: bench/read_order.c run.c
+	$(CC) $(BUILD_FLAGS) -Wno-unused-function $(OPENMP) -o $@ bench/read_order.c -lm
+
 .PHONY: bench
 bench: run bench/stream
 	MODELS=$(MODELS) PEER=$(PEER) LLAMA_BENCH=$(LLAMA_BENCH) $(PYTHON) bench/bench.py $(BENCH_ARGS)

@@ -1,0 +1,100 @@
+/* bench/read_order.c: where decode's weight reads lose speed, with run.c's own code.
+   A decode step reads every weight matrix once. bench/stream reads one 1 GiB array;
+   a decode step reads the checkpoint's mapped file as 85 matrices (110M shape),
+   one matmul after another, with the rest of the forward pass (norms, rotation,
+   attention, SwiGLU) between them. This probe times three readers of the same
+   mapped checkpoint, one pass each, in alternating rounds:
+     one region  run.c's matmul over the whole mapping as one matrix of dim-float
+                 rows: the kernel on a single long read, as bench/stream reads
+     matrices    run.c's matmuls, matrix by matrix in the forward pass's order and
+                 groups (q, k, v together; W1, W3 together), nothing in between
+     forward     run.c's forward(): one decode step, positions 0..255 in turn
+   and prints GB/s (1e9 bytes a second) for each, the mean over the rounds, and the
+   ratios. "matrices" against "one region" is what reading many matrices costs;
+   "forward" against "matrices" what the work between them costs.
+   Usage: OMP_NUM_THREADS=N bench/read_order MODEL [ROUNDS]   (make bench/read_order) */
+#define RUN_TESTING
+#include "../run.c"
+
+#define PASSES 20 // passes of a reader per round: about a tenth of a second on 110M
+
+// Every matmul of one decode step, in forward_block's order and groups.
+static void all_matmuls(Transformer *t) {
+    const Config *c = &t->config;
+    const TransformerWeights *w = &t->weights;
+    RunState *s = &t->state;
+    size_t dim = c->dim, hidden = c->hidden_dim, kv_dim = kv_dim_of(c);
+    for (int l = 0; l < c->n_layers; l++) {
+        Projection qkv[3] = {{s->q, w->wq + l * dim * dim, (int)dim},
+                             {s->k, w->wk + l * dim * kv_dim, (int)kv_dim},
+                             {s->v, w->wv + l * dim * kv_dim, (int)kv_dim}};
+        matmuls(s->xb, (int)dim, qkv, 3);
+        matmul(s->xb2, s->xb, w->wo + l * dim * dim, (int)dim, (int)dim);
+        Projection w13[2] = {{s->hb, w->w1 + l * dim * hidden, (int)hidden},
+                             {s->hb2, w->w3 + l * dim * hidden, (int)hidden}};
+        matmuls(s->xb, (int)dim, w13, 2);
+        matmul(s->xb2, s->hb, w->w2 + l * dim * hidden, (int)hidden, (int)dim);
+    }
+    matmul(s->logits, s->x, w->wcls, (int)dim, c->vocab_size);
+}
+
+// The bytes all_matmuls (and a decode step) reads from the weights.
+static double matmul_bytes(const Config *c) {
+    double dim = c->dim, hidden = c->hidden_dim, kv_dim = kv_dim_of(c);
+    return 4.0 * (c->n_layers * (2 * dim * dim + 2 * dim * kv_dim + 3 * dim * hidden) + dim * c->vocab_size);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || argc > 3) {
+        fprintf(stderr, "usage: OMP_NUM_THREADS=N bench/read_order MODEL [ROUNDS]\n");
+        return 2;
+    }
+    int rounds = argc == 3 ? atoi(argv[2]) : 10;
+    Transformer t;
+    if (rounds < 1) {
+        fprintf(stderr, "read_order: ROUNDS must be a positive number\n");
+        return 2;
+    }
+    if (load_checkpoint(&t, argv[1]) != 0 || build_run_state(&t.state, &t.config) != 0) {
+        fprintf(stderr, "read_order: %s\n", error_message);
+        return 1;
+    }
+    const Config *c = &t.config;
+    int n_positions = c->seq_len < 256 ? c->seq_len : 256;
+    prepare_to_run(&t, n_positions);
+
+    // the whole mapping, from the first weight on, as rows of dim floats
+    const float *region = t.weights.token_embedding;
+    size_t region_floats = (t.file_size - (size_t)((const char *)region - (const char *)t.mapped)) / sizeof(float);
+    int region_rows = (int)(region_floats / c->dim);
+    float *region_out = alloc_floats(region_rows);
+    if (!region_out) {
+        fprintf(stderr, "read_order: out of memory\n");
+        return 1;
+    }
+    double bytes[3] = {4.0 * region_rows * c->dim, matmul_bytes(c), matmul_bytes(c)};
+    const char *names[3] = {"one region", "matrices", "forward"};
+    double gbs[3] = {0};
+    int pos = 0;
+    for (int r = 0; r < rounds; r++) {
+        for (int k = 0; k < 3; k++) {
+            double t0 = time_in_s();
+            for (int p = 0; p < PASSES; p++) {
+                if (k == 0) matmul(region_out, t.state.xb, region, c->dim, region_rows);
+                if (k == 1) all_matmuls(&t);
+                if (k == 2) {
+                    forward(&t, 1, pos);
+                    pos = (pos + 1) % n_positions;
+                }
+            }
+            gbs[k] += PASSES * bytes[k] / (time_in_s() - t0) / 1e9 / rounds;
+        }
+    }
+    printf("read_order: %s, %d rounds of %d passes each\n", argv[1], rounds, PASSES);
+    for (int k = 0; k < 3; k++) printf("%-10s  %6.1f GB/s\n", names[k], gbs[k]);
+    printf("matrices / one region %.0f%%, forward / matrices %.0f%%, forward / one region %.0f%%\n",
+           100 * gbs[1] / gbs[0], 100 * gbs[2] / gbs[1], 100 * gbs[2] / gbs[0]);
+    free(region_out);
+    free_transformer(&t);
+    return 0;
+}
