@@ -120,7 +120,7 @@ typedef struct {
 // decoding is the same code with a block of one token. Each block streams the
 // weights from memory once, and each block's parallel regions cost the same
 // whatever its size. 64 tokens measured 10% faster than 32 on the 110M model
-// (Sapphire Rapids); on Zen 4, once the other costs had gone, 128 against 64
+// (Sapphire Rapids); on AMD Zen 5, once the other costs had gone, 128 against 64
 // (three alternating runs each, best of three prompts): 110M, 256-token prompt,
 // 1 thread 610-627 against 576-587 tok/s, 2 threads 1225-1382 against 1100-1288;
 // 15M, 236 tokens, 2 threads 9603-9738 against 9236-9450.
@@ -428,7 +428,7 @@ static void pin_threads(void) {
 
 // Reads one byte of every page of the mapping, the threads splitting the pages.
 // The first access of a process to a page costs about a microsecond even when the
-// page is mapped: measured on the KVM-hosted AMD Zen 4 machines this project runs
+// page is mapped: measured on the KVM-hosted AMD EPYC machines this project runs
 // on, the first pass over the 15M checkpoint's 60 MB took 20-26 ms, every later
 // pass 3.4 ms, and the same in a second process right after the first (so it is
 // the process's page mapping, not the data, that is cold). A pass of one read per
@@ -447,7 +447,7 @@ static void touch_pages(const unsigned char *base, size_t size) {
 // cache's (layer, head) runs), so that the memory the run will use is mapped in
 // before it is timed. The arrays are allocated lazily (a long context costs memory
 // only as far as it is used), and each of their pages comes with a page fault when
-// it is first written: measured on Zen 4, the 15M model's first 236-token prefill
+// it is first written: measured on AMD Zen 5, the 15M model's first 236-token prefill
 // spent about 10 ms of 40 on the cache's faults and 3 ms on the other arrays'.
 // llama.cpp clears its whole KV cache when it creates a context, for the same
 // reason; here only the positions this run will use.
@@ -787,14 +787,90 @@ typedef struct {
     int d;
 } Projection;
 
+// How the threads split a decode matmul's rows: thread k takes the fraction
+// row_split.share[k] of them. The plain split is an equal share each (what `omp
+// for` does). The refinement: on the shared machines this project runs on, one
+// core is at times slower than the other for minutes on end (measured on the
+// 2-vCPU AMD EPYC KVM guest: the same kernel on the same rows ran 20-25% slower on
+// one vCPU than on the other, from the L2 cache as from memory, so the host, not
+// the memory, takes the time). With equal shares the fast thread then waits for
+// the slow one at the end of every matmul. So each thread times its own part of
+// every matmul, and every SPLIT_WINDOW matmuls the shares move halfway towards the
+// threads' measured speeds (rows per second), unless they are already within
+// SPLIT_DEADBAND of them. The dead band keeps an equal split equal on a machine
+// whose cores are equally fast: a thread keeps the same rows from token to token,
+// so what fits in its caches stays there, which a dynamic schedule gives up (that
+// one was measured 6-16% slower on the 15M model, whose layers partly stay in L3).
+// Which thread computes a row never changes its arithmetic: the output is the
+// same, bit for bit, whatever the shares.
+#if defined(_OPENMP) || defined(RUN_TESTING) // (a build without OpenMP has one thread, no split)
+#define SPLIT_MAX_THREADS 64 // more threads than this take equal shares
+#define SPLIT_WINDOW 64      // matmuls timed between two updates: one token of the 110M shape
+#define SPLIT_DEADBAND 0.02  // shares this close to the measured speeds' stay as they are
+
+typedef struct {
+    int n_threads;                     // the team the shares are for; 0 = not yet set
+    double share[SPLIT_MAX_THREADS];   // fractions of the rows, summing to 1
+    double seconds[SPLIT_MAX_THREADS]; // each thread's time on its rows since the last update
+    int timed;                         // matmuls timed since the last update
+} RowSplit;
+
+static RowSplit row_split; // a property of the machine, not of a model: one for the process
+
+static void split_equally(RowSplit *split, int n_threads) {
+    memset(split, 0, sizeof(*split));
+    split->n_threads = n_threads;
+    for (int k = 0; k < n_threads; k++) split->share[k] = 1.0 / n_threads;
+}
+
+// Rows [lo, hi) of `rows` for thread k of n_threads: the bands follow each other in
+// thread order, thread k's band starting where the shares before it end.
+static void band_of_thread(const double *share, int k, int n_threads, int rows, int *lo, int *hi) {
+    double before = 0.0;
+    for (int j = 0; j < k; j++) before += share[j];
+    *lo = (int)(rows * before + 0.5);
+    *hi = k == n_threads - 1 ? rows : (int)(rows * (before + share[k]) + 0.5);
+    if (*lo > rows) *lo = rows;
+    if (*hi > rows) *hi = rows;
+    if (*hi < *lo) *hi = *lo;
+}
+
+// Adds one matmul's per-thread times. After SPLIT_WINDOW of them, thread k's
+// speed is its share over its time (its rows per second, up to a common factor),
+// and its target share speed_k / (sum of speeds), but at least a quarter of an
+// equal share (a thread stalled by the host for a whole window must not lose its
+// rows for good); if any share is more than SPLIT_DEADBAND from its target, every
+// share moves halfway to it. The shares still sum to 1.
+static void record_thread_times(RowSplit *split, const double *seconds) {
+    int n = split->n_threads, measured = 1;
+    for (int k = 0; k < n; k++) split->seconds[k] += seconds[k];
+    if (++split->timed < SPLIT_WINDOW) return;
+    double target[SPLIT_MAX_THREADS], total = 0.0, sum = 0.0, off = 0.0;
+    for (int k = 0; k < n; k++) {
+        measured &= split->seconds[k] > 0.0; // a clock too coarse to time a band: no evidence
+        target[k] = measured ? split->share[k] / split->seconds[k] : 0.0;
+        total += target[k];
+    }
+    for (int k = 0; k < n && measured; k++) {
+        target[k] = fmax(target[k] / total, 0.25 / n);
+        sum += target[k];
+    }
+    for (int k = 0; k < n && measured; k++) off = fmax(off, fabs(target[k] / sum - split->share[k]));
+    if (off > SPLIT_DEADBAND)
+        for (int k = 0; k < n; k++) split->share[k] += 0.5 * (target[k] / sum - split->share[k]);
+    for (int k = 0; k < n; k++) split->seconds[k] = 0.0;
+    split->timed = 0;
+}
+#endif
+
 // Several matrices applied to one token's x (q, k and v; or W1 and W3), split
 // across threads in one parallel region: each thread takes its band of the first
-// matrix, then, without waiting for the others (nowait), its band of the next. A
-// parallel region costs a few microseconds (waking the threads, the barrier at its
-// end). Measured on the 15M model, decoding 250 tokens (six alternating runs each,
-// Zen 4): 2 threads, 1275 tok/s with a region for each of the 43 matmuls a token,
-// 1386 with q, k, v and W1, W3 fused into 31; one thread (no region at all now),
-// 719 against 770.
+// matrix, then, without waiting for the others, its band of the next. A parallel
+// region costs a few microseconds (waking the threads, the barrier at its end).
+// Measured on the 15M model, decoding 250 tokens (six alternating runs each,
+// AMD EPYC): 2 threads, 1275 tok/s with a region for each of the 43 matmuls a
+// token, 1386 with q, k, v and W1, W3 fused into 31; one thread (no region at all
+// now), 719 against 770.
 static void matmuls(const float *x, int n, const Projection *p, int n_proj) {
     long work = 0;
     for (int j = 0; j < n_proj; j++) work += (long)n * p[j].d;
@@ -802,14 +878,31 @@ static void matmuls(const float *x, int n, const Projection *p, int n_proj) {
         for (int j = 0; j < n_proj; j++) matmul_rows(p[j].xout, x, p[j].w, n, p[j].d);
         return;
     }
-#pragma omp parallel
-    for (int j = 0; j < n_proj; j++) {
-        int quarter = p[j].d / 4, i;
-#pragma omp for nowait
-        for (i = 0; i < quarter; i++) dot_rows4(p[j].xout + i, p[j].w + (size_t)i * n, x, n, quarter);
-#pragma omp single nowait
-        for (i = 4 * quarter; i < p[j].d; i++) p[j].xout[i] = dot(p[j].w + (size_t)i * n, x, n);
+#ifdef _OPENMP
+    int n_threads = omp_get_max_threads() < SPLIT_MAX_THREADS ? omp_get_max_threads() : SPLIT_MAX_THREADS;
+    if (row_split.n_threads != n_threads) split_equally(&row_split, n_threads);
+    double seconds[SPLIT_MAX_THREADS] = {0};
+    int whole_team = 1;
+#pragma omp parallel num_threads(n_threads)
+    {
+        int k = omp_get_thread_num(), fits = omp_get_num_threads() == n_threads;
+        if (k == 0 && !fits) whole_team = 0; // fewer threads came (OMP_DYNAMIC): redone below, plainly
+        double start = omp_get_wtime();
+        for (int j = 0; j < n_proj && fits; j++) {
+            int quarter = p[j].d / 4, lo, hi, i;
+            band_of_thread(row_split.share, k, n_threads, quarter, &lo, &hi);
+            for (i = lo; i < hi; i++) dot_rows4(p[j].xout + i, p[j].w + (size_t)i * n, x, n, quarter);
+            if (k == n_threads - 1) // the d % 4 rows left over, one at a time
+                for (i = 4 * quarter; i < p[j].d; i++) p[j].xout[i] = dot(p[j].w + (size_t)i * n, x, n);
+        }
+        seconds[k] = omp_get_wtime() - start;
     }
+    if (whole_team) {
+        record_thread_times(&row_split, seconds);
+        return;
+    }
+    for (int j = 0; j < n_proj; j++) matmul_rows(p[j].xout, x, p[j].w, n, p[j].d);
+#endif
 }
 
 static void matmul(float *xout, const float *x, const float *w, int n, int d) {

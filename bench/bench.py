@@ -114,7 +114,7 @@ def drop_from_page_cache(path):
     """Has the kernel forget its cached pages of path (a file of ours), so that the warm-up
     runs read it back from disk as any model file on disk is read. How a file got into the
     page cache matters on the machines this was measured on (Linux 6.18, ext4, KVM-hosted
-    AMD Zen 4): read from disk, it is cached in 2 MB pages that map whole; just written,
+    AMD Zen 5): read from disk, it is cached in 2 MB pages that map whole; just written,
     as bench/ writes its checkpoints, in small pages, mapped 4 KB at a time, and decoding
     the 110M shape from such a file ran 20-25% slower (59 against 74 tok/s, one thread,
     the same bytes), for any program that maps it."""
@@ -382,15 +382,39 @@ def make_prompt(runner, model, target):
 # ----------------------------------------------------------------------------
 # The machine
 
+# The microarchitecture of a (vendor, family, model) from /proc/cpuinfo, for the CPU
+# kinds this project runs on and their neighbours. Under KVM the model name can be
+# just "AMD EPYC", which does not say which generation the figures come from.
+def cpu_generation(vendor, family, model):
+    if vendor == "AuthenticAMD":
+        if family == 0x1A:
+            return "Zen 5"
+        if family == 0x19:
+            zen4 = 0x10 <= model <= 0x1F or 0x60 <= model <= 0x7F or 0xA0 <= model <= 0xAF
+            return "Zen 4" if zen4 else "Zen 3"
+        if family == 0x17:
+            return "Zen 2" if model >= 0x30 else "Zen 1"
+    if vendor == "GenuineIntel" and family == 6:
+        return {0x8F: "Sapphire Rapids", 0xCF: "Emerald Rapids", 0xAD: "Granite Rapids", 0x6A: "Ice Lake",
+                0x55: "Skylake or Cascade Lake"}.get(model, "")
+    return ""
+
+
 def machine_line():
-    cpu = "unknown CPU"
+    cpu, fields = "unknown CPU", {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if not line.strip():
+                    break  # the first processor's block is enough
+                fields.setdefault(key, value.strip())
+        cpu = fields.get("model name", cpu)
+        family, model = int(fields["cpu family"]), int(fields["model"])
+        generation = cpu_generation(fields.get("vendor_id", ""), family, model)
+        cpu += f" (family {family} model {model}" + (f": {generation})" if generation else ")")
+    except (OSError, KeyError, ValueError):
         pass
     cores = os.cpu_count()
     l3 = ""
@@ -465,6 +489,29 @@ def stream_bandwidth(contention, threads, reps):
     return float(m[2]), float(m[3]), disturbed
 
 
+def read_by_cpu(reps=5):
+    """One thread's best-pass read GB/s on each CPU this process may use, each CPU twice by
+    turns: on the shared machines measured here one vCPU is at times 20-25% slower than the
+    other for minutes on end (the host's doing), which is why run.c splits decode rows by
+    each thread's measured speed. Empty where CPUs cannot be chosen."""
+    exe = os.path.join(BENCH, "stream")
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return ""
+    if len(cpus) < 2 or not os.path.exists(exe):
+        return ""
+    got = {c: [] for c in cpus}
+    for _ in range(2):
+        for c in cpus:
+            out = subprocess.run([exe, "-m", "1024", "-r", str(reps), "1"], capture_output=True, text=True,
+                                 preexec_fn=lambda c=c: os.sched_setaffinity(0, {c})).stdout
+            m = re.search(r"threads 1 read GB/s ([\d.]+)", out)
+            if m:
+                got[c].append(m[1])
+    return "; ".join(f"cpu{c} {', '.join(v)}" for c, v in got.items() if v)
+
+
 # ----------------------------------------------------------------------------
 
 def main():
@@ -507,6 +554,7 @@ def main():
     log(f"bench: other processes use {busy:.1f} of {NCPU} cores"
         + (" -- runs will wait for free cores, or be redone, within limits" if busy > SPARE else ""))
     stream_reps = 4 if args.quick else STREAM_REPS
+    by_cpu_start = "" if args.quick else read_by_cpu()
 
     rows, side, notes, raw, any_disturbed = [], [], [], [], False
     for name in models:
@@ -632,9 +680,13 @@ def main():
                            + (f"; llama-bench pp {', '.join(f'{r:.1f}' for r in pp_rates)}, tg "
                               f"{', '.join(f'{r:.1f}' for r in tg_rates)} tok/s" if lbench else ""))
 
+    by_cpu_end = "" if args.quick else read_by_cpu()
     elapsed = time.time() - start
     now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     out = [f"## run.c benchmark, {now}", "", f"Machine: {machine_line()}", "", f"Source: {source}", ""]
+    if by_cpu_start:
+        out += [f"One thread's read GB/s (bench/stream, best pass) on each CPU, twice by turns: at the start "
+                f"{by_cpu_start}; at the end {by_cpu_end}", ""]
     head = ["model", "threads", "prefill tok/s", "decode tok/s", "decoded tokens", "decode GB/s",
             "read GB/s, best pass", "read GB/s, sustained", "% of best pass", "% of sustained",
             "prefill speed-up over decode"]

@@ -231,6 +231,74 @@ static void test_matmul_kernels_agree(int n, int d, const char *close_name, cons
     free(scratch);
 }
 
+// the decode split: for any shares (uneven, one of them zero, summing to 1 only up
+// to rounding) the threads' bands of rows follow each other and cover 0..rows-1,
+// each row once
+static void test_thread_bands_cover_every_row_once(void) {
+    double shares[][4] = {{1.0}, {0.5, 0.5}, {0.9, 0.1}, {0.0, 1.0}, {0.3, 0.3, 0.4}, {0.1, 0.2, 0.3, 0.4 + 1e-12},
+                          {0.25, 0.0, 0.5, 0.25 - 1e-12}};
+    int n_threads[] = {1, 2, 2, 2, 3, 4, 4}, ok = 1;
+    for (size_t c = 0; c < sizeof(n_threads) / sizeof(n_threads[0]); c++)
+        for (int rows = 0; rows <= 70; rows++) {
+            int next = 0;
+            for (int k = 0; k < n_threads[c]; k++) {
+                int lo, hi;
+                band_of_thread(shares[c], k, n_threads[c], rows, &lo, &hi);
+                ok &= lo == next && hi >= lo;
+                next = hi;
+            }
+            ok &= next == rows;
+        }
+    check(ok, "thread_bands_cover_every_row_once", "a band overlaps, leaves a gap, or misses the end");
+}
+
+// the decode split moves towards the measured speeds: a thread twice as fast ends
+// with twice the rows, and the shares still sum to 1; threads equally fast up to
+// a 1% jitter keep an equal split exactly
+static void test_row_split_follows_thread_speeds(void) {
+    RowSplit split, steady;
+    split_equally(&split, 2);
+    split_equally(&steady, 2);
+    for (int step = 0; step < 20 * SPLIT_WINDOW; step++) {
+        // each thread's time is its share over its speed; thread 1 is twice as fast
+        double seconds[2] = {split.share[0] / 1.0, split.share[1] / 2.0};
+        double jitter[2] = {1e-3 * (step % 2 ? 1.01 : 1.0), 1e-3 * (step % 2 ? 1.0 : 1.01)};
+        record_thread_times(&split, seconds);
+        record_thread_times(&steady, jitter);
+    }
+    char detail[96];
+    snprintf(detail, sizeof(detail), "shares %.3f %.3f and %.3f %.3f", split.share[0], split.share[1],
+             steady.share[0], steady.share[1]);
+    check(fabs(split.share[1] - 2.0 / 3.0) < SPLIT_DEADBAND && fabs(split.share[0] + split.share[1] - 1.0) < 1e-12,
+          "row_split_gives_a_thread_twice_as_fast_twice_the_rows", detail);
+    check(steady.share[0] == 0.5 && steady.share[1] == 0.5, "row_split_stays_equal_when_threads_are_equally_fast",
+          detail);
+}
+
+// a threaded matmul under uneven shares (the last thread 80% of the rows) is still
+// one dot() per row, bit for bit: no row is skipped or done twice
+static void test_uneven_split_keeps_matmul_bitwise(int n, int d, const char *name) {
+    float *w = malloc(sizeof(float) * n * d), *x = malloc(sizeof(float) * n), *out = malloc(sizeof(float) * d);
+    unsigned long long rng = 11;
+    random_vector(w, n * d, &rng);
+    random_vector(x, n, &rng);
+    RowSplit saved = row_split;
+    memset(&row_split, 0, sizeof(row_split));
+    matmul(out, x, w, n, d); // sets equal shares for this run's threads
+    int threads = row_split.n_threads > 0 ? row_split.n_threads : 1, plain = 1;
+    for (int k = 0; k < threads; k++) row_split.share[k] = threads == 1 ? 1.0 : k == threads - 1 ? 0.8 : 0.2 / (threads - 1);
+    memset(out, 0, sizeof(float) * d);
+    matmul(out, x, w, n, d);
+    for (int i = 0; i < d; i++) plain &= out[i] == dot(w + (size_t)i * n, x, n);
+    row_split = saved;
+    char detail[64];
+    snprintf(detail, sizeof(detail), "%d threads", threads);
+    check(plain, name, detail);
+    free(w);
+    free(x);
+    free(out);
+}
+
 // the forward pass: a prompt in blocks gives the same logits as token by token
 static void test_block_forward_equals_token_forward(const char *checkpoint) {
     Transformer a, b;
@@ -339,6 +407,11 @@ int main(int argc, char **argv) {
           "kernel_tests_cover_one_thread_and_threaded_matmul", "PARALLEL_MIN_WORK moved: change d");
     test_matmul_kernels_agree(37 * 8, 251, "threaded_matmul_equals_double_precision_plain_loop",
                               "matmul_block_equals_threaded_matmul_bitwise", "threaded_matmul_equals_one_dot_per_row_bitwise");
+    test_thread_bands_cover_every_row_once();
+    test_row_split_follows_thread_speeds();
+    test_uneven_split_keeps_matmul_bitwise(37 * 8, 251, "matmul_under_uneven_thread_split_equals_one_dot_per_row_bitwise");
+    test_uneven_split_keeps_matmul_bitwise(37 * 8 + 5, 251,
+                                           "matmul_under_uneven_thread_split_equals_one_dot_per_row_bitwise_with_tail");
     if (argc > 1) {
         test_block_forward_equals_token_forward(argv[1]);
         test_shifted_keys_equal_fresh_keys(argv[1], 1.0f, "shifted_keys_equal_fresh_keys_in_layer_0_rope");
