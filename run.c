@@ -773,11 +773,20 @@ static int worth_a_parallel_region(long work) {
 // could not keep up with memory there). Far-apart rows keep the independent chains
 // and give every prefetcher plain sequential streams; measured on Zen 4 they read
 // as fast as one row at a time or faster (110M, 2 threads: 100 against 80-90 tok/s).
-// The d % 4 rows left over go one at a time.
+// The d % 4 rows left over go one at a time. The threads each take a band of i
+// (matmul_band), and one of them the rows left over.
+static void matmul_band(float *xout, const float *x, const float *w, int n, int d, int lo, int hi) {
+    int quarter = d / 4;
+    for (int i = lo; i < hi; i++) dot_rows4(xout + i, w + (size_t)i * n, x, n, quarter);
+}
+
+static void matmul_leftover_rows(float *xout, const float *x, const float *w, int n, int d) {
+    for (int i = 4 * (d / 4); i < d; i++) xout[i] = dot(w + (size_t)i * n, x, n);
+}
+
 static void matmul_rows(float *xout, const float *x, const float *w, int n, int d) {
-    int quarter = d / 4, i;
-    for (i = 0; i < quarter; i++) dot_rows4(xout + i, w + (size_t)i * n, x, n, quarter);
-    for (i = 4 * quarter; i < d; i++) xout[i] = dot(w + (size_t)i * n, x, n);
+    matmul_band(xout, x, w, n, d, 0, d / 4);
+    matmul_leftover_rows(xout, x, w, n, d);
 }
 
 // One matrix of several that multiply the same x: xout = W x, W of d rows.
@@ -835,30 +844,38 @@ static void band_of_thread(const double *share, int k, int n_threads, int rows, 
     if (*hi < *lo) *hi = *lo;
 }
 
-// Adds one matmul's per-thread times. After SPLIT_WINDOW of them, thread k's
-// speed is its share over its time (its rows per second, up to a common factor),
-// and its target share speed_k / (sum of speeds), but at least a quarter of an
-// equal share (a thread stalled by the host for a whole window must not lose its
-// rows for good); if any share is more than SPLIT_DEADBAND from its target, every
-// share moves halfway to it. The shares still sum to 1.
-static void record_thread_times(RowSplit *split, const double *seconds) {
-    int n = split->n_threads, measured = 1;
-    for (int k = 0; k < n; k++) split->seconds[k] += seconds[k];
-    if (++split->timed < SPLIT_WINDOW) return;
+// Moves the shares towards the speeds measured over a window: thread k's speed is
+// its share over its time (its rows per second, up to a common factor), and its
+// target share speed_k / (sum of speeds), but at least a quarter of an equal share
+// (a thread stalled by the host for a whole window must not lose its rows for
+// good). If any share is more than SPLIT_DEADBAND from its target, every share
+// moves halfway to it. The shares still sum to 1.
+static void move_shares_towards_speeds(RowSplit *split) {
+    int n = split->n_threads;
     double target[SPLIT_MAX_THREADS], total = 0.0, sum = 0.0, off = 0.0;
     for (int k = 0; k < n; k++) {
-        measured &= split->seconds[k] > 0.0; // a clock too coarse to time a band: no evidence
-        target[k] = measured ? split->share[k] / split->seconds[k] : 0.0;
+        target[k] = split->share[k] / split->seconds[k];
         total += target[k];
     }
-    for (int k = 0; k < n && measured; k++) {
+    for (int k = 0; k < n; k++) {
         target[k] = fmax(target[k] / total, 0.25 / n);
         sum += target[k];
     }
-    for (int k = 0; k < n && measured; k++) off = fmax(off, fabs(target[k] / sum - split->share[k]));
-    if (off > SPLIT_DEADBAND)
-        for (int k = 0; k < n; k++) split->share[k] += 0.5 * (target[k] / sum - split->share[k]);
-    for (int k = 0; k < n; k++) split->seconds[k] = 0.0;
+    for (int k = 0; k < n; k++) off = fmax(off, fabs(target[k] / sum - split->share[k]));
+    if (off <= SPLIT_DEADBAND) return;
+    for (int k = 0; k < n; k++) split->share[k] += 0.5 * (target[k] / sum - split->share[k]);
+}
+
+// Adds one matmul's per-thread times; every SPLIT_WINDOW matmuls, moves the shares
+// (unless a clock too coarse to time a band left a thread with no time: no
+// evidence) and starts a new window.
+static void record_thread_times(RowSplit *split, const double *seconds) {
+    int measured = 1;
+    for (int k = 0; k < split->n_threads; k++) split->seconds[k] += seconds[k];
+    if (++split->timed < SPLIT_WINDOW) return;
+    for (int k = 0; k < split->n_threads; k++) measured &= split->seconds[k] > 0.0;
+    if (measured) move_shares_towards_speeds(split);
+    for (int k = 0; k < split->n_threads; k++) split->seconds[k] = 0.0;
     split->timed = 0;
 }
 #endif
@@ -871,38 +888,43 @@ static void record_thread_times(RowSplit *split, const double *seconds) {
 // AMD EPYC): 2 threads, 1275 tok/s with a region for each of the 43 matmuls a
 // token, 1386 with q, k, v and W1, W3 fused into 31; one thread (no region at all
 // now), 719 against 770.
-static void matmuls(const float *x, int n, const Projection *p, int n_proj) {
-    long work = 0;
-    for (int j = 0; j < n_proj; j++) work += (long)n * p[j].d;
-    if (!worth_a_parallel_region(work)) {
-        for (int j = 0; j < n_proj; j++) matmul_rows(p[j].xout, x, p[j].w, n, p[j].d);
-        return;
-    }
+//   Returns 0, having done nothing, when the region did not get the team the
+// shares are for (OMP_DYNAMIC), or in a build without OpenMP.
+static int matmuls_in_bands(const float *x, int n, const Projection *p, int n_proj) {
 #ifdef _OPENMP
-    int n_threads = omp_get_max_threads() < SPLIT_MAX_THREADS ? omp_get_max_threads() : SPLIT_MAX_THREADS;
+    int n_threads = omp_get_max_threads();
+    if (n_threads > SPLIT_MAX_THREADS) n_threads = SPLIT_MAX_THREADS;
     if (row_split.n_threads != n_threads) split_equally(&row_split, n_threads);
     double seconds[SPLIT_MAX_THREADS] = {0};
     int whole_team = 1;
 #pragma omp parallel num_threads(n_threads)
     {
         int k = omp_get_thread_num(), fits = omp_get_num_threads() == n_threads;
-        if (k == 0 && !fits) whole_team = 0; // fewer threads came (OMP_DYNAMIC): redone below, plainly
+        if (k == 0 && !fits) whole_team = 0;
         double start = omp_get_wtime();
         for (int j = 0; j < n_proj && fits; j++) {
-            int quarter = p[j].d / 4, lo, hi, i;
-            band_of_thread(row_split.share, k, n_threads, quarter, &lo, &hi);
-            for (i = lo; i < hi; i++) dot_rows4(p[j].xout + i, p[j].w + (size_t)i * n, x, n, quarter);
-            if (k == n_threads - 1) // the d % 4 rows left over, one at a time
-                for (i = 4 * quarter; i < p[j].d; i++) p[j].xout[i] = dot(p[j].w + (size_t)i * n, x, n);
+            int lo, hi;
+            band_of_thread(row_split.share, k, n_threads, p[j].d / 4, &lo, &hi);
+            matmul_band(p[j].xout, x, p[j].w, n, p[j].d, lo, hi);
+            if (k == n_threads - 1) matmul_leftover_rows(p[j].xout, x, p[j].w, n, p[j].d);
         }
         seconds[k] = omp_get_wtime() - start;
     }
-    if (whole_team) {
-        record_thread_times(&row_split, seconds);
-        return;
-    }
-    for (int j = 0; j < n_proj; j++) matmul_rows(p[j].xout, x, p[j].w, n, p[j].d);
+    if (whole_team) record_thread_times(&row_split, seconds);
+    return whole_team;
+#else
+    (void)x, (void)n, (void)p, (void)n_proj;
+    return 0;
 #endif
+}
+
+// xout = W x for each projection in p: split across threads when the work is worth
+// a parallel region (matmuls_in_bands), else on the calling thread.
+static void matmuls(const float *x, int n, const Projection *p, int n_proj) {
+    long work = 0;
+    for (int j = 0; j < n_proj; j++) work += (long)n * p[j].d;
+    if (worth_a_parallel_region(work) && matmuls_in_bands(x, n, p, n_proj)) return;
+    for (int j = 0; j < n_proj; j++) matmul_rows(p[j].xout, x, p[j].w, n, p[j].d);
 }
 
 static void matmul(float *xout, const float *x, const float *w, int n, int d) {
