@@ -400,17 +400,21 @@ static int load_checkpoint(Transformer *t, const char *path) {
 }
 
 // Pins OpenMP thread k to the k-th core this process may use (Linux), unless the
-// user chose a binding (OMP_PROC_BIND) or there are more threads than cores.
+// user chose a binding (OMP_PROC_BIND), there is one thread, or there are more
+// threads than cores.
 // Unpinned, a worker that went to sleep between parallel regions (while the
 // tokenizer loads) can be woken on the core of the thread that wakes it, where it
 // waits until the scheduler moves it: measured on Zen 4,
 // 15M, 2 threads, the first parallel region of a prefill took 2-8 ms instead of
-// 0.4 ms, a tenth of the prefill.
+// 0.4 ms, a tenth of the prefill. One thread has no workers to misplace, so it
+// stays unpinned: pinned to the first core, it could not leave that core when
+// another process is busy there (measured: 110M, -T 1 beside a busy loop on
+// cpu0, 2 vCPUs: 32-36 tok/s pinned, 53-81 unpinned; 62-69 both, alone).
 static void pin_threads(void) {
 #if defined(_OPENMP) && defined(__linux__)
     cpu_set_t allowed;
     if (omp_get_proc_bind() != omp_proc_bind_false || sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return;
-    if (omp_get_max_threads() > CPU_COUNT(&allowed)) return;
+    if (omp_get_max_threads() < 2 || omp_get_max_threads() > CPU_COUNT(&allowed)) return;
 #pragma omp parallel
     {
         int k = omp_get_thread_num(), seen = 0;
