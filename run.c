@@ -409,7 +409,8 @@ static int load_checkpoint(Transformer *t, const char *path) {
 // 0.4 ms, a tenth of the prefill. One thread has no workers to misplace, so it
 // stays unpinned: pinned to the first core, it could not leave that core when
 // another process is busy there (measured: 110M, -T 1 beside a busy loop on
-// cpu0, 2 vCPUs: 32-36 tok/s pinned, 53-81 unpinned; 62-69 both, alone).
+// cpu0, 2 vCPUs, 7 alternating rounds: 27-36 tok/s pinned, 53-81 unpinned;
+// alone, 4 rounds: 62-69 either way).
 static void pin_threads(void) {
 #if defined(_OPENMP) && defined(__linux__)
     cpu_set_t allowed;
