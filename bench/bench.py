@@ -467,26 +467,37 @@ def source_line(run_bin):
             + (" (./run is OLDER than run.c: rebuild with make)" if stale else ""))
 
 
+STREAM = os.path.join(BENCH, "stream")
+
+
+def run_stream(threads, reps, cpu=None, check=True):
+    """(best pass GB/s, mean GB/s over all passes, or None if they cannot be read; the output):
+    one run of bench/stream over 1 GiB with this many threads, on the given CPU only if one
+    is given."""
+    pin = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
+    out = subprocess.run([STREAM, "-m", "1024", "-r", str(reps), str(threads)], capture_output=True, text=True,
+                         check=check, preexec_fn=pin).stdout
+    m = re.search(r"threads (\d+) read GB/s ([\d.]+) mean ([\d.]+)", out)
+    return ((float(m[2]), float(m[3])) if m else None), out
+
+
 def stream_bandwidth(contention, threads, reps):
     """(best pass GB/s, mean GB/s over all passes, disturbed): one reading of bench/stream with
     this many threads, on free cores (tried again, up to three times, when others took them)."""
-    exe = os.path.join(BENCH, "stream")
-    if not os.path.exists(exe):
+    if not os.path.exists(STREAM):
         raise SystemExit("bench: bench/stream is missing: run `make bench` (it builds it)")
     for attempt in range(3):
         contention.wait_for_cores(threads)
         busy0, ours0, t0 = cpu_busy_seconds(), children_cpu_seconds(), time.time()
-        out = subprocess.run([exe, "-m", "1024", "-r", str(reps), str(threads)], capture_output=True, text=True,
-                             check=True).stdout
+        reading, out = run_stream(threads, reps)
         others = max(0.0, (cpu_busy_seconds() - busy0) - (children_cpu_seconds() - ours0)) / (time.time() - t0)
-        m = re.search(r"threads (\d+) read GB/s ([\d.]+) mean ([\d.]+)", out)
-        if not m:
+        if not reading:
             raise SystemExit(f"bench: cannot read bench/stream's output:\n{out}")
         disturbed = others > contention.allowed(threads)
         if not disturbed:
             break
         log(f"bench: other processes used {others:.1f} core(s) while measuring bandwidth; again")
-    return float(m[2]), float(m[3]), disturbed
+    return reading[0], reading[1], disturbed
 
 
 def read_by_cpu(reps=5):
@@ -494,21 +505,18 @@ def read_by_cpu(reps=5):
     turns: on the shared machines measured here one vCPU is at times 20-25% slower than the
     other for minutes on end (the host's doing), which is why run.c splits decode rows by
     each thread's measured speed. Empty where CPUs cannot be chosen."""
-    exe = os.path.join(BENCH, "stream")
     try:
         cpus = sorted(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return ""
-    if len(cpus) < 2 or not os.path.exists(exe):
+    if len(cpus) < 2 or not os.path.exists(STREAM):
         return ""
     got = {c: [] for c in cpus}
     for _ in range(2):
         for c in cpus:
-            out = subprocess.run([exe, "-m", "1024", "-r", str(reps), "1"], capture_output=True, text=True,
-                                 preexec_fn=lambda c=c: os.sched_setaffinity(0, {c})).stdout
-            m = re.search(r"threads 1 read GB/s ([\d.]+)", out)
-            if m:
-                got[c].append(m[1])
+            reading, _ = run_stream(1, reps, cpu=c, check=False)
+            if reading:
+                got[c].append(f"{reading[0]:.2f}")
     return "; ".join(f"cpu{c} {', '.join(v)}" for c, v in got.items() if v)
 
 
