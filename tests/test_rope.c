@@ -407,11 +407,22 @@ int main(int argc, char **argv) {
           "kernel_tests_cover_one_thread_and_threaded_matmul", "PARALLEL_MIN_WORK moved: change d");
     test_matmul_kernels_agree(37 * 8, 251, "threaded_matmul_equals_double_precision_plain_loop",
                               "matmul_block_equals_threaded_matmul_bitwise", "threaded_matmul_equals_one_dot_per_row_bitwise");
+    // rows of PREFETCH_MIN_ROW floats or more take the prefetching path of dot_rows4:
+    // + 8 ends with one vector past the last whole cache line, + 13 with a tail too
+    check(37 * 8 + 5 < PREFETCH_MIN_ROW, "kernel_tests_cover_rows_too_short_to_prefetch", "PREFETCH_MIN_ROW moved");
+    test_matmul_kernels_agree(PREFETCH_MIN_ROW + 8, 23, "long_row_matmul_equals_double_precision_plain_loop",
+                              "matmul_block_equals_prefetching_matmul_bitwise",
+                              "prefetching_matmul_equals_one_dot_per_row_bitwise");
+    test_matmul_kernels_agree(PREFETCH_MIN_ROW + 13, 251, "threaded_long_row_matmul_equals_double_precision_plain_loop",
+                              "matmul_block_equals_threaded_prefetching_matmul_bitwise_with_tail",
+                              "threaded_prefetching_matmul_equals_one_dot_per_row_bitwise_with_tail");
     test_thread_bands_cover_every_row_once();
     test_row_split_follows_thread_speeds();
     test_uneven_split_keeps_matmul_bitwise(37 * 8, 251, "matmul_under_uneven_thread_split_equals_one_dot_per_row_bitwise");
     test_uneven_split_keeps_matmul_bitwise(37 * 8 + 5, 251,
                                            "matmul_under_uneven_thread_split_equals_one_dot_per_row_bitwise_with_tail");
+    test_uneven_split_keeps_matmul_bitwise(PREFETCH_MIN_ROW + 13, 251,
+                                           "prefetching_matmul_under_uneven_thread_split_equals_one_dot_per_row_bitwise");
     if (argc > 1) {
         test_block_forward_equals_token_forward(argv[1]);
         test_shifted_keys_equal_fresh_keys(argv[1], 1.0f, "shifted_keys_equal_fresh_keys_in_layer_0_rope");
