@@ -811,12 +811,13 @@ static int worth_a_parallel_region(long work) {
 // the requests ahead add more. Measured on AMD Zen 5 (KVM, 2 vCPUs), whole decodes,
 // each variant alternating with the plain kernel within one process, 16 tokens at a
 // time: on the 110M shape (rows of 3 and 8 KB) +9 to +18% with one thread, on
-// either vCPU, and +10 to +16% with two; 512 bytes ahead gained less, 3 KB ahead
-// lost. On the 15M shape, whose rows are 1152 bytes, asking cost 3-5% with one
-// thread on the faster vCPU and 5-10% with two, so its short rows do not ask (only
-// its W2, rows of 3 KB, does: level). Why they lose is not settled: alone, on rows
-// of 1152 bytes streamed from memory, the prefetch gained too; but the 15M weights
-// (61 MB) partly stay in the 32 MB L3 from one token to the next.
+// either vCPU, and +10 to +16% with two (in a noisier phase, +0.5 to +19% and -3 to
+// +15%); 512 bytes ahead gained less, 3 KB ahead lost. On the 15M shape, whose rows
+// are 1152 bytes, asking cost 2-5% with one thread on the faster vCPU and up to 10%
+// with two, so its short rows do not ask (its W2, rows of 3 KB, does: level). Why
+// they lose is not settled: alone, on rows of 1152 bytes streamed from memory, the
+// prefetch gained too; but the 15M weights (61 MB) partly stay in the 32 MB L3 from
+// one token to the next.
 static void matmul_band(float *xout, const float *x, const float *w, int n, int d, int lo, int hi) {
     int quarter = d / 4, prefetch = n >= PREFETCH_MIN_ROW;
     for (int i = lo; i < hi; i++) dot_rows4(xout + i, w + (size_t)i * n, x, n, quarter, prefetch);
