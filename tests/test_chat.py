@@ -233,7 +233,10 @@ def test_rotate_shift_keeps_the_system_block_and_the_later_turns(small_chat_mode
 def test_terminal_session_shows_prompts_streams_and_ctrl_d_exits_0(tmp_path):
     session = f"runchat{os.getpid()}"
     status = tmp_path / "status"
-    cmd = (f"{RUN_BIN} {STORIES} -z {TOK512} -m chat -t 0 -n 20; echo $? > {status}; sleep 30")
+    # the exit status goes to a file by a rename, so that the file appears with its
+    # contents (a plain `echo $? > status` creates it empty first: a race)
+    cmd = (f"{RUN_BIN} {STORIES} -z {TOK512} -m chat -t 0 -n 20; echo $? > {status}.part; "
+           f"mv {status}.part {status}; sleep 30")
     subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "200", "-y", "50", cmd], check=True)
 
     def screen():  # tmux trims trailing spaces from each line
