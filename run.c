@@ -587,11 +587,41 @@ static void free_run_state(RunState *s) {
 // An array of n floats that starts on a 64-byte cache line, so that the kernels'
 // vector loads never straddle two lines (measured on the 110M model's matmuls:
 // +16% with the packed tokens aligned). It is not zeroed: every array of the run
-// state is written before it is read, and the big ones (the KV cache, the scores)
-// take memory only as positions are used, as with calloc.
+// state is written before it is read, and the big ones (the scores, and the KV
+// cache where huge pages are not given: below) take memory only as positions are
+// used, as with calloc.
 static float *alloc_floats(size_t n) {
     size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
     return aligned_alloc(64, bytes > 0 ? bytes : 64);
+}
+
+// The KV cache, in 2 MB pages where the system gives them. Every decoded token's
+// attention reads the whole cache as far as the positions go (for the 110M shape at
+// position 128, 9.5 MB a token, in runs of 33 KB: one head's keys, then its
+// values), and nothing else of the run state is read so widely. In 4 KB pages that
+// is a new page every 64 cache lines: a TLB miss, and a fresh start for the
+// hardware prefetchers, which do not follow a stream into the next 4 KB page. Linux
+// backs anonymous memory with 2 MB pages only where madvise(MADV_HUGEPAGE) asks
+// (transparent_hugepage=madvise, as on the machines measured here), and only in
+// 2 MB-aligned ranges, hence the alignment and the size rounded up to whole pages.
+// Measured on AMD Zen 5 (KVM), 110M shape, one thread, each variant alternating
+// with the other 16 tokens at a time within one process: attention took 580-860
+// instead of 1000-1550 us a token, and the whole decode ran 1-8% faster (two
+// threads: level). The price is memory: a page is backed whole once any of it is
+// written, and each head's run of positions is seq_len * head_size floats long, so
+// a short run backs nearly the whole cache (110M shape, seq_len 1024: 72 MB where
+// 4 KB pages backed 19 MB for 256 positions), as llama.cpp's cache, allocated and
+// cleared in full up front, always is. It is a hint: where it is not taken,
+// nothing else changes.
+#define HUGE_PAGE_BYTES ((size_t)2 << 20)
+
+static float *alloc_floats_in_huge_pages(size_t n) {
+    size_t bytes = (n * sizeof(float) + HUGE_PAGE_BYTES - 1) / HUGE_PAGE_BYTES * HUGE_PAGE_BYTES;
+    float *p = aligned_alloc(HUGE_PAGE_BYTES, bytes > 0 ? bytes : HUGE_PAGE_BYTES);
+#ifdef MADV_HUGEPAGE
+    if (p) madvise(p, bytes, MADV_HUGEPAGE); // a hint: failure changes nothing
+#endif
+    return p;
 }
 
 // Allocates the state for the current config. Call again (after free_run_state)
@@ -614,8 +644,8 @@ static int build_run_state(RunState *s, const Config *c) {
     s->scratch = alloc_floats(B * (c->hidden_dim > c->dim ? c->hidden_dim : c->dim));
     s->q_head = alloc_floats(B * c->dim);
     s->q_pairs = alloc_floats(B * c->dim);
-    s->key_cache = alloc_floats(cache);
-    s->value_cache = alloc_floats(cache);
+    s->key_cache = alloc_floats_in_huge_pages(cache);
+    s->value_cache = alloc_floats_in_huge_pages(cache);
     s->rope_cos = alloc_floats((size_t)c->seq_len * angles);
     s->rope_sin = alloc_floats((size_t)c->seq_len * angles);
     if (!s->x || !s->xb || !s->xb2 || !s->hb || !s->hb2 || !s->q || !s->k || !s->v || !s->att || !s->logits ||

@@ -323,6 +323,25 @@ static void test_block_forward_equals_token_forward(const char *checkpoint) {
     free_transformer(&b);
 }
 
+// The KV cache starts on a 2 MB boundary (where Linux can back it with huge pages)
+// and holds every position of every layer: its last float can be written (an
+// allocation rounded down would show here, under AddressSanitizer in `make test`).
+static void test_kv_cache_sits_on_huge_page_boundaries(const char *checkpoint) {
+    Transformer t;
+    if (load_checkpoint(&t, checkpoint) || build_run_state(&t.state, &t.config)) {
+        check(0, "kv_cache_starts_on_huge_page_boundaries", error_message);
+        return;
+    }
+    const Config *c = &t.config;
+    size_t last = kv_cache_offset(c, c->n_layers - 1, c->n_kv_heads - 1, c->seq_len - 1) + head_size_of(c) - 1;
+    t.state.key_cache[last] = 1.0f;
+    t.state.value_cache[last] = 2.0f;
+    check((uintptr_t)t.state.key_cache % HUGE_PAGE_BYTES == 0 && (uintptr_t)t.state.value_cache % HUGE_PAGE_BYTES == 0 &&
+              t.state.key_cache[last] + t.state.value_cache[last] == 3.0f,
+          "kv_cache_starts_on_huge_page_boundaries", "a cache is not 2 MB aligned");
+    free_transformer(&t);
+}
+
 // Largest |a - b| over the layer-0 key (or value) vectors at positions lo..hi-1,
 // relative to the largest |b| of the same head vector.
 static double layer0_cache_error(const Config *c, const float *a, const float *b, int lo, int hi) {
@@ -425,6 +444,7 @@ int main(int argc, char **argv) {
                                            "prefetching_matmul_under_uneven_thread_split_equals_one_dot_per_row_bitwise");
     if (argc > 1) {
         test_block_forward_equals_token_forward(argv[1]);
+        test_kv_cache_sits_on_huge_page_boundaries(argv[1]);
         test_shifted_keys_equal_fresh_keys(argv[1], 1.0f, "shifted_keys_equal_fresh_keys_in_layer_0_rope");
         test_shifted_keys_equal_fresh_keys(argv[1], 0.5f, "shifted_keys_equal_fresh_keys_in_layer_0_p_rope_half");
     }
