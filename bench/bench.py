@@ -27,7 +27,10 @@ This machine's figures drift by 10-30% within minutes, so each model and thread
 count runs in rounds: a bandwidth reading, a decode run, another bandwidth
 reading, a prefill run. A round's bandwidth is the mean of its two readings. The
 fraction of the bandwidth and the prefill speed-up are the medians of each
-round's own ratios.
+round's own ratios. A one-thread round runs every program in it, and both of
+its bandwidth readings, on one CPU, the CPUs taking turns from round to round:
+one vCPU of these shared machines is at times 20-30% slower than the other for
+minutes, and programs left to the scheduler need not land on the same one.
 
 Side by side with the programs users would otherwise run, on the same weights:
   PEER=/path/to/run          a llama2.c-compatible CLI (karpathy/llama2.c's run,
@@ -255,6 +258,12 @@ class Runner:
         self.run_bin = run_bin
         self.tokenizer = tokenizer
         self.contention = Contention(wait_budget)
+        self.cpu = None  # the one CPU every program runs on, or None: wherever the scheduler puts it
+
+    def pin(self):
+        """preexec_fn for a child that must run on self.cpu only (None when unpinned)."""
+        cpu = self.cpu
+        return (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
 
     def cmd(self, model, *args):
         return [self.run_bin, model, "-z", self.tokenizer, *args]
@@ -285,7 +294,8 @@ class Runner:
         allowed = self.contention.allowed(threads)
         with tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as out:
             busy0, ours0, t0 = cpu_busy_seconds(), children_cpu_seconds(), time.time()
-            p = subprocess.Popen(cmd, stdout=out if capture_stdout else subprocess.DEVNULL, stderr=err, env=env)
+            p = subprocess.Popen(cmd, stdout=out if capture_stdout else subprocess.DEVNULL, stderr=err, env=env,
+                                 preexec_fn=self.pin())
             last = (busy0, 0.0, t0)
             disturbed = 0.0
             while True:
@@ -481,15 +491,16 @@ def run_stream(threads, reps, cpu=None, check=True):
     return ((float(m[2]), float(m[3])) if m else None), out
 
 
-def stream_bandwidth(contention, threads, reps):
+def stream_bandwidth(contention, threads, reps, cpu=None):
     """(best pass GB/s, mean GB/s over all passes, disturbed): one reading of bench/stream with
-    this many threads, on free cores (tried again, up to three times, when others took them)."""
+    this many threads, on free cores (tried again, up to three times, when others took them),
+    on the given CPU only if one is given."""
     if not os.path.exists(STREAM):
         raise SystemExit("bench: bench/stream is missing: run `make bench` (it builds it)")
     for attempt in range(3):
         contention.wait_for_cores(threads)
         busy0, ours0, t0 = cpu_busy_seconds(), children_cpu_seconds(), time.time()
-        reading, out = run_stream(threads, reps)
+        reading, out = run_stream(threads, reps, cpu)
         others = max(0.0, (cpu_busy_seconds() - busy0) - (children_cpu_seconds() - ours0)) / (time.time() - t0)
         if not reading:
             raise SystemExit(f"bench: cannot read bench/stream's output:\n{out}")
@@ -500,15 +511,20 @@ def stream_bandwidth(contention, threads, reps):
     return reading[0], reading[1], disturbed
 
 
+def usable_cpus():
+    """The CPUs this process may run on, in order ([] where that cannot be read)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return []
+
+
 def read_by_cpu(reps=5):
     """One thread's best-pass read GB/s on each CPU this process may use, each CPU twice by
     turns: on the shared machines measured here one vCPU is at times 20-25% slower than the
     other for minutes on end (the host's doing), which is why run.c splits decode rows by
     each thread's measured speed. Empty where CPUs cannot be chosen."""
-    try:
-        cpus = sorted(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return ""
+    cpus = usable_cpus()
     if len(cpus) < 2 or not os.path.exists(STREAM):
         return ""
     got = {c: [] for c in cpus}
@@ -563,6 +579,7 @@ def main():
         + (" -- runs will wait for free cores, or be redone, within limits" if busy > SPARE else ""))
     stream_reps = 4 if args.quick else STREAM_REPS
     by_cpu_start = "" if args.quick else read_by_cpu()
+    cpus = usable_cpus()
 
     rows, side, notes, raw, any_disturbed = [], [], [], [], False
     for name in models:
@@ -609,8 +626,15 @@ def main():
             disturbed = bw_disturbed = 0
             retries = [runs]  # runs redone for other work: at most this many per model and thread count
             vs_peer, vs_pp, vs_tg, peer_rates, pp_rates, tg_rates, ours_wall = [], [], [], [], [], [], []
+            round_cpus = []
             for k in range(runs):
-                peak1, mean1, d1 = stream_bandwidth(runner.contention, t, stream_reps)
+                # A one-thread round runs everything on one CPU, the CPUs by turns: on the shared
+                # machines measured here one vCPU is at times 20-30% slower than the other for
+                # minutes, and a decode and a bandwidth reading left to the scheduler need not
+                # land on the same one, nor run and its peer.
+                runner.cpu = cpus[k % len(cpus)] if t == 1 and len(cpus) > 1 else None
+                round_cpus.append(runner.cpu)
+                peak1, mean1, d1 = stream_bandwidth(runner.contention, t, stream_reps, runner.cpu)
                 # ours and the peer one after the other, first one then the other by turns
                 for turn in ((0, 1) if k % 2 == 0 else (1, 0)):
                     if turn == 0:
@@ -631,7 +655,7 @@ def main():
                 if peer:
                     vs_peer.append(peer_wall / wall)
                     peer_rates.append((decode_steps - 1) / peer_wall)
-                peak2, mean2, d2 = stream_bandwidth(runner.contention, t, stream_reps)
+                peak2, mean2, d2 = stream_bandwidth(runner.contention, t, stream_reps, runner.cpu)
                 # the bandwidth while the decode ran, as near as we can tell
                 peak, mean = (peak1 + peak2) / 2, (mean1 + mean2) / 2
                 peaks.append(peak)
@@ -657,8 +681,10 @@ def main():
                 of_peak.append(bytes_per_token * d_rate / 1e9 / peak)
                 of_mean.append(bytes_per_token * d_rate / 1e9 / mean)
                 speedups.append(p_rate / d_rate if d_rate > 0 else float("nan"))
+            runner.cpu = None
             redone = runs - retries[0]
-            raw.append(f"{name}, {t} thread(s), by round: read bandwidth (best pass / mean) "
+            on_cpus = (f" on cpu {', '.join(str(c) for c in round_cpus)}" if round_cpus[0] is not None else "")
+            raw.append(f"{name}, {t} thread(s), by round{on_cpus}: read bandwidth (best pass / mean) "
                        f"{', '.join(f'{a:.2f}/{b:.2f}' for a, b in zip(peaks, means))} GB/s; "
                        f"prefill {', '.join(f'{r:.1f}' for r in pre)} tok/s; "
                        f"decode {', '.join(f'{r:.1f}' for r in dec)} tok/s; "
@@ -725,7 +751,8 @@ def main():
                f"over a span like the decode run's, shared-machine interruptions included)")
     out.append("- % of best pass, % of sustained and prefill speed-up: the median over rounds of each round's "
                "own ratio (decode GB/s / read GB/s; prefill tok/s / decode tok/s), so that the machine's drift "
-               "between rounds cancels")
+               "between rounds cancels; a one-thread round runs everything in it (readings, run, peers) on one CPU, "
+               "the CPUs by turns")
     out.append("- random weights, greedy (-t 0); prefill and decode tok/s as run prints them (median). Rounds: ")
     out += [f"  - {r}" for r in raw]
     out.append(f"- took {elapsed:.0f} s (of which {runner.contention.waited:.0f} s waiting for free cores); "
