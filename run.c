@@ -584,16 +584,22 @@ static void free_run_state(RunState *s) {
     memset(s, 0, sizeof(*s));
 }
 
+static size_t round_up(size_t bytes, size_t unit) { return (bytes + unit - 1) / unit * unit; }
+
+// n floats starting on a multiple of `alignment` (aligned_alloc wants the size a
+// multiple of it too).
+static float *alloc_floats_aligned(size_t n, size_t alignment) {
+    size_t bytes = round_up(n * sizeof(float), alignment);
+    return aligned_alloc(alignment, bytes > 0 ? bytes : alignment);
+}
+
 // An array of n floats that starts on a 64-byte cache line, so that the kernels'
 // vector loads never straddle two lines (measured on the 110M model's matmuls:
 // +16% with the packed tokens aligned). It is not zeroed: every array of the run
 // state is written before it is read, and the big ones (the scores, and the KV
 // cache where huge pages are not given: below) take memory only as positions are
 // used, as with calloc.
-static float *alloc_floats(size_t n) {
-    size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
-    return aligned_alloc(64, bytes > 0 ? bytes : 64);
-}
+static float *alloc_floats(size_t n) { return alloc_floats_aligned(n, 64); }
 
 // The KV cache, in 2 MB pages where the system gives them. Every decoded token's
 // attention reads the whole cache as far as the positions go (for the 110M shape at
@@ -616,10 +622,9 @@ static float *alloc_floats(size_t n) {
 #define HUGE_PAGE_BYTES ((size_t)2 << 20)
 
 static float *alloc_floats_in_huge_pages(size_t n) {
-    size_t bytes = (n * sizeof(float) + HUGE_PAGE_BYTES - 1) / HUGE_PAGE_BYTES * HUGE_PAGE_BYTES;
-    float *p = aligned_alloc(HUGE_PAGE_BYTES, bytes > 0 ? bytes : HUGE_PAGE_BYTES);
+    float *p = alloc_floats_aligned(n, HUGE_PAGE_BYTES);
 #ifdef MADV_HUGEPAGE
-    if (p) madvise(p, bytes, MADV_HUGEPAGE); // a hint: failure changes nothing
+    if (p) madvise(p, round_up(n * sizeof(float), HUGE_PAGE_BYTES), MADV_HUGEPAGE); // a hint: failure changes nothing
 #endif
     return p;
 }
