@@ -223,6 +223,11 @@ def others_cores(seconds=0.3):
     return (cpu_busy_seconds() - b0) / (time.time() - t0)
 
 
+def pin_to(cpu):
+    """preexec_fn for a child that must run on that CPU only (None, as Popen takes it, for no CPU)."""
+    return (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
+
+
 class Contention:
     def __init__(self, budget=WAIT_BUDGET):
         self.waited = 0.0
@@ -260,11 +265,6 @@ class Runner:
         self.contention = Contention(wait_budget)
         self.cpu = None  # the one CPU every program runs on, or None: wherever the scheduler puts it
 
-    def pin(self):
-        """preexec_fn for a child that must run on self.cpu only (None when unpinned)."""
-        cpu = self.cpu
-        return (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
-
     def cmd(self, model, *args):
         return [self.run_bin, model, "-z", self.tokenizer, *args]
 
@@ -295,7 +295,7 @@ class Runner:
         with tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as out:
             busy0, ours0, t0 = cpu_busy_seconds(), children_cpu_seconds(), time.time()
             p = subprocess.Popen(cmd, stdout=out if capture_stdout else subprocess.DEVNULL, stderr=err, env=env,
-                                 preexec_fn=self.pin())
+                                 preexec_fn=pin_to(self.cpu))
             last = (busy0, 0.0, t0)
             disturbed = 0.0
             while True:
@@ -484,9 +484,8 @@ def run_stream(threads, reps, cpu=None, check=True):
     """(best pass GB/s, mean GB/s over all passes, or None if they cannot be read; the output):
     one run of bench/stream over 1 GiB with this many threads, on the given CPU only if one
     is given."""
-    pin = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
     out = subprocess.run([STREAM, "-m", "1024", "-r", str(reps), str(threads)], capture_output=True, text=True,
-                         check=check, preexec_fn=pin).stdout
+                         check=check, preexec_fn=pin_to(cpu)).stdout
     m = re.search(r"threads (\d+) read GB/s ([\d.]+) mean ([\d.]+)", out)
     return ((float(m[2]), float(m[3])) if m else None), out
 
