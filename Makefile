@@ -5,7 +5,7 @@
 #                   the same suite under ASan+UBSan, and short fuzz runs
 #   make bench      speed figures (see README, Performance)
 CC ?= gcc
-MODELS ?= ../shared/models
+MODELS ?= models
 PYTHON ?= /usr/bin/python3
 # -ffp-contract=off: the kernels place their own fused multiply-adds (mul_add in
 # run.c), so that every path computes a dot product with the same roundings.

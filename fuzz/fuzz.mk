@@ -14,7 +14,7 @@
 # fuzz/corpus-work/NAME.log; the summary prints libFuzzer's "Done N runs in S
 # second(s)" line for each harness.
 
-MODELS ?= ../shared/models
+MODELS ?= models
 PYTHON ?= /usr/bin/python3
 FUZZ_CC ?= clang
 FUZZ_SECONDS ?= 60

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-MODELS = Path(sys.argv[1] if len(sys.argv) > 1 else HERE.parent.parent / "shared" / "models")
+MODELS = Path(sys.argv[1] if len(sys.argv) > 1 else HERE.parent / "models")
 OUT = HERE / "corpus"
 
 

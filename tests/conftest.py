@@ -1,4 +1,5 @@
-"""Shared paths and helpers for the tests. Models and goldens are read from ../shared."""
+"""Shared paths and helpers for the tests. Models and goldens are the copies the repository ships
+(models/, tests/data/); MODELS= and GOLDEN= point elsewhere."""
 import os
 import subprocess
 import sys
@@ -8,8 +9,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
-MODELS = Path(os.environ.get("MODELS", ROOT.parent / "shared" / "models")).resolve()
-GOLDEN = Path(os.environ.get("GOLDEN", ROOT.parent / "shared" / "golden")).resolve()
+MODELS = (ROOT / os.environ.get("MODELS", "models")).resolve()
+GOLDEN = (ROOT / os.environ.get("GOLDEN", "tests/data")).resolve()
 # RUN_BIN selects the binary under test (e.g. the sanitizer build ./run-asan)
 RUN_BIN = str((ROOT / os.environ.get("RUN_BIN", "run")).resolve())
 STORIES = MODELS / "stories260K.bin"

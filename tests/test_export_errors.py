@@ -21,7 +21,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPORT = os.path.join(ROOT, "export.py")
-MODELS = os.path.join(ROOT, "..", "shared", "models")
+MODELS = os.path.join(ROOT, os.environ.get("MODELS", "models"))
 EXIT_BAD_INPUT, EXIT_BAD_USAGE = 1, 2
 
 DIM, HIDDEN, LAYERS, HEADS, KV_HEADS, VOCAB, SEQ = 8, 12, 1, 2, 1, 16, 32

@@ -27,7 +27,7 @@ def test_readme_command_runs(command):
     # python3 in the README means a Python with numpy: the one the tests run with
     command = re.sub(r"^python3 ", "/usr/bin/python3 ", command)
     r = subprocess.run(["bash", "-o", "pipefail", "-c", command], cwd=ROOT, capture_output=True, timeout=300,
-                       env={"PATH": "/usr/bin:/bin", "MODELS": "../shared/models"})
+                       env={"PATH": "/usr/bin:/bin", "MODELS": "models"})
     assert r.returncode == 0, r.stderr.decode()[-2000:]
     assert r.stdout.strip(), "the command printed nothing"
 
