@@ -1,9 +1,13 @@
 /* run.c: inference for Llama-architecture models, about rotary position embeddings.
 
-   One file, read top to bottom: the checkpoint (config, weights, loading), rotary
-   position embeddings (RoPE and p-RoPE), the forward pass, the BPE tokenizer, the
-   sampler, and the programs built from them (generate, tokenize, perplexity,
-   inspect, chat), then the command line.
+   One file, read top to bottom: the model first, then the machinery that makes it
+   fast. The checkpoint (config, weights, loading); rotary position embeddings (RoPE
+   and p-RoPE); the forward pass, in the plain form that reads like the equations;
+   moving the KV cache; the BPE tokenizer; the sampler; the programs built from them
+   (generate, tokenize, perplexity, inspect, chat); then "Making it fast" (SIMD
+   kernels, prefill tiles, threads, memory), each piece a refinement of a plain
+   function above that computes the same bits; then the command line. The README's
+   "Reading run.c" is a map.
 
    RoPE (Su et al., RoFormer, 2021) rotates each pair i of query/key dimensions by
    the angle pos * theta^(-2i/head_size), so that q_m . k_n depends on m - n only.
@@ -55,6 +59,21 @@ enum { TOKEN_UNK = 0, TOKEN_BOS = 1, TOKEN_EOS = 2, TOKEN_BYTE0 = 3 }; // Senten
 #define MAX_VOCAB (1 << 22)
 #define MAX_SEQ_LEN (1 << 20)
 #define MAX_KV_CACHE_BYTES (64ull << 30)
+
+// Where a model or tokenizer comes from, for the errors that say one is missing.
+#define WHERE_TO_GET_MODELS "models/ has stories260K.bin and tok512.bin; the README's \"Models\" says where to get more"
+
+// The SIMD the compiler targets. The kernels' vector paths ("Making it fast") use
+// AVX2 with FMA, and AVX-512 where present; every other target runs the plain loops,
+// which compute the same lanes with the same roundings.
+#define DOT_LANES 8 // the partial sums of every dot product (dot(), below)
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define USE_AVX2 1
+#if defined(__AVX512F__)
+#define USE_AVX512 1
+#endif
+#endif
 
 // ----------------------------------------------------------------------------
 // Errors: a function that fails writes one line here and returns -1; main prints
@@ -118,12 +137,8 @@ typedef struct {
 
 // The prompt is processed PREFILL_BLOCK tokens at a time (matrix-matrix products);
 // decoding is the same code with a block of one token. Each block streams the
-// weights from memory once, and each block's parallel regions cost the same
-// whatever its size. 64 tokens measured 10% faster than 32 on the 110M model
-// (Sapphire Rapids); on AMD Zen 5, once the other costs had gone, 128 against 64
-// (three alternating runs each, best of three prompts): 110M, 256-token prompt,
-// 1 thread 610-627 against 576-587 tok/s, 2 threads 1225-1382 against 1100-1288;
-// 15M, 236 tokens, 2 threads 9603-9738 against 9236-9450.
+// weights from memory once, so larger blocks read less per token, up to where the
+// block's activations no longer fit in the caches (docs/performance.md).
 #define PREFILL_BLOCK 128
 
 typedef struct {
@@ -143,9 +158,7 @@ typedef struct {
     float *q_pairs; // (n_heads, block, head_size) the same, packed for matmul_tile
     // the KV cache, each head's positions side by side: attention reads one head's
     // keys (and values) for positions 0..pos as one contiguous run, which the
-    // hardware prefetcher streams. A (pos, kv_dim) layout made that a strided walk,
-    // latency-bound when decoding, as the weights have pushed the cache out of L3
-    // (measured on the 110M model: decode's attention takes 35% less time).
+    // hardware prefetchers stream (a (pos, kv_dim) layout makes it a strided walk)
     float *key_cache;   // (layer, n_kv_heads, seq_len, head_size)
     float *value_cache; // (layer, n_kv_heads, seq_len, head_size)
     // RoPE tables, computed once: cos/sin of pos * frequency(i) for each rotated pair
@@ -399,106 +412,6 @@ static int load_checkpoint(Transformer *t, const char *path) {
     return 0;
 }
 
-// Pins OpenMP thread k to the k-th core this process may use (Linux), unless the
-// user chose a binding (OMP_PROC_BIND), there is one thread, or there are more
-// threads than cores.
-// Unpinned, a worker that went to sleep between parallel regions (while the
-// tokenizer loads) can be woken on the core of the thread that wakes it, where it
-// waits until the scheduler moves it: measured on Zen 4,
-// 15M, 2 threads, the first parallel region of a prefill took 2-8 ms instead of
-// 0.4 ms, a tenth of the prefill. One thread has no workers to misplace, so it
-// stays unpinned: pinned to the first core, it could not leave that core when
-// another process is busy there (measured: 110M, -T 1 beside a busy loop on
-// cpu0, 2 vCPUs, 7 alternating rounds: 27-36 tok/s pinned, 53-81 unpinned;
-// alone, 4 rounds: 62-69 either way).
-static void pin_threads(void) {
-#if defined(_OPENMP) && defined(__linux__)
-    cpu_set_t allowed;
-    if (omp_get_proc_bind() != omp_proc_bind_false || sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return;
-    if (omp_get_max_threads() < 2 || omp_get_max_threads() > CPU_COUNT(&allowed)) return;
-#pragma omp parallel
-    {
-        int k = omp_get_thread_num(), seen = 0;
-        for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
-            if (!CPU_ISSET(cpu, &allowed) || seen++ != k) continue;
-            cpu_set_t one;
-            CPU_ZERO(&one);
-            CPU_SET(cpu, &one);
-            sched_setaffinity(0, sizeof(one), &one); // 0: the calling thread; a hint, failure changes nothing
-            break;
-        }
-    }
-#endif
-}
-
-// Reads one byte of every page of the mapping, the threads splitting the pages.
-// The first access of a process to a page costs about a microsecond even when the
-// page is mapped: measured on the KVM-hosted AMD EPYC machines this project runs
-// on, the first pass over the 15M checkpoint's 60 MB took 20-26 ms, every later
-// pass 3.4 ms, and the same in a second process right after the first (so it is
-// the process's page mapping, not the data, that is cold). A pass of one read per
-// page pays the whole of it (15.7 ms on one thread, then 3.4 ms for the full read).
-static void touch_pages(const unsigned char *base, size_t size) {
-    long n_pages = (long)((size + 4095) / 4096), i;
-    unsigned sum = 0;
-#pragma omp parallel for reduction(+ : sum)
-    for (i = 0; i < n_pages; i++) sum += base[(size_t)i * 4096];
-    volatile unsigned sink = sum; // keeps the reads
-    (void)sink;
-}
-
-// Writes zeros to the run state's block-sized arrays and to the KV cache at
-// positions 0 .. n_positions-1 of every layer and head (the threads splitting the
-// cache's (layer, head) runs), so that the memory the run will use is mapped in
-// before it is timed. The arrays are allocated lazily (a long context costs memory
-// only as far as it is used), and each of their pages comes with a page fault when
-// it is first written: measured on AMD Zen 5, the 15M model's first 236-token prefill
-// spent about 10 ms of 40 on the cache's faults and 3 ms on the other arrays'.
-// llama.cpp clears its whole KV cache when it creates a context, for the same
-// reason; here only the positions this run will use.
-static void touch_run_state(Transformer *t, int n_positions) {
-    const Config *c = &t->config;
-    RunState *s = &t->state;
-    size_t B = PREFILL_BLOCK, dim = c->dim, kv_dim = kv_dim_of(c), hidden = c->hidden_dim;
-    float *arrays[] = {s->x, s->xb, s->xb2, s->q, s->q_head, s->q_pairs, s->k, s->v, s->hb, s->hb2, s->scratch, s->att,
-                       s->logits};
-    size_t lengths[] = {B * dim, B * dim, B * dim, B * dim, B * dim, B * dim, B * kv_dim, B * kv_dim, B * hidden,
-                        B * hidden, B * (hidden > dim ? hidden : dim), B * c->n_heads * (size_t)c->seq_len,
-                        (size_t)c->vocab_size}; // the logits: the one row that generation uses
-    for (size_t i = 0; i < sizeof(arrays) / sizeof(arrays[0]); i++) memset(arrays[i], 0, lengths[i] * sizeof(float));
-    int n_runs = c->n_layers * c->n_kv_heads, r;
-    size_t bytes = (size_t)n_positions * head_size_of(c) * sizeof(float);
-#pragma omp parallel for
-    for (r = 0; r < n_runs; r++) {
-        size_t at = kv_cache_offset(c, r / c->n_kv_heads, r % c->n_kv_heads, 0);
-        memset(s->key_cache + at, 0, bytes);
-        memset(s->value_cache + at, 0, bytes);
-    }
-}
-
-// Before the model runs: brings the mapped weights and the run state (the KV cache
-// as far as the run will use it) into memory, and starts (and pins) the threads, so that the clock
-// of the first prefill times inference, not loading. Left to the first forward
-// pass, the pages of the mapping are faulted in one at a time (measured on 15M:
-// the classifier alone, 37 MB, took 5-10 ms, 15% of a 242-token prefill), and
-// OpenMP starts its threads at the first parallel region (about 2 ms).
-// MADV_POPULATE_READ (Linux 5.14) maps every page in one call; where it is
-// missing, the pages come as they are touched. Then every page is read once
-// (touch_pages), on all threads. Measured on the 15M model, one thread: the first
-// prefill of a process took 62 ms, the next ones 31; with the weights' pages read
-// and the cache touched first, the first one takes 31 too. The whole process
-// takes as long either way (what is timed is only what inference costs, as a
-// warm-up run gives in llama.cpp's llama-bench). The mode that only tokenizes
-// needs none of this.
-static void prepare_to_run(Transformer *t, int n_positions) {
-    pin_threads();
-#ifdef MADV_POPULATE_READ
-    madvise(t->mapped, t->file_size, MADV_POPULATE_READ); // a hint: failure changes nothing
-#endif
-    touch_pages(t->mapped, t->file_size);
-    touch_run_state(t, n_positions);
-}
-
 // ----------------------------------------------------------------------------
 // Rotary position embeddings (RoPE and p-RoPE)
 //
@@ -594,40 +507,13 @@ static float *alloc_floats_aligned(size_t n, size_t alignment) {
 }
 
 // An array of n floats that starts on a 64-byte cache line, so that the kernels'
-// vector loads never straddle two lines (measured on the 110M model's matmuls:
-// +16% with the packed tokens aligned). It is not zeroed: every array of the run
-// state is written before it is read, and the big ones (the scores, and the KV
-// cache where huge pages are not given: below) take memory only as positions are
-// used, as with calloc.
+// vector loads never straddle two lines. It is not zeroed: every array of the run
+// state is written before it is read, and the big ones (the scores, and the KV// cache where huge pages are not given) take memory only as positions are used, as
+// with calloc.
 static float *alloc_floats(size_t n) { return alloc_floats_aligned(n, 64); }
 
-// The KV cache, in 2 MB pages where the system gives them. Every decoded token's
-// attention reads the whole cache as far as the positions go (for the 110M shape at
-// position 128, 9.5 MB a token, in runs of 33 KB: one head's keys, then its
-// values), and nothing else of the run state is read so widely. In 4 KB pages that
-// is a new page every 64 cache lines: a TLB miss, and a fresh start for the
-// hardware prefetchers, which do not follow a stream into the next 4 KB page. Linux
-// backs anonymous memory with 2 MB pages only where madvise(MADV_HUGEPAGE) asks
-// (transparent_hugepage=madvise, as on the machines measured here), and only in
-// 2 MB-aligned ranges, hence the alignment and the size rounded up to whole pages.
-// Measured on AMD Zen 5 (KVM), 110M shape, one thread, each variant alternating
-// with the other 16 tokens at a time within one process: attention took 580-860
-// instead of 1000-1550 us a token, and the whole decode ran 1-8% faster (two
-// threads: level). The price is memory: a page is backed whole once any of it is
-// written, and each head's run of positions is seq_len * head_size floats long, so
-// a short run backs nearly the whole cache (110M shape, seq_len 1024: 72 MB where
-// 4 KB pages backed 19 MB for 256 positions), as llama.cpp's cache, allocated and
-// cleared in full up front, always is. It is a hint: where it is not taken,
-// nothing else changes.
-#define HUGE_PAGE_BYTES ((size_t)2 << 20)
-
-static float *alloc_floats_in_huge_pages(size_t n) {
-    float *p = alloc_floats_aligned(n, HUGE_PAGE_BYTES);
-#ifdef MADV_HUGEPAGE
-    if (p) madvise(p, round_up(n * sizeof(float), HUGE_PAGE_BYTES), MADV_HUGEPAGE); // a hint: failure changes nothing
-#endif
-    return p;
-}
+// The KV cache asks for huge pages ("Making it fast").
+static float *alloc_floats_in_huge_pages(size_t n);
 
 // Allocates the state for the current config. Call again (after free_run_state)
 // when the rotary settings change, to rebuild the tables.
@@ -669,7 +555,59 @@ static void free_transformer(Transformer *t) {
 }
 
 // ----------------------------------------------------------------------------
-// Neural net blocks: the dynamics of the Transformer
+// The forward pass: the dynamics of the Transformer
+//
+// Written in its plain form, the one to check against the equations. Where a loop
+// has a faster version (SIMD, several rows at a time, tiles, threads), the plain
+// function calls it from its first line; the fast versions live together in the
+// section "Making it fast" near the end, and each computes exactly the same sums,
+// bit for bit (tests/test_rope.c compares them). Setting use_fast_kernels to 0
+// runs the plain loops alone.
+
+static int use_fast_kernels = 1;
+
+// The fast versions of the functions below, in "Making it fast".
+#ifdef USE_AVX2
+static float dot_avx2(const float *a, const float *b, int n);
+#endif
+typedef struct Projection Projection;
+static void matmul_fast(float *xout, const float *x, const float *w, int n, int d);
+static void matmul_tiled(float *xout, const float *x, const float *w, int B, int n, int d, float *scratch);
+static void matmuls_fast(const float *x, int n, const Projection *p, int n_proj);
+static void attention_scores_fast(float *att, const float *q, const float *keys, int n, int head_size);
+static void attention_values_fast(float *out, const float *att, const float *values, int n, int head_size);
+static int attention_fast(Transformer *t, int l, int B, int pos0);
+static int swiglu_fast(float *hb, const float *hb2, long n);
+
+// Inspect's accumulators (-m inspect): the query/key chunk norms and the attention
+// summary of each position. The rotation preserves |chunk i|, so measuring before
+// or after it gives the same number.
+static void inspect_record_chunks(InspectStats *st, const Config *c, int layer, const float *q, const float *k) {
+    int head_size = head_size_of(c), pairs = head_size / 2, group = c->n_heads / c->n_kv_heads;
+    for (int h = 0; h < c->n_heads; h++) {
+        const float *qh = q + h * head_size, *kh = k + (h / group) * head_size;
+        double *qn = st->q_norm + ((size_t)layer * c->n_heads + h) * pairs;
+        double *kn = st->k_norm + ((size_t)layer * c->n_heads + h) * pairs;
+        for (int i = 0; i < pairs; i++) {
+            qn[i] += sqrt((double)qh[2 * i] * qh[2 * i] + (double)qh[2 * i + 1] * qh[2 * i + 1]);
+            kn[i] += sqrt((double)kh[2 * i] * kh[2 * i] + (double)kh[2 * i + 1] * kh[2 * i + 1]);
+        }
+    }
+}
+
+static void inspect_record_attention(InspectStats *st, const Config *c, int layer, int h, const float *att, int pos) {
+    if (pos < 1) return; // position 0 can only attend to itself
+    double *a = st->attn + ((size_t)layer * c->n_heads + h) * 3;
+    a[0] += att[0];       // BOS
+    a[1] += att[pos];     // current token
+    a[2] += att[pos - 1]; // previous token
+}
+
+// Counts the B positions of a block starting at pos0 (once per block, in layer 0).
+static void inspect_count_positions(InspectStats *st, int B, int pos0) {
+    st->positions += B;
+    for (int b = 0; b < B; b++) st->attn_positions += pos0 + b >= 1;
+}
 
 // o = w * x / sqrt(mean(x^2) + eps)   (RMSNorm; the order of operations is llama2.c's)
 static void rmsnorm(float *o, const float *x, const float *weight, int size, float eps) {
@@ -694,12 +632,12 @@ static void softmax(float *x, int size) {
     for (int i = 0; i < size; i++) x[i] /= sum;
 }
 
-// a * b + c. With FMA hardware (-mfma, implied by -march=native on x86-64) it is
-// one fused instruction; without, a multiply and an add. The build disables the
-// compiler's own contraction (-ffp-contract=off) so that every dot product below is
-// computed with exactly the same roundings, whichever kernel computes it.
+// a * b + c, rounded once (a fused multiply-add) wherever the target has one: x86-64
+// with FMA, 64-bit ARM always. The build turns off the compiler's own contraction
+// (-ffp-contract=off), so every dot product below is computed with exactly the same
+// roundings, whichever kernel computes it and on whichever machine.
 static inline float mul_add(float a, float b, float c) {
-#ifdef __FMA__
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
     return fmaf(a, b, c);
 #else
     return a * b + c;
@@ -708,574 +646,87 @@ static inline float mul_add(float a, float b, float c) {
 
 // The dot product every matmul uses: eight interleaved partial sums (lane l takes
 // j = l, l+8, l+16, ...; a tail shorter than eight goes to the first lanes), added
-// pairwise at the end. A plain running sum would give the same value up to
-// rounding, but one long chain of dependent additions cannot use SIMD; eight lanes
-// are one AVX register. Where the compiler targets AVX2 and FMA, the loops below
-// run on that register with intrinsics; the plain loops next to them compute the
-// same lanes with the same roundings, so both builds agree bit for bit.
-#define DOT_LANES 8
-
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define USE_AVX2 1
-#if defined(__AVX512F__)
-#define USE_AVX512 1
-#endif
-#endif
-
+// pairwise at the end. A plain running sum gives the same value up to rounding, but
+// one long chain of dependent additions cannot use SIMD; eight lanes are one AVX
+// register (two NEON registers). This is the contract every fast kernel keeps.
 static float reduce_lanes(const float acc[DOT_LANES]) {
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-#ifdef USE_AVX2
-// reduce_lanes() in an AVX register, in the same pairwise order: each step adds a
-// copy with neighbours swapped (a + b == b + a exactly); the sum ends in lane 0.
-static inline float reduce_lanes_avx(__m256 v) {
-    v = _mm256_add_ps(v, _mm256_permute_ps(v, 0xB1));          // (l0+l1), (l2+l3), ...
-    v = _mm256_add_ps(v, _mm256_permute_ps(v, 0x4E));          // (l0+l1)+(l2+l3), (l4+l5)+(l6+l7)
-    v = _mm256_add_ps(v, _mm256_permute2f128_ps(v, v, 1));     // the two halves of four added
-    return _mm256_cvtss_f32(v);
-}
-#endif
-
 static float dot(const float *a, const float *b, int n) {
+#ifdef USE_AVX2
+    if (use_fast_kernels) return dot_avx2(a, b, n); // the same lanes in one AVX register
+#endif
     float acc[DOT_LANES] = {0};
     int j = 0;
-#ifdef USE_AVX2
-    __m256 lanes = _mm256_setzero_ps();
-    for (; j + DOT_LANES <= n; j += DOT_LANES) lanes = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j), lanes);
-    if (j == n) return reduce_lanes_avx(lanes);
-    _mm256_storeu_ps(acc, lanes);
-#else
     for (; j + DOT_LANES <= n; j += DOT_LANES)
         for (int l = 0; l < DOT_LANES; l++) acc[l] = mul_add(a[j + l], b[j + l], acc[l]);
-#endif
     for (int l = 0; j < n; j++, l++) acc[l] = mul_add(a[j], b[j], acc[l]);
     return reduce_lanes(acc);
 }
 
-#ifdef USE_AVX2
-// Asks for the cache line `ahead` bytes past p, into L1 (a hint: it never faults,
-// and the address is computed as an integer, so it may lie past the row's end).
-static inline void prefetch_ahead(const float *p, size_t ahead) {
-    _mm_prefetch((const char *)((uintptr_t)p + ahead), _MM_HINT_T0);
-}
-#endif
-
-// Software prefetch in the decode matmul (see matmul_band): how far ahead each row
-// asks for its lines, and the shortest rows that ask.
-#define PREFETCH_AHEAD_BYTES 1024
-#define PREFETCH_MIN_ROW 512 // floats: 2 KB
-
-// Four dot products: out[r * gap] = dot(w_r, x, n) for the rows w_r = w + r * gap * n,
-// r = 0..3, gap rows apart. Each row's arithmetic is exactly dot()'s.
-// The refinement: one row's lanes form a single chain of dependent multiply-adds
-// (each waits for the last), which on some cores streams weights slower than memory
-// delivers them; four rows give four independent chains that share the loads of x.
-// The loop takes one 64-byte cache line of each row per step (two vectors, in
-// dot()'s order); with `prefetch`, each step first asks for each row's line
-// PREFETCH_AHEAD_BYTES further on, which adds reads in flight (matmul_band).
-static void dot_rows4(float *out, const float *w, const float *x, int n, size_t gap, int prefetch) {
-#ifdef USE_AVX2
-    const float *wr[4] = {w, w + gap * n, w + 2 * gap * n, w + 3 * gap * n};
-    float acc[4][DOT_LANES];
-    __m256 lanes[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    int j = 0;
-    for (; j + 2 * DOT_LANES <= n; j += 2 * DOT_LANES) {
-        if (prefetch)
-            for (int r = 0; r < 4; r++) prefetch_ahead(wr[r] + j, PREFETCH_AHEAD_BYTES);
-        for (int h = j; h < j + 2 * DOT_LANES; h += DOT_LANES) {
-            __m256 xv = _mm256_loadu_ps(x + h);
-            for (int r = 0; r < 4; r++) lanes[r] = _mm256_fmadd_ps(_mm256_loadu_ps(wr[r] + h), xv, lanes[r]);
-        }
+// W (d,n) @ x (n,) -> xout (d,): one token, xout[i] = W[i,:] . x.
+static void matmul(float *xout, const float *x, const float *w, int n, int d) {
+    if (use_fast_kernels) {
+        matmul_fast(xout, x, w, n, d); // four rows at a time, split across threads
+        return;
     }
-    for (; j + DOT_LANES <= n; j += DOT_LANES) { // at most one vector left
-        __m256 xv = _mm256_loadu_ps(x + j);
-        for (int r = 0; r < 4; r++) lanes[r] = _mm256_fmadd_ps(_mm256_loadu_ps(wr[r] + j), xv, lanes[r]);
+    for (int i = 0; i < d; i++) xout[i] = dot(w + (size_t)i * n, x, n);
+}
+
+// X (B,n) @ W^T (n,d) -> XOUT (B,d): the B tokens of a block, xout[b*d + i] = W[i,:] . x[b,:],
+// each token exactly as matmul computes it.
+static void matmul_tokens(RunState *s, float *xout, const float *x, const float *w, int B, int n, int d) {
+    if (use_fast_kernels && B > 1) {
+        matmul_tiled(xout, x, w, B, n, d, s->scratch); // tiles of rows x tokens, split across threads
+        return;
     }
-    for (int r = 0; r < 4; r++) {
-        if (j == n) {
-            out[r * gap] = reduce_lanes_avx(lanes[r]);
-            continue;
-        }
-        _mm256_storeu_ps(acc[r], lanes[r]);
-        for (int jj = j, l = 0; jj < n; jj++, l++) acc[r][l] = mul_add(wr[r][jj], x[jj], acc[r][l]);
-        out[r * gap] = reduce_lanes(acc[r]);
-    }
-#else
-    (void)prefetch; // the plain build leaves prefetching to the hardware
-    for (int r = 0; r < 4; r++) out[r * gap] = dot(w + r * gap * n, x, n);
-#endif
+    for (int b = 0; b < B; b++) matmul(xout + (size_t)b * d, x + (size_t)b * n, w, n, d);
 }
 
-// A parallel region costs a few microseconds (waking the other threads, the barrier
-// at its end, a system call in libgomp), the time of some ten thousand
-// multiply-adds. A matmul or an attention step with fewer multiply-adds than this
-// is done by the calling thread alone, without entering OpenMP; so is all work when
-// there is only one thread (-T 1), where a region would be all cost.
-#define PARALLEL_MIN_WORK 65536
-
-static int worth_a_parallel_region(long work) {
-#ifdef _OPENMP
-    return work >= PARALLEL_MIN_WORK && omp_get_max_threads() > 1;
-#else
-    (void)work;
-    return 0;
-#endif
-}
-
-// W (d,n) @ x (n,) -> xout (d,): one token. Decoding streams every weight from
-// memory once per token, so this is bound by memory bandwidth: what matters is
-// that the cores keep enough reads in flight, in a pattern their hardware
-// prefetchers follow.
-//   The plain form is one dot() per row. The refinement: four independent chains
-// (dot_rows4), with the four rows a quarter of the matrix apart, rows i, i + d/4,
-// i + d/2, i + 3d/4. The threads split i into contiguous bands, so each thread
-// reads four long sequential streams, far apart. Why far apart: on AMD Zen 4, four
-// *adjacent* rows at a time (1-3 KB apart, interleaved eight floats at a time)
-// confuse the prefetchers and ran at half the speed of one row at a time, while
-// on Intel Sapphire Rapids they were 10-15% faster than one row (one chain per row
-// could not keep up with memory there). Far-apart rows keep the independent chains
-// and give every prefetcher plain sequential streams; measured on Zen 4 they read
-// as fast as one row at a time or faster (110M, 2 threads: 100 against 80-90 tok/s).
-// The d % 4 rows left over go one at a time. The threads each take a band of i
-// (matmul_band), and one of them the rows left over.
-//   A second refinement, software prefetch: in rows of PREFETCH_MIN_ROW floats or
-// more, dot_rows4 asks for each row's line 1 KB ahead. The hardware prefetchers
-// follow the four streams but keep fewer reads in flight than the memory can serve;
-// the requests ahead add more. Measured on AMD Zen 5 (KVM, 2 vCPUs), whole decodes,
-// each variant alternating with the plain kernel within one process, 16 tokens at a
-// time: on the 110M shape (rows of 3 and 8 KB) +9 to +18% with one thread, on
-// either vCPU, and +10 to +16% with two (in a noisier phase, +0.5 to +19% and -3 to
-// +15%); 512 bytes ahead gained less, 3 KB ahead lost. On the 15M shape, whose rows
-// are 1152 bytes, asking cost 2-5% with one thread on the faster vCPU and up to 10%
-// with two, so its short rows do not ask (its W2, rows of 3 KB, does: level). Why
-// they lose is not settled: alone, on rows of 1152 bytes streamed from memory, the
-// prefetch gained too; but the 15M weights (61 MB) partly stay in the 32 MB L3 from
-// one token to the next.
-static void matmul_band(float *xout, const float *x, const float *w, int n, int d, int lo, int hi) {
-    int quarter = d / 4, prefetch = n >= PREFETCH_MIN_ROW;
-    for (int i = lo; i < hi; i++) dot_rows4(xout + i, w + (size_t)i * n, x, n, quarter, prefetch);
-}
-
-static void matmul_leftover_rows(float *xout, const float *x, const float *w, int n, int d) {
-    for (int i = 4 * (d / 4); i < d; i++) xout[i] = dot(w + (size_t)i * n, x, n);
-}
-
-static void matmul_rows(float *xout, const float *x, const float *w, int n, int d) {
-    matmul_band(xout, x, w, n, d, 0, d / 4);
-    matmul_leftover_rows(xout, x, w, n, d);
-}
-
-// One matrix of several that multiply the same x: xout = W x, W of d rows.
-typedef struct {
+// One matrix of several that multiply the same input: xout = W x, W of d rows.
+struct Projection {
     float *xout;
     const float *w;
     int d;
-} Projection;
+};
 
-// How the threads split a decode matmul's rows: thread k takes the fraction
-// row_split.share[k] of them. The plain split is an equal share each (what `omp
-// for` does). The refinement: on the shared machines this project runs on, one
-// core is at times slower than the other for minutes on end (measured on the
-// 2-vCPU AMD EPYC KVM guest: the same kernel on the same rows ran 20-25% slower on
-// one vCPU than on the other, from the L2 cache as from memory, so the host, not
-// the memory, takes the time). With equal shares the fast thread then waits for
-// the slow one at the end of every matmul. So each thread times its own part of
-// every matmul, and every SPLIT_WINDOW matmuls the shares move halfway towards the
-// threads' measured speeds (rows per second), unless they are already within
-// SPLIT_DEADBAND of them. The dead band keeps an equal split equal on a machine
-// whose cores are equally fast: a thread keeps the same rows from token to token,
-// so what fits in its caches stays there, which a dynamic schedule gives up (that
-// one was measured 6-16% slower on the 15M model, whose layers partly stay in L3).
-// Which thread computes a row never changes its arithmetic: the output is the
-// same, bit for bit, whatever the shares.
-#if defined(_OPENMP) || defined(RUN_TESTING) // (a build without OpenMP has one thread, no split)
-#define SPLIT_MAX_THREADS 64 // more threads than this take equal shares
-#define SPLIT_WINDOW 64      // matmuls timed between two updates: one token of the 110M shape
-#define SPLIT_DEADBAND 0.02  // shares this close to the measured speeds' stay as they are
-
-typedef struct {
-    int n_threads;                     // the team the shares are for; 0 = not yet set
-    double share[SPLIT_MAX_THREADS];   // fractions of the rows, summing to 1
-    double seconds[SPLIT_MAX_THREADS]; // each thread's time on its rows since the last update
-    int timed;                         // matmuls timed since the last update
-} RowSplit;
-
-static RowSplit row_split; // a property of the machine, not of a model: one for the process
-
-static void split_equally(RowSplit *split, int n_threads) {
-    memset(split, 0, sizeof(*split));
-    split->n_threads = n_threads;
-    for (int k = 0; k < n_threads; k++) split->share[k] = 1.0 / n_threads;
-}
-
-// Rows [lo, hi) of `rows` for thread k of n_threads: the bands follow each other in
-// thread order, thread k's band starting where the shares before it end.
-static void band_of_thread(const double *share, int k, int n_threads, int rows, int *lo, int *hi) {
-    double before = 0.0;
-    for (int j = 0; j < k; j++) before += share[j];
-    *lo = (int)(rows * before + 0.5);
-    *hi = k == n_threads - 1 ? rows : (int)(rows * (before + share[k]) + 0.5);
-    if (*lo > rows) *lo = rows;
-    if (*hi > rows) *hi = rows;
-    if (*hi < *lo) *hi = *lo;
-}
-
-// Moves the shares towards the speeds measured over a window: thread k's speed is
-// its share over its time (its rows per second, up to a common factor), and its
-// target share speed_k / (sum of speeds), but at least a quarter of an equal share
-// (a thread stalled by the host for a whole window must not lose its rows for
-// good). If any share is more than SPLIT_DEADBAND from its target, every share
-// moves halfway to it. The shares still sum to 1.
-static void move_shares_towards_speeds(RowSplit *split) {
-    int n = split->n_threads;
-    double target[SPLIT_MAX_THREADS], total = 0.0, sum = 0.0, off = 0.0;
-    for (int k = 0; k < n; k++) {
-        target[k] = split->share[k] / split->seconds[k];
-        total += target[k];
-    }
-    for (int k = 0; k < n; k++) {
-        target[k] = fmax(target[k] / total, 0.25 / n);
-        sum += target[k];
-    }
-    for (int k = 0; k < n; k++) off = fmax(off, fabs(target[k] / sum - split->share[k]));
-    if (off <= SPLIT_DEADBAND) return;
-    for (int k = 0; k < n; k++) split->share[k] += 0.5 * (target[k] / sum - split->share[k]);
-}
-
-// Adds one matmul's per-thread times; every SPLIT_WINDOW matmuls, moves the shares
-// (unless a clock too coarse to time a band left a thread with no time: no
-// evidence) and starts a new window.
-static void record_thread_times(RowSplit *split, const double *seconds) {
-    int measured = 1;
-    for (int k = 0; k < split->n_threads; k++) split->seconds[k] += seconds[k];
-    if (++split->timed < SPLIT_WINDOW) return;
-    for (int k = 0; k < split->n_threads; k++) measured &= split->seconds[k] > 0.0;
-    if (measured) move_shares_towards_speeds(split);
-    for (int k = 0; k < split->n_threads; k++) split->seconds[k] = 0.0;
-    split->timed = 0;
-}
-#endif
-
-// Several matrices applied to one token's x (q, k and v; or W1 and W3), split
-// across threads in one parallel region: each thread takes its band of the first
-// matrix, then, without waiting for the others, its band of the next. A parallel
-// region costs a few microseconds (waking the threads, the barrier at its end).
-// Measured on the 15M model, decoding 250 tokens (six alternating runs each,
-// AMD EPYC): 2 threads, 1275 tok/s with a region for each of the 43 matmuls a
-// token, 1386 with q, k, v and W1, W3 fused into 31; one thread (no region at all
-// now), 719 against 770.
-//   Returns 0, having done nothing, when the region did not get the team the
-// shares are for (OMP_DYNAMIC), or in a build without OpenMP.
-static int matmuls_in_bands(const float *x, int n, const Projection *p, int n_proj) {
-#ifdef _OPENMP
-    int n_threads = omp_get_max_threads();
-    if (n_threads > SPLIT_MAX_THREADS) n_threads = SPLIT_MAX_THREADS;
-    if (row_split.n_threads != n_threads) split_equally(&row_split, n_threads);
-    double seconds[SPLIT_MAX_THREADS] = {0};
-    int whole_team = 1;
-#pragma omp parallel num_threads(n_threads)
-    {
-        int k = omp_get_thread_num(), fits = omp_get_num_threads() == n_threads;
-        if (k == 0 && !fits) whole_team = 0;
-        double start = omp_get_wtime();
-        for (int j = 0; j < n_proj && fits; j++) {
-            int lo, hi;
-            band_of_thread(row_split.share, k, n_threads, p[j].d / 4, &lo, &hi);
-            matmul_band(p[j].xout, x, p[j].w, n, p[j].d, lo, hi);
-            if (k == n_threads - 1) matmul_leftover_rows(p[j].xout, x, p[j].w, n, p[j].d);
-        }
-        seconds[k] = omp_get_wtime() - start;
-    }
-    if (whole_team) record_thread_times(&row_split, seconds);
-    return whole_team;
-#else
-    (void)x, (void)n, (void)p, (void)n_proj;
-    return 0;
-#endif
-}
-
-// xout = W x for each projection in p: split across threads when the work is worth
-// a parallel region (matmuls_in_bands), else on the calling thread.
-static void matmuls(const float *x, int n, const Projection *p, int n_proj) {
-    long work = 0;
-    for (int j = 0; j < n_proj; j++) work += (long)n * p[j].d;
-    if (worth_a_parallel_region(work) && matmuls_in_bands(x, n, p, n_proj)) return;
-    for (int j = 0; j < n_proj; j++) matmul_rows(p[j].xout, x, p[j].w, n, p[j].d);
-}
-
-static void matmul(float *xout, const float *x, const float *w, int n, int d) {
-    Projection p = {xout, w, d};
-    matmuls(x, n, &p, 1);
-}
-
-// X (B,n) @ W^T (n,d) -> XOUT (B,d): a block of B tokens, xout[b*d + i] = W[i,:] . x[b,:].
-// The refinement of matmul for prompts: a tile of TILE_ROWS weight rows meets
-// TILE_TOKENS tokens, so each weight loaded feeds several multiply-adds and the
-// job is bound by arithmetic, not memory. Each output is still exactly dot()'s
-// arithmetic (lanes, order, reduction), so the block result equals, bit for bit,
-// what matmul gives token by token.
-//   AVX2 (and plain C): 3 rows x 4 tokens; 12 accumulators, 3 weight vectors and 1
-//     token vector fill the 16 AVX registers, none spilled.
-//   AVX-512: a 16-float register holds two tokens' eight lanes side by side (token
-//     b in lanes 0-7, b+1 in 8-15) against a weight vector broadcast to both
-//     halves, so one instruction does two of dot()'s steps without changing them.
-//     pack_token_pairs first lays the tokens out in pairs so that one load fills
-//     such a register. 6 rows x 8 tokens: 24 accumulators, 6 weight vectors and 1
-//     token pair fill 31 of the 32 registers. Measured on the 110M model, 2
-//     threads, against the earlier 4 x 8 tile: prefill +14%.
-#ifdef USE_AVX512
-#define TILE_ROWS 6
-#define TILE_TOKENS 8
-#else
-#define TILE_ROWS 3
-#define TILE_TOKENS 4
-#endif
-
-// a block rounded up to whole tiles still fits the block-sized buffers
-_Static_assert(PREFILL_BLOCK % TILE_TOKENS == 0, "PREFILL_BLOCK must be a multiple of TILE_TOKENS");
-
-#ifdef USE_AVX512
-// packed[(p * chunks + c) * 16 + h * 8 + l] = x[2p + h][8c + l]: tokens in pairs,
-// eight floats of each in turn (chunks = n / 8, rounded down). The last tile is
-// padded with copies of the last token, whose results matmul_tile drops.
-static void pack_token_pair(float *packed, const float *x, int B, int n, int p) {
-    int chunks = n / DOT_LANES;
-    for (int c = 0; c < chunks; c++)
-        for (int h = 0; h < 2; h++) {
-            int token = 2 * p + h < B ? 2 * p + h : B - 1;
-            memcpy(packed + ((size_t)p * chunks + c) * 16 + h * 8, x + (size_t)token * n + c * 8,
-                   DOT_LANES * sizeof(float));
-        }
-}
-
-// the pairs of B tokens rounded up to whole tiles
-static int token_pairs_of(int B) { return (B + TILE_TOKENS - 1) / TILE_TOKENS * TILE_TOKENS / 2; }
-
-static void pack_token_pairs(float *packed, const float *x, int B, int n) {
-    for (int p = 0; p < token_pairs_of(B); p++) pack_token_pair(packed, x, B, n, p);
-}
-#endif
-
-#if defined(USE_AVX512)
-// reduce_lanes() for two tokens in each of four registers a, b, c, d at once. Each
-// register holds two tokens' eight lanes side by side; the eight sums leave in one
-// register, [a, b, c, d] of the first token in lanes 0-3 and of the second token in
-// lanes 8-11. Each step adds two registers' neighbouring lanes, shuffled side by side
-// (shuffle_ps takes lanes 0 and 2, or 1 and 3, of each four from both), so every sum
-// is still reduce_lanes' ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), in eleven instructions
-// where reducing the registers one at a time (a swap and an add per step, three
-// steps each) takes twenty-four. In a tile over short rows (n = 48 for a head's keys,
-// 288 for 15M) the sums were a large share of the time.
-static inline __m512 reduce_four_lane_pairs(__m512 a, __m512 b, __m512 c, __m512 d) {
-    __m512 ab = _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD)); // a01 a23 b01 b23
-    __m512 cd = _mm512_add_ps(_mm512_shuffle_ps(c, d, 0x88), _mm512_shuffle_ps(c, d, 0xDD)); // c01 c23 d01 d23
-    __m512 v = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x88), _mm512_shuffle_ps(ab, cd, 0xDD)); // a0123 .. d0123
-    return _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1)); // + a4567 .. d4567, from the next four lanes
-}
-#endif
-
-#if defined(USE_AVX512)
-_Static_assert(TILE_ROWS == 6 && TILE_TOKENS % 4 == 0, "the AVX-512 tile's sums are stored in groups of four");
-
-// Stores four sums of reduce_four_lane_pairs for token b and token b + 1: the tile's
-// rows r0 .. r0 + 3 (r0 = 0) for one token pair, or (r0 = 4) rows 4 and 5 for tokens
-// b, b + 2 (first token of each pair in lanes 0-3) and b + 1, b + 3 (lanes 8-11).
-// n_tokens: how many of the tile's tokens from b on are real; rows and tokens past the
-// tile's real ones are not stored.
-static void store_sums(float *xout, int d, int i0, int n_rows, int b, int n_tokens, int r0, __m512 sums) {
-    float s[16];
-    _mm512_storeu_ps(s, sums);
-    for (int half = 0; half < 2; half++) { // the first token of the pair(s), then the second
-        for (int k = 0; k < 4; k++) {
-            int r = r0 == 0 ? k : 4 + k % 2, token = r0 == 0 ? half : half + 2 * (k / 2);
-            if (r < n_rows && token < n_tokens) xout[(size_t)(b + token) * d + i0 + r] = s[8 * half + k];
-        }
-    }
-}
-#endif
-
-// One tile: rows i0 .. i0 + n_rows - 1 and tokens b0 .. b0 + n_tokens - 1; row i and
-// token b give xout[b * d + i] (d: the length of an output row). A short tile
-// (fewer than TILE_ROWS rows or TILE_TOKENS tokens, at the end of a matrix or block)
-// computes copies of its last row or token and keeps only the real results, which is
-// cheaper than one dot() per leftover row and token. When n is a multiple of eight
-// the SIMD paths sum the lanes in registers; otherwise they hand their lanes to the
-// plain loop at the end, which adds the tail and calls reduce_lanes.
-//   prefetch, prefetch_lines: cache lines of weights that a later tile will read;
-// one is requested into L2 per step of eight multiply-adds (see matmul_block).
-static void matmul_tile(float *xout, const float *x, const float *packed, const float *w, int n, int d, int i0,
-                        int n_rows, int b0, int n_tokens, const char *prefetch, int prefetch_lines) {
-    float acc[TILE_ROWS][TILE_TOKENS][DOT_LANES];
-    const float *wr[TILE_ROWS], *xb[TILE_TOKENS];
-    for (int r = 0; r < TILE_ROWS; r++) wr[r] = w + (size_t)(i0 + (r < n_rows ? r : n_rows - 1)) * n;
-    for (int b = 0; b < TILE_TOKENS; b++) xb[b] = x + (size_t)(b0 + (b < n_tokens ? b : n_tokens - 1)) * n;
-    int j = 0;
-#if defined(USE_AVX512)
-    enum { PAIRS = TILE_TOKENS / 2 };
-    int chunks = n / DOT_LANES;
-    const float *pair[PAIRS];
-    for (int p = 0; p < PAIRS; p++) pair[p] = packed + (size_t)(b0 / 2 + p) * chunks * 16;
-    __m512 lanes[TILE_ROWS][PAIRS];
-    for (int r = 0; r < TILE_ROWS; r++)
-        for (int p = 0; p < PAIRS; p++) lanes[r][p] = _mm512_setzero_ps();
-    for (int c = 0; c < chunks; c++, j += DOT_LANES) {
-        if (c < prefetch_lines) __builtin_prefetch(prefetch + (size_t)c * 64, 0, 2);
-        __m512 wv[TILE_ROWS];
-        for (int r = 0; r < TILE_ROWS; r++) wv[r] = _mm512_broadcast_f32x8(_mm256_loadu_ps(wr[r] + j));
-        for (int p = 0; p < PAIRS; p++) {
-            __m512 xv = _mm512_loadu_ps(pair[p] + (size_t)c * 16);
-            for (int r = 0; r < TILE_ROWS; r++) lanes[r][p] = _mm512_fmadd_ps(wv[r], xv, lanes[r][p]);
-        }
-    }
-    if (j == n) {
-        // rows 0-3 of each token pair, then rows 4-5 of two token pairs, four sums at a time
-        for (int p = 0; p < PAIRS; p++)
-            store_sums(xout, d, i0, n_rows, b0 + 2 * p, n_tokens - 2 * p, 0,
-                       reduce_four_lane_pairs(lanes[0][p], lanes[1][p], lanes[2][p], lanes[3][p]));
-        for (int p = 0; p < PAIRS; p += 2)
-            store_sums(xout, d, i0, n_rows, b0 + 2 * p, n_tokens - 2 * p, 4,
-                       reduce_four_lane_pairs(lanes[4][p], lanes[5][p], lanes[4][p + 1], lanes[5][p + 1]));
+// Each projection of p applied to the B tokens of x (rows of n).
+static void matmuls(RunState *s, const float *x, const Projection *p, int n_proj, int B, int n) {
+    if (use_fast_kernels && B == 1) {
+        matmuls_fast(x, n, p, n_proj); // all in one parallel region
         return;
     }
-    for (int r = 0; r < TILE_ROWS; r++)
-        for (int p = 0; p < PAIRS; p++) {
-            float both[2 * DOT_LANES];
-            _mm512_storeu_ps(both, lanes[r][p]);
-            memcpy(acc[r][2 * p], both, sizeof(acc[r][2 * p]));
-            memcpy(acc[r][2 * p + 1], both + DOT_LANES, sizeof(acc[r][2 * p + 1]));
-        }
-#elif defined(USE_AVX2)
-    (void)packed;
-    __m256 lanes[TILE_ROWS][TILE_TOKENS];
-    for (int r = 0; r < TILE_ROWS; r++)
-        for (int b = 0; b < TILE_TOKENS; b++) lanes[r][b] = _mm256_setzero_ps();
-    for (; j + DOT_LANES <= n; j += DOT_LANES) {
-        if (j / DOT_LANES < prefetch_lines) __builtin_prefetch(prefetch + (size_t)(j / DOT_LANES) * 64, 0, 2);
-        __m256 wv[TILE_ROWS];
-        for (int r = 0; r < TILE_ROWS; r++) wv[r] = _mm256_loadu_ps(wr[r] + j);
-        for (int b = 0; b < TILE_TOKENS; b++) {
-            __m256 xv = _mm256_loadu_ps(xb[b] + j);
-            for (int r = 0; r < TILE_ROWS; r++) lanes[r][b] = _mm256_fmadd_ps(wv[r], xv, lanes[r][b]);
-        }
-    }
-    if (j == n) {
-        for (int r = 0; r < n_rows; r++)
-            for (int b = 0; b < n_tokens; b++) xout[(size_t)(b0 + b) * d + i0 + r] = reduce_lanes_avx(lanes[r][b]);
+    for (int j = 0; j < n_proj; j++) matmul_tokens(s, p[j].xout, x, p[j].w, B, n, p[j].d);
+}
+
+// att[t] = q . k_t for the first n positions.
+static void attention_scores(float *att, const float *q, const float *keys, int n, int head_size) {
+    if (use_fast_kernels) {
+        attention_scores_fast(att, q, keys, n, head_size); // four keys at a time
         return;
     }
-    for (int r = 0; r < TILE_ROWS; r++)
-        for (int b = 0; b < TILE_TOKENS; b++) _mm256_storeu_ps(acc[r][b], lanes[r][b]);
-#else
-    (void)packed;
-    memset(acc, 0, sizeof(acc));
-    for (; j + DOT_LANES <= n; j += DOT_LANES) {
-        if (j / DOT_LANES < prefetch_lines) __builtin_prefetch(prefetch + (size_t)(j / DOT_LANES) * 64, 0, 2);
-        for (int r = 0; r < TILE_ROWS; r++)
-            for (int b = 0; b < TILE_TOKENS; b++)
-                for (int l = 0; l < DOT_LANES; l++) acc[r][b][l] = mul_add(wr[r][j + l], xb[b][j + l], acc[r][b][l]);
-    }
-#endif
-    for (int r = 0; r < n_rows; r++)
-        for (int b = 0; b < n_tokens; b++) {
-            for (int jj = j, l = 0; jj < n; jj++, l++) acc[r][b][l] = mul_add(wr[r][jj], xb[b][jj], acc[r][b][l]);
-            xout[(size_t)(b0 + b) * d + i0 + r] = reduce_lanes(acc[r][b]);
-        }
+    for (int tt = 0; tt < n; tt++) att[tt] = dot(q, keys + (size_t)tt * head_size, head_size);
 }
 
-// scratch: room for B * n floats, B rounded up to a multiple of TILE_TOKENS (the
-// AVX-512 path packs the tokens there). Each thread takes eight row tiles at a time
-// (dynamic scheduling: on a shared machine one core is often slower, and a static
-// split leaves the other waiting; measured +2 to +8% prefill) and runs each row
-// tile against every token tile of the block.
-//   The refinement: a row tile's weights come from memory during its first token
-// tile, and the arithmetic waits for them. So while one row tile is at work, the
-// weights of the next are requested into L2, a share per token tile, spread over
-// the steps of the loop. Measured on the 110M model, 2 threads: prefill +12%.
-static void matmul_block(float *xout, const float *x, const float *w, int B, int n, int d, float *scratch) {
-    int token_tiles = (B + TILE_TOKENS - 1) / TILE_TOKENS;
-#pragma omp parallel
-    {
-#ifdef USE_AVX512
-        // the threads pack the token pairs together, and wait for each other at the
-        // end of this loop. Packed by one thread, a 15M prefill with 2 threads spent
-        // 4% of its time there while the other thread waited (perf).
-        int p;
-#pragma omp for
-        for (p = 0; p < token_pairs_of(B); p++) pack_token_pair(scratch, x, B, n, p);
-#endif
-        int i;
-#pragma omp for schedule(dynamic, 8)
-        for (i = 0; i < d; i += TILE_ROWS) {
-            int rows = d - i < TILE_ROWS ? d - i : TILE_ROWS;
-            int next = i + rows, next_rows = d - next < TILE_ROWS ? d - next : TILE_ROWS;
-            const char *next_w = (const char *)(w + (size_t)next * n);
-            long next_lines = next < d ? ((long)next_rows * n * (long)sizeof(float) + 63) / 64 : 0;
-            for (int t = 0; t < token_tiles; t++) {
-                long first = next_lines * t / token_tiles, last = next_lines * (t + 1) / token_tiles;
-                int b = t * TILE_TOKENS;
-                matmul_tile(xout, x, scratch, w, n, d, i, rows, b, B - b < TILE_TOKENS ? B - b : TILE_TOKENS,
-                            next_w + first * 64, (int)(last - first));
-            }
-        }
-    }
-}
-
-// One matmul entry point for the forward pass: a single token takes the
-// matrix-vector path, a block the tiled matrix-matrix path.
-static void matmul_tokens(RunState *s, float *xout, const float *x, const float *w, int B, int n, int d) {
-    if (B == 1)
-        matmul(xout, x, w, n, d);
-    else
-        matmul_block(xout, x, w, B, n, d, s->scratch);
-}
-
-// The matrices p applied to the B tokens of x (rows of n): one parallel region for
-// all of them when B = 1 (matmuls), a matmul_block each for a block.
-static void project_tokens(RunState *s, const float *x, const Projection *p, int n_proj, int B, int n) {
-    if (B == 1) {
-        matmuls(x, n, p, n_proj);
+// out = sum over the first n positions of att[t] * v_t, added one position at a time.
+static void attention_values(float *out, const float *att, const float *values, int n, int head_size) {
+    if (use_fast_kernels) {
+        attention_values_fast(out, att, values, n, head_size); // four values per pass over out
         return;
     }
-    for (int j = 0; j < n_proj; j++) matmul_block(p[j].xout, x, p[j].w, B, n, p[j].d, s->scratch);
+    memset(out, 0, head_size * sizeof(float));
+    for (int tt = 0; tt < n; tt++)
+        for (int i = 0; i < head_size; i++) out[i] += att[tt] * values[(size_t)tt * head_size + i];
 }
 
-// Adds the query/key chunk norms and the attention summary of one position to the
-// inspect accumulators. The rotation preserves |chunk i|, so measuring before or
-// after it gives the same number.
-static void inspect_record_chunks(InspectStats *st, const Config *c, int layer, const float *q, const float *k) {
-    int head_size = head_size_of(c), pairs = head_size / 2, group = c->n_heads / c->n_kv_heads;
-    for (int h = 0; h < c->n_heads; h++) {
-        const float *qh = q + h * head_size, *kh = k + (h / group) * head_size;
-        double *qn = st->q_norm + ((size_t)layer * c->n_heads + h) * pairs;
-        double *kn = st->k_norm + ((size_t)layer * c->n_heads + h) * pairs;
-        for (int i = 0; i < pairs; i++) {
-            qn[i] += sqrt((double)qh[2 * i] * qh[2 * i] + (double)qh[2 * i + 1] * qh[2 * i + 1]);
-            kn[i] += sqrt((double)kh[2 * i] * kh[2 * i] + (double)kh[2 * i + 1] * kh[2 * i + 1]);
-        }
-    }
-}
-
-static void inspect_record_attention(InspectStats *st, const Config *c, int layer, int h, const float *att, int pos) {
-    if (pos < 1) return; // position 0 can only attend to itself
-    double *a = st->attn + ((size_t)layer * c->n_heads + h) * 3;
-    a[0] += att[0];       // BOS
-    a[1] += att[pos];     // current token
-    a[2] += att[pos - 1]; // previous token
-}
-
-// Grouped-query causal attention of one head h for token b of the block, at
-// position pos, layer l: score_t = q_h . k_t / sqrt(head_size) over t = 0..pos,
-// a = softmax(score), out_h = sum_t a_t v_t, with the key/value head h / group.
-// Long prompts make this loop hot, hence two refinements, both exact: the scores
-// take four keys at a time (dot_rows4: four independent chains, each exactly one
-// dot(); a single chain is latency-bound), and the weighted sum adds four values per
-// pass over out, out = (((out + a0 v0) + a1 v1) + a2 v2) + a3 v3, the additions of
-// one value at a time in the same order, with a quarter of the loads and stores of
-// out. Measured on the 110M model with a 242-token prompt: the sum takes half the
-// time, prefill +4%. With scores_ready, the products q_h . k_t are already in att
-// (attention_block_scores, for a block of tokens).
+// Grouped-query causal attention of query head h for token b of a block, at position
+// pos in layer l. Key/value head h / group serves `group` query heads.
+//   score_t = q_h . k_t / sqrt(head_size),  t = 0 .. pos
+//   a = softmax(score)
+//   out_h = sum_t a_t v_t
+// With scores_ready, the products q_h . k_t are already in att (attention_fast
+// computes a whole block's at once).
 static void attention_head(Transformer *t, int l, int b, int h, int pos, int scores_ready) {
     const Config *c = &t->config;
     RunState *s = &t->state;
@@ -1283,212 +734,106 @@ static void attention_head(Transformer *t, int l, int b, int h, int pos, int sco
     size_t kv_offset = kv_cache_offset(c, l, h / group, 0);
     const float *q = s->q + (size_t)b * c->dim + h * head_size;
     float *att = s->att + ((size_t)b * c->n_heads + h) * c->seq_len;
-    const float *keys = s->key_cache + kv_offset; // key t: keys + t * head_size
-    int tt = 0;
-    if (!scores_ready) {
-        for (; tt + 4 <= pos + 1; tt += 4) dot_rows4(att + tt, keys + (size_t)tt * head_size, q, head_size, 1, 0);
-        for (; tt <= pos; tt++) att[tt] = dot(q, keys + (size_t)tt * head_size, head_size);
-    }
+    const float *keys = s->key_cache + kv_offset, *values = s->value_cache + kv_offset; // position t: + t * head_size
+    if (!scores_ready) attention_scores(att, q, keys, pos + 1, head_size);
     float root = sqrtf(head_size);
-    for (tt = 0; tt <= pos; tt++) att[tt] /= root;
+    for (int tt = 0; tt <= pos; tt++) att[tt] /= root;
     softmax(att, pos + 1);
     if (s->inspect) inspect_record_attention(s->inspect, c, l, h, att, pos);
-    float *out = s->xb + (size_t)b * c->dim + h * head_size;
-    memset(out, 0, head_size * sizeof(float));
-    const float *values = s->value_cache + kv_offset;
-    tt = 0;
-    for (; tt + 4 <= pos + 1; tt += 4) {
-        const float *v0 = values + (size_t)tt * head_size, *v1 = v0 + head_size, *v2 = v1 + head_size,
-                    *v3 = v2 + head_size;
-        float a0 = att[tt], a1 = att[tt + 1], a2 = att[tt + 2], a3 = att[tt + 3];
-        for (int i = 0; i < head_size; i++) out[i] = (((out[i] + a0 * v0[i]) + a1 * v1[i]) + a2 * v2[i]) + a3 * v3[i];
-    }
-    for (; tt <= pos; tt++) {
-        const float *v = values + (size_t)tt * head_size;
-        float a = att[tt];
-        for (int i = 0; i < head_size; i++) out[i] += a * v[i];
-    }
+    attention_values(s->xb + (size_t)b * c->dim + h * head_size, att, values, pos + 1, head_size);
 }
 
-// The refinement for a block of B > 1 tokens: head h's products q_b . k_t for all of
-// them at once, a matrix product Q_h K_h^T (tokens x positions) that runs on the
-// matmul tile, the cached keys of the head being the rows of a matrix (they are
-// consecutive, head_size apart). Each product is dot(k_t, q_b), exactly what
-// attention_head computes for one token (the product is symmetric). Token b needs
-// positions 0 .. pos0 + b; a tile of tokens computes up to its last token's position,
-// and the products past a token's own position are never read. Measured on the 110M
-// model with a 242-token prompt: prefill +6%.
-static void attention_block_scores(Transformer *t, int l, int h, int B, int pos0) {
-    const Config *c = &t->config;
-    RunState *s = &t->state;
-    int head_size = head_size_of(c), group = c->n_heads / c->n_kv_heads;
-    const float *keys = s->key_cache + kv_cache_offset(c, l, h / group, 0);
-    // the tile wants each token's query contiguous (and, for AVX-512, packed in pairs)
-    float *q = s->q_head + (size_t)h * PREFILL_BLOCK * head_size;
-    float *packed = s->q_pairs + (size_t)h * PREFILL_BLOCK * head_size;
-    for (int b = 0; b < B; b++)
-        memcpy(q + (size_t)b * head_size, s->q + (size_t)b * c->dim + h * head_size, head_size * sizeof(float));
-#ifdef USE_AVX512
-    pack_token_pairs(packed, q, B, head_size);
-#endif
-    // token b's scores are the row att + b * (n_heads * seq_len), as attention_head reads them
-    float *att = s->att + (size_t)h * c->seq_len;
-    int row_stride = c->n_heads * c->seq_len;
-    for (int b = 0; b < B; b += TILE_TOKENS) {
-        int n_tokens = B - b < TILE_TOKENS ? B - b : TILE_TOKENS, n_keys = pos0 + b + n_tokens;
-        for (int i = 0; i < n_keys; i += TILE_ROWS)
-            matmul_tile(att, q, packed, keys, head_size, row_stride, i, n_keys - i < TILE_ROWS ? n_keys - i : TILE_ROWS,
-                        b, n_tokens, NULL, 0);
-    }
-}
-
-// Attention for the B tokens of a block at positions pos0.. in layer l, head h.
-// Token b sees positions 0 .. pos0 + b, the earlier tokens of its own block
-// included (their keys and values are already in the cache).
-static void attention_for_head(Transformer *t, int l, int h, int B, int pos0) {
-    if (B > 1) attention_block_scores(t, l, h, B, pos0);
-    for (int b = 0; b < B; b++) attention_head(t, l, b, h, pos0 + b, B > 1);
-}
-
-// All heads: split across threads, each thread taking all tokens of its heads,
-// when the work is worth a parallel region (the heads' sums for inspect are their own).
+// Attention of every head for the B tokens of a block at positions pos0 .. pos0+B-1.
+// Token b sees positions 0 .. pos0 + b, the earlier tokens of its own block included
+// (their keys and values are already in the cache).
 static void attention(Transformer *t, int l, int B, int pos0) {
-    const Config *c = &t->config;
-    long work = (long)B * c->n_heads * (pos0 + B) * head_size_of(c); // the scores' multiply-adds
-    int h;
-    if (!worth_a_parallel_region(work)) {
-        for (h = 0; h < c->n_heads; h++) attention_for_head(t, l, h, B, pos0);
-        return;
-    }
-#pragma omp parallel for private(h)
-    for (h = 0; h < c->n_heads; h++) attention_for_head(t, l, h, B, pos0);
+    if (use_fast_kernels && attention_fast(t, l, B, pos0)) return; // heads across threads; a block's scores as a matrix product
+    for (int h = 0; h < t->config.n_heads; h++)
+        for (int b = 0; b < B; b++) attention_head(t, l, b, h, pos0 + b, 0);
 }
 
-// The work of one token between the matmuls: token b of the block, at position pos.
-// forward_block runs each step for every token of a block (for_each_token).
-typedef void TokenStep(Transformer *t, int l, int b, int pos);
-
-// xb = rmsnorm(x) with layer l's attention weights: the input of q, k and v
-static void attention_norm(Transformer *t, int l, int b, int pos) {
-    (void)pos;
-    const Config *c = &t->config;
-    size_t at = (size_t)b * c->dim;
-    rmsnorm(t->state.xb + at, t->state.x + at, t->weights.rms_att + (size_t)l * c->dim, c->dim, c->norm_eps);
-}
-
-// rotate q and k by the position, then store k and v in the cache
-static void rotate_and_cache(Transformer *t, int l, int b, int pos) {
-    const Config *c = &t->config;
-    RunState *s = &t->state;
-    int head_size = head_size_of(c), kv_dim = kv_dim_of(c), n_rotated = rope_angles_of(c);
-    float *q = s->q + (size_t)b * c->dim, *k = s->k + (size_t)b * kv_dim;
-    if (s->inspect) inspect_record_chunks(s->inspect, c, l, q, k);
-    const float *cos_pos = s->rope_cos + (size_t)pos * n_rotated, *sin_pos = s->rope_sin + (size_t)pos * n_rotated;
-    rope_apply(q, c->n_heads, head_size, n_rotated, cos_pos, sin_pos);
-    rope_apply(k, c->n_kv_heads, head_size, n_rotated, cos_pos, sin_pos);
-    for (int kvh = 0; kvh < c->n_kv_heads; kvh++) {
-        size_t at = kv_cache_offset(c, l, kvh, pos);
-        memcpy(s->key_cache + at, k + kvh * head_size, head_size * sizeof(float));
-        memcpy(s->value_cache + at, s->v + (size_t)b * kv_dim + kvh * head_size, head_size * sizeof(float));
-    }
-}
-
-// x = x + Wo att (already in xb2), then xb = rmsnorm(x): the input of the feed-forward
-static void attention_residual_and_ffn_norm(Transformer *t, int l, int b, int pos) {
-    (void)pos;
-    const Config *c = &t->config;
-    RunState *s = &t->state;
-    float *x = s->x + (size_t)b * c->dim, *xb2 = s->xb2 + (size_t)b * c->dim;
-    for (int i = 0; i < c->dim; i++) x[i] += xb2[i];
-    rmsnorm(s->xb + (size_t)b * c->dim, x, t->weights.rms_ffn + (size_t)l * c->dim, c->dim, c->norm_eps);
-}
-
-// hb = silu(W1 xb) * (W3 xb), with silu(v) = v * sigmoid(v)
-static void swiglu(Transformer *t, int l, int b, int pos) {
-    (void)l, (void)pos;
-    RunState *s = &t->state;
-    float *hb = s->hb + (size_t)b * t->config.hidden_dim, *hb2 = s->hb2 + (size_t)b * t->config.hidden_dim;
-    for (int i = 0; i < t->config.hidden_dim; i++) {
+// hb = silu(hb) * hb2 over n floats, with silu(v) = v * sigmoid(v): SwiGLU's gate
+static void swiglu(float *hb, const float *hb2, long n) {
+    if (use_fast_kernels && swiglu_fast(hb, hb2, n)) return; // split across threads
+    for (long i = 0; i < n; i++) {
         float val = hb[i];
         val *= (1.0f / (1.0f + expf(-val)));
         hb[i] = val * hb2[i];
     }
 }
 
-// x = x + W2 hb (already in xb2)
-static void ffn_residual(Transformer *t, int l, int b, int pos) {
-    (void)l, (void)pos;
-    float *x = t->state.x + (size_t)b * t->config.dim, *xb2 = t->state.xb2 + (size_t)b * t->config.dim;
-    for (int i = 0; i < t->config.dim; i++) x[i] += xb2[i];
-}
-
-// Runs step for tokens 0..B-1 of a block (token b at position pos0 + b), split
-// across threads (measured on the 110M model, 2 threads: prefill +4%). A single
-// token runs on the calling thread without entering OpenMP: its work is far too
-// small to share, and every parallel region, even one of a single thread, ends
-// with a system call in libgomp (a futex wake at its closing barrier). Measured on
-// stories260K, whose whole decode step takes about 0.1 ms: a quarter of it went to
-// those calls. Inspect's sums are not shared-safe, so it runs on one thread too.
-static void for_each_token(TokenStep *step, Transformer *t, int l, int B, int pos0) {
-    if (B == 1 || t->state.inspect) {
-        for (int b = 0; b < B; b++) step(t, l, b, pos0 + b);
-        return;
-    }
-    int b;
-#pragma omp parallel for private(b)
-    for (b = 0; b < B; b++) step(t, l, b, pos0 + b);
-}
-
 // Which logits forward_block computes: the classifier reads vocab_size x dim
-// weights (37 MB for the 15M model), as much as a whole layer stack of a small
-// model, so a prompt's blocks skip it but for the last token of the last block.
+// weights, as much as all the layers of a small model, so a prompt's blocks skip it
+// but for the last token of the last block.
 typedef enum { LOGITS_LAST = 0, LOGITS_ALL = 1, LOGITS_NONE = 2 } LogitsWanted;
 
-// The forward pass for a block of n_tokens tokens at positions pos0 .. pos0+n-1
-// (n_tokens <= PREFILL_BLOCK, pos0 + n_tokens <= seq_len). Fills the KV cache for
-// every position. Returns the logits, one row of vocab_size per token (LOGITS_ALL),
-// or only the last token's row (LOGITS_LAST: generation needs no other), or none
-// (LOGITS_NONE: returns NULL).
-static float *forward_block(Transformer *t, const int *tokens, int n_tokens, int pos0, LogitsWanted wanted) {
+// The forward pass for a block of B tokens at positions pos0 .. pos0+B-1 (B <=
+// PREFILL_BLOCK, pos0 + B <= seq_len); a decoding step is a block of one. Fills the KV
+// cache at those positions. Returns the logits, one row of vocab_size per token
+// (LOGITS_ALL), only the last token's (LOGITS_LAST), or none (LOGITS_NONE: NULL).
+static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, LogitsWanted wanted) {
     const Config *c = &t->config;
     const TransformerWeights *w = &t->weights;
     RunState *s = &t->state;
-    int dim = c->dim, hidden = c->hidden_dim, kv_dim = kv_dim_of(c);
-    int B = n_tokens;
+    int dim = c->dim, hidden = c->hidden_dim, kv_dim = kv_dim_of(c), head_size = head_size_of(c);
+    int n_rotated = rope_angles_of(c);
+    float eps = c->norm_eps;
 
+    // the token embeddings: x[b] = embedding[token b]
     for (int b = 0; b < B; b++)
         memcpy(s->x + (size_t)b * dim, w->token_embedding + (size_t)tokens[b] * dim, dim * sizeof(float));
 
     for (int l = 0; l < c->n_layers; l++) {
-        // attention: xb = rmsnorm(x); q = Wq xb, k = Wk xb, v = Wv xb
-        for_each_token(attention_norm, t, l, B, pos0);
+        // attention rmsnorm: xb = rmsnorm(x)
+        for (int b = 0; b < B; b++)
+            rmsnorm(s->xb + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_att + (size_t)l * dim, dim, eps);
+
+        // q = Wq xb, k = Wk xb, v = Wv xb
         Projection qkv[3] = {{s->q, w->wq + (size_t)l * dim * dim, dim},
-                             {s->k, w->wk + (size_t)l * dim * kv_dim, kv_dim},
-                             {s->v, w->wv + (size_t)l * dim * kv_dim, kv_dim}};
-        project_tokens(s, s->xb, qkv, 3, B, dim);
+                             {s->k, w->wk + (size_t)l * kv_dim * dim, kv_dim},
+                             {s->v, w->wv + (size_t)l * kv_dim * dim, kv_dim}};
+        matmuls(s, s->xb, qkv, 3, B, dim);
 
-        for_each_token(rotate_and_cache, t, l, B, pos0);
-        if (s->inspect) s->inspect->positions += l == 0 ? B : 0;
-        if (s->inspect && l == 0)
-            for (int b = 0; b < B; b++) s->inspect->attn_positions += pos0 + b >= 1;
+        // RoPE: rotate q and k by their position; then k and v go into the cache
+        for (int b = 0; b < B; b++) {
+            int pos = pos0 + b;
+            float *q = s->q + (size_t)b * dim, *k = s->k + (size_t)b * kv_dim, *v = s->v + (size_t)b * kv_dim;
+            if (s->inspect) inspect_record_chunks(s->inspect, c, l, q, k);
+            const float *cos_pos = s->rope_cos + (size_t)pos * n_rotated, *sin_pos = s->rope_sin + (size_t)pos * n_rotated;
+            rope_apply(q, c->n_heads, head_size, n_rotated, cos_pos, sin_pos);
+            rope_apply(k, c->n_kv_heads, head_size, n_rotated, cos_pos, sin_pos);
+            for (int kvh = 0; kvh < c->n_kv_heads; kvh++) {
+                size_t at = kv_cache_offset(c, l, kvh, pos);
+                memcpy(s->key_cache + at, k + kvh * head_size, head_size * sizeof(float));
+                memcpy(s->value_cache + at, v + kvh * head_size, head_size * sizeof(float));
+            }
+        }
+        if (s->inspect && l == 0) inspect_count_positions(s->inspect, B, pos0);
 
+        // multi-head attention: xb = attention(q, cached k, cached v)
         attention(t, l, B, pos0);
 
-        // x = x + Wo att; then the feed-forward (SwiGLU): x = x + W2 (silu(W1 xb) * W3 xb), xb = rmsnorm(x)
+        // x = x + Wo xb (the residual connection)
         matmul_tokens(s, s->xb2, s->xb, w->wo + (size_t)l * dim * dim, B, dim, dim);
-        for_each_token(attention_residual_and_ffn_norm, t, l, B, pos0);
-        Projection w13[2] = {{s->hb, w->w1 + (size_t)l * dim * hidden, hidden},
-                             {s->hb2, w->w3 + (size_t)l * dim * hidden, hidden}};
-        project_tokens(s, s->xb, w13, 2, B, dim);
-        for_each_token(swiglu, t, l, B, pos0);
+        for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] += s->xb2[i];
+
+        // ffn rmsnorm: xb = rmsnorm(x)
+        for (int b = 0; b < B; b++)
+            rmsnorm(s->xb + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_ffn + (size_t)l * dim, dim, eps);
+
+        // the feed-forward (SwiGLU): x = x + W2 (silu(W1 xb) * (W3 xb))
+        Projection w13[2] = {{s->hb, w->w1 + (size_t)l * hidden * dim, hidden},
+                             {s->hb2, w->w3 + (size_t)l * hidden * dim, hidden}};
+        matmuls(s, s->xb, w13, 2, B, dim);
+        swiglu(s->hb, s->hb2, (long)B * hidden);
         matmul_tokens(s, s->xb2, s->hb, w->w2 + (size_t)l * dim * hidden, B, hidden, dim);
-        for_each_token(ffn_residual, t, l, B, pos0);
+        for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] += s->xb2[i];
     }
 
-    // final norm and classifier: logits = Wcls rmsnorm(x)
+    // final rmsnorm and the classifier: logits = Wcls rmsnorm(x)
     if (wanted == LOGITS_NONE) return NULL;
     int first = wanted == LOGITS_ALL ? 0 : B - 1;
-    for (int b = first; b < B; b++) rmsnorm(s->x + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_final, dim, c->norm_eps);
+    for (int b = first; b < B; b++) rmsnorm(s->x + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_final, dim, eps);
     matmul_tokens(s, s->logits, s->x + (size_t)first * dim, w->wcls, B - first, dim, c->vocab_size);
     return s->logits;
 }
@@ -1518,8 +863,8 @@ static float *prefill(Transformer *t, const int *tokens, int n, int pos0) {
 // unrotated pairs need nothing. Chat's --shift rotate drops a conversation's
 // oldest turns this way, as llama.cpp's context shift does, instead of running
 // the kept tokens through the model again. (The two rotations round twice where a
-// fresh key rounds once: measured on stories260K, shifted keys differ from fresh
-// ones by about 1e-6 of their size.)
+// fresh key rounds once, so shifted keys differ from fresh ones by about 1e-6 of
+// their size; tests/test_rope.c checks it.)
 //
 // Moves positions from .. from+n-1 of every layer and head down to to .. to+n-1
 // (0 <= to < from).
@@ -2649,6 +1994,672 @@ static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOpti
     free(system_line);
     free_conversation(&conv);
     return result;
+}
+
+// ----------------------------------------------------------------------------
+// Making it fast
+//
+// Everything above defines what the program computes; everything here computes the
+// same thing faster, bit for bit. Each function refines a plain one above and is
+// called from it. Decoding a token streams every weight from memory once, so it is
+// bound by memory bandwidth: its kernels keep many reads in flight, in patterns the
+// hardware prefetchers follow. A prompt goes through in blocks of tokens, and each
+// weight loaded feeds every token of the block, so prefill is bound by arithmetic:
+// its kernel keeps the multiply-add units busy. docs/performance.md has the
+// measurements behind each choice.
+//   1. dot() in SIMD registers
+//   2. decode: four rows at a time, the rows split across threads
+//   3. prefill: tiles of rows x tokens
+//   4. attention and SwiGLU across threads
+//   5. memory: the KV cache in huge pages, pages touched before the clock starts,
+//      threads pinned to cores
+
+// 1. dot() in SIMD registers --------------------------------------------------
+
+#ifdef USE_AVX2
+// reduce_lanes() in an AVX register, in the same pairwise order: each step adds a
+// copy with neighbours swapped (a + b == b + a exactly); the sum ends in lane 0.
+static inline float reduce_lanes_avx(__m256 v) {
+    v = _mm256_add_ps(v, _mm256_permute_ps(v, 0xB1));          // (l0+l1), (l2+l3), ...
+    v = _mm256_add_ps(v, _mm256_permute_ps(v, 0x4E));          // (l0+l1)+(l2+l3), (l4+l5)+(l6+l7)
+    v = _mm256_add_ps(v, _mm256_permute2f128_ps(v, v, 1));     // the two halves of four added
+    return _mm256_cvtss_f32(v);
+}
+
+// dot(): the eight lanes are one register, one fused multiply-add per eight floats.
+static float dot_avx2(const float *a, const float *b, int n) {
+    float acc[DOT_LANES];
+    int j = 0;
+    __m256 lanes = _mm256_setzero_ps();
+    for (; j + DOT_LANES <= n; j += DOT_LANES) lanes = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j), lanes);
+    if (j == n) return reduce_lanes_avx(lanes);
+    _mm256_storeu_ps(acc, lanes);
+    for (int l = 0; j < n; j++, l++) acc[l] = mul_add(a[j], b[j], acc[l]);
+    return reduce_lanes(acc);
+}
+
+// Asks for the cache line `ahead` bytes past p, into L1 (a hint: it never faults,
+// and the address is computed as an integer, so it may lie past the row's end).
+static inline void prefetch_ahead(const float *p, size_t ahead) {
+    _mm_prefetch((const char *)((uintptr_t)p + ahead), _MM_HINT_T0);
+}
+#endif
+
+// 2. Decode: four rows at a time, the rows split across threads ---------------
+
+// Software prefetch in the decode matmul: how far ahead each row asks for its
+// lines, and the shortest rows that ask (shorter rows lost more than they gained).
+#define PREFETCH_AHEAD_BYTES 1024
+#define PREFETCH_MIN_ROW 512 // floats: 2 KB
+
+// Four dot products: out[r * gap] = dot(w_r, x, n) for the rows w_r = w + r * gap * n,
+// r = 0..3, gap rows apart. Each row's arithmetic is exactly dot()'s.
+// One row's lanes form a single chain of dependent multiply-adds (each waits for the
+// last), which streams weights slower than memory delivers them; four rows give four
+// independent chains that share the loads of x. The loop takes one 64-byte cache
+// line of each row per step (two vectors, in dot()'s order); with `prefetch`, each
+// step first asks for each row's line PREFETCH_AHEAD_BYTES further on, which keeps
+// more reads in flight than the hardware prefetchers do.
+static void dot_rows4(float *out, const float *w, const float *x, int n, size_t gap, int prefetch) {
+#ifdef USE_AVX2
+    const float *wr[4] = {w, w + gap * n, w + 2 * gap * n, w + 3 * gap * n};
+    float acc[4][DOT_LANES];
+    __m256 lanes[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int j = 0;
+    for (; j + 2 * DOT_LANES <= n; j += 2 * DOT_LANES) {
+        if (prefetch)
+            for (int r = 0; r < 4; r++) prefetch_ahead(wr[r] + j, PREFETCH_AHEAD_BYTES);
+        for (int h = j; h < j + 2 * DOT_LANES; h += DOT_LANES) {
+            __m256 xv = _mm256_loadu_ps(x + h);
+            for (int r = 0; r < 4; r++) lanes[r] = _mm256_fmadd_ps(_mm256_loadu_ps(wr[r] + h), xv, lanes[r]);
+        }
+    }
+    for (; j + DOT_LANES <= n; j += DOT_LANES) { // at most one vector left
+        __m256 xv = _mm256_loadu_ps(x + j);
+        for (int r = 0; r < 4; r++) lanes[r] = _mm256_fmadd_ps(_mm256_loadu_ps(wr[r] + j), xv, lanes[r]);
+    }
+    for (int r = 0; r < 4; r++) {
+        if (j == n) {
+            out[r * gap] = reduce_lanes_avx(lanes[r]);
+            continue;
+        }
+        _mm256_storeu_ps(acc[r], lanes[r]);
+        for (int jj = j, l = 0; jj < n; jj++, l++) acc[r][l] = mul_add(wr[r][jj], x[jj], acc[r][l]);
+        out[r * gap] = reduce_lanes(acc[r]);
+    }
+#else
+    (void)prefetch; // the plain build leaves prefetching to the hardware
+    for (int r = 0; r < 4; r++) out[r * gap] = dot(w + r * gap * n, x, n);
+#endif
+}
+
+// A parallel region costs a few microseconds (waking the other threads, the barrier
+// at its end), the time of some ten thousand multiply-adds. Work smaller than this is
+// done by the calling thread alone, without entering OpenMP; so is all work when
+// there is only one thread (-T 1), where a region would be all cost.
+#define PARALLEL_MIN_WORK 65536
+
+static int worth_a_parallel_region(long work) {
+#ifdef _OPENMP
+    return work >= PARALLEL_MIN_WORK && omp_get_max_threads() > 1;
+#else
+    (void)work;
+    return 0;
+#endif
+}
+
+// matmul() for one token: four independent chains (dot_rows4) on the rows i, i + d/4,
+// i + d/2, i + 3d/4. The rows a quarter of the matrix apart give every core four
+// plain sequential streams, which every prefetcher design follows (four adjacent
+// rows, interleaved eight floats at a time, confuse some). The threads split i
+// into contiguous bands (matmul_band), one of them also taking the d % 4 rows left.
+static void matmul_band(float *xout, const float *x, const float *w, int n, int d, int lo, int hi) {
+    int quarter = d / 4, prefetch = n >= PREFETCH_MIN_ROW;
+    for (int i = lo; i < hi; i++) dot_rows4(xout + i, w + (size_t)i * n, x, n, quarter, prefetch);
+}
+
+static void matmul_leftover_rows(float *xout, const float *x, const float *w, int n, int d) {
+    for (int i = 4 * (d / 4); i < d; i++) xout[i] = dot(w + (size_t)i * n, x, n);
+}
+
+static void matmul_rows(float *xout, const float *x, const float *w, int n, int d) {
+    matmul_band(xout, x, w, n, d, 0, d / 4);
+    matmul_leftover_rows(xout, x, w, n, d);
+}
+
+// How the threads split a decode matmul's rows: thread k takes the fraction
+// row_split.share[k] of them. The plain split is an equal share each. On shared
+// machines one core is at times slower than the other for minutes on end, and with
+// equal shares the fast thread waits for the slow one at the end of every matmul.
+// So each thread times its own part, and every SPLIT_WINDOW matmuls the shares move
+// halfway towards the threads' measured speeds (rows per second), unless they are
+// already within SPLIT_DEADBAND of them. The dead band keeps an equal split equal on
+// equally fast cores: a thread keeps the same rows from token to token, so what fits
+// in its caches stays there (a dynamic schedule gives that up, and was slower).
+// Which thread computes a row never changes its arithmetic: the output is the same,
+// bit for bit, whatever the shares.
+#if defined(_OPENMP) || defined(RUN_TESTING) // (a build without OpenMP has one thread, no split)
+#define SPLIT_MAX_THREADS 64 // more threads than this take equal shares
+#define SPLIT_WINDOW 64      // matmuls timed between two updates: about one token of a 12-layer model
+#define SPLIT_DEADBAND 0.02  // shares this close to the measured speeds' stay as they are
+
+typedef struct {
+    int n_threads;                     // the team the shares are for; 0 = not yet set
+    double share[SPLIT_MAX_THREADS];   // fractions of the rows, summing to 1
+    double seconds[SPLIT_MAX_THREADS]; // each thread's time on its rows since the last update
+    int timed;                         // matmuls timed since the last update
+} RowSplit;
+
+static RowSplit row_split; // a property of the machine, not of a model: one for the process
+
+static void split_equally(RowSplit *split, int n_threads) {
+    memset(split, 0, sizeof(*split));
+    split->n_threads = n_threads;
+    for (int k = 0; k < n_threads; k++) split->share[k] = 1.0 / n_threads;
+}
+
+// Rows [lo, hi) of `rows` for thread k of n_threads: the bands follow each other in
+// thread order, thread k's band starting where the shares before it end.
+static void band_of_thread(const double *share, int k, int n_threads, int rows, int *lo, int *hi) {
+    double before = 0.0;
+    for (int j = 0; j < k; j++) before += share[j];
+    *lo = (int)(rows * before + 0.5);
+    *hi = k == n_threads - 1 ? rows : (int)(rows * (before + share[k]) + 0.5);
+    if (*lo > rows) *lo = rows;
+    if (*hi > rows) *hi = rows;
+    if (*hi < *lo) *hi = *lo;
+}
+
+// Moves the shares towards the speeds measured over a window: thread k's speed is
+// its share over its time (its rows per second, up to a common factor), and its
+// target share speed_k / (sum of speeds), but at least a quarter of an equal share
+// (a thread stalled by the host for a whole window must not lose its rows for
+// good). If any share is more than SPLIT_DEADBAND from its target, every share
+// moves halfway to it. The shares still sum to 1.
+static void move_shares_towards_speeds(RowSplit *split) {
+    int n = split->n_threads;
+    double target[SPLIT_MAX_THREADS], total = 0.0, sum = 0.0, off = 0.0;
+    for (int k = 0; k < n; k++) {
+        target[k] = split->share[k] / split->seconds[k];
+        total += target[k];
+    }
+    for (int k = 0; k < n; k++) {
+        target[k] = fmax(target[k] / total, 0.25 / n);
+        sum += target[k];
+    }
+    for (int k = 0; k < n; k++) off = fmax(off, fabs(target[k] / sum - split->share[k]));
+    if (off <= SPLIT_DEADBAND) return;
+    for (int k = 0; k < n; k++) split->share[k] += 0.5 * (target[k] / sum - split->share[k]);
+}
+
+// Adds one matmul's per-thread times; every SPLIT_WINDOW matmuls, moves the shares
+// (unless a clock too coarse to time a band left a thread with no time: no
+// evidence) and starts a new window.
+static void record_thread_times(RowSplit *split, const double *seconds) {
+    int measured = 1;
+    for (int k = 0; k < split->n_threads; k++) split->seconds[k] += seconds[k];
+    if (++split->timed < SPLIT_WINDOW) return;
+    for (int k = 0; k < split->n_threads; k++) measured &= split->seconds[k] > 0.0;
+    if (measured) move_shares_towards_speeds(split);
+    for (int k = 0; k < split->n_threads; k++) split->seconds[k] = 0.0;
+    split->timed = 0;
+}
+#endif
+
+// Several matrices applied to one token's x (q, k and v; or W1 and W3), split across
+// threads in one parallel region: each thread takes its band of the first matrix,
+// then, without waiting for the others, its band of the next, so a token pays for
+// one region per group instead of one per matrix.
+//   Returns 0, having done nothing, when the region did not get the team the shares
+// are for (OMP_DYNAMIC), or in a build without OpenMP.
+static int matmuls_in_bands(const float *x, int n, const Projection *p, int n_proj) {
+#ifdef _OPENMP
+    int n_threads = omp_get_max_threads();
+    if (n_threads > SPLIT_MAX_THREADS) n_threads = SPLIT_MAX_THREADS;
+    if (row_split.n_threads != n_threads) split_equally(&row_split, n_threads);
+    double seconds[SPLIT_MAX_THREADS] = {0};
+    int whole_team = 1;
+#pragma omp parallel num_threads(n_threads)
+    {
+        int k = omp_get_thread_num(), fits = omp_get_num_threads() == n_threads;
+        if (k == 0 && !fits) whole_team = 0;
+        double start = omp_get_wtime();
+        for (int j = 0; j < n_proj && fits; j++) {
+            int lo, hi;
+            band_of_thread(row_split.share, k, n_threads, p[j].d / 4, &lo, &hi);
+            matmul_band(p[j].xout, x, p[j].w, n, p[j].d, lo, hi);
+            if (k == n_threads - 1) matmul_leftover_rows(p[j].xout, x, p[j].w, n, p[j].d);
+        }
+        seconds[k] = omp_get_wtime() - start;
+    }
+    if (whole_team) record_thread_times(&row_split, seconds);
+    return whole_team;
+#else
+    (void)x, (void)n, (void)p, (void)n_proj;
+    return 0;
+#endif
+}
+
+// matmuls() for one token: in one parallel region when that is worth it, else on
+// the calling thread, four rows at a time.
+static void matmuls_fast(const float *x, int n, const Projection *p, int n_proj) {
+    long work = 0;
+    for (int j = 0; j < n_proj; j++) work += (long)n * p[j].d;
+    if (worth_a_parallel_region(work) && matmuls_in_bands(x, n, p, n_proj)) return;
+    for (int j = 0; j < n_proj; j++) matmul_rows(p[j].xout, x, p[j].w, n, p[j].d);
+}
+
+static void matmul_fast(float *xout, const float *x, const float *w, int n, int d) {
+    Projection p = {xout, w, d};
+    matmuls_fast(x, n, &p, 1);
+}
+
+// 3. Prefill: tiles of rows x tokens -------------------------------------------
+
+// X (B,n) @ W^T (n,d) -> XOUT (B,d) for a block: a tile of TILE_ROWS weight rows
+// meets TILE_TOKENS tokens, so each weight loaded feeds several multiply-adds and
+// the work is bound by arithmetic, not memory. Each output is still exactly dot()'s
+// arithmetic (lanes, order, reduction), so the block result equals, bit for bit,
+// what matmul gives token by token.
+//   AVX2 (and plain C): 3 rows x 4 tokens; 12 accumulators, 3 weight vectors and 1
+//     token vector fill the 16 AVX registers, none spilled.
+//   AVX-512: a 16-float register holds two tokens' eight lanes side by side (token
+//     b in lanes 0-7, b+1 in 8-15) against a weight vector broadcast to both
+//     halves, so one instruction does two of dot()'s steps without changing them.
+//     pack_token_pairs first lays the tokens out in pairs so that one load fills
+//     such a register. 6 rows x 8 tokens: 24 accumulators, 6 weight vectors and 1
+//     token pair fill 31 of the 32 registers.
+#ifdef USE_AVX512
+#define TILE_ROWS 6
+#define TILE_TOKENS 8
+#else
+#define TILE_ROWS 3
+#define TILE_TOKENS 4
+#endif
+
+// a block rounded up to whole tiles still fits the block-sized buffers
+_Static_assert(PREFILL_BLOCK % TILE_TOKENS == 0, "PREFILL_BLOCK must be a multiple of TILE_TOKENS");
+
+#ifdef USE_AVX512
+// packed[(p * chunks + c) * 16 + h * 8 + l] = x[2p + h][8c + l]: tokens in pairs,
+// eight floats of each in turn (chunks = n / 8, rounded down). The last tile is
+// padded with copies of the last token, whose results matmul_tile drops.
+static void pack_token_pair(float *packed, const float *x, int B, int n, int p) {
+    int chunks = n / DOT_LANES;
+    for (int c = 0; c < chunks; c++)
+        for (int h = 0; h < 2; h++) {
+            int token = 2 * p + h < B ? 2 * p + h : B - 1;
+            memcpy(packed + ((size_t)p * chunks + c) * 16 + h * 8, x + (size_t)token * n + c * 8,
+                   DOT_LANES * sizeof(float));
+        }
+}
+
+// the pairs of B tokens rounded up to whole tiles
+static int token_pairs_of(int B) { return (B + TILE_TOKENS - 1) / TILE_TOKENS * TILE_TOKENS / 2; }
+
+static void pack_token_pairs(float *packed, const float *x, int B, int n) {
+    for (int p = 0; p < token_pairs_of(B); p++) pack_token_pair(packed, x, B, n, p);
+}
+#endif
+
+#if defined(USE_AVX512)
+// reduce_lanes() for two tokens in each of four registers a, b, c, d at once. Each
+// register holds two tokens' eight lanes side by side; the eight sums leave in one
+// register, [a, b, c, d] of the first token in lanes 0-3 and of the second token in
+// lanes 8-11. Each step adds two registers' neighbouring lanes, shuffled side by side
+// (shuffle_ps takes lanes 0 and 2, or 1 and 3, of each four from both), so every sum
+// is still reduce_lanes' ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), in eleven instructions
+// where reducing the registers one at a time (a swap and an add per step, three
+// steps each) takes twenty-four: in a tile over short rows the sums are a large
+// share of the time.
+static inline __m512 reduce_four_lane_pairs(__m512 a, __m512 b, __m512 c, __m512 d) {
+    __m512 ab = _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD)); // a01 a23 b01 b23
+    __m512 cd = _mm512_add_ps(_mm512_shuffle_ps(c, d, 0x88), _mm512_shuffle_ps(c, d, 0xDD)); // c01 c23 d01 d23
+    __m512 v = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, 0x88), _mm512_shuffle_ps(ab, cd, 0xDD)); // a0123 .. d0123
+    return _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0xB1)); // + a4567 .. d4567, from the next four lanes
+}
+#endif
+
+#if defined(USE_AVX512)
+_Static_assert(TILE_ROWS == 6 && TILE_TOKENS % 4 == 0, "the AVX-512 tile's sums are stored in groups of four");
+
+// Stores four sums of reduce_four_lane_pairs for token b and token b + 1: the tile's
+// rows r0 .. r0 + 3 (r0 = 0) for one token pair, or (r0 = 4) rows 4 and 5 for tokens
+// b, b + 2 (first token of each pair in lanes 0-3) and b + 1, b + 3 (lanes 8-11).
+// n_tokens: how many of the tile's tokens from b on are real; rows and tokens past the
+// tile's real ones are not stored.
+static void store_sums(float *xout, int d, int i0, int n_rows, int b, int n_tokens, int r0, __m512 sums) {
+    float s[16];
+    _mm512_storeu_ps(s, sums);
+    for (int half = 0; half < 2; half++) { // the first token of the pair(s), then the second
+        for (int k = 0; k < 4; k++) {
+            int r = r0 == 0 ? k : 4 + k % 2, token = r0 == 0 ? half : half + 2 * (k / 2);
+            if (r < n_rows && token < n_tokens) xout[(size_t)(b + token) * d + i0 + r] = s[8 * half + k];
+        }
+    }
+}
+#endif
+
+// One tile: rows i0 .. i0 + n_rows - 1 and tokens b0 .. b0 + n_tokens - 1; row i and
+// token b give xout[b * d + i] (d: the length of an output row). A short tile
+// (fewer than TILE_ROWS rows or TILE_TOKENS tokens, at the end of a matrix or block)
+// computes copies of its last row or token and keeps only the real results, which is
+// cheaper than one dot() per leftover row and token. When n is a multiple of eight
+// the SIMD paths sum the lanes in registers; otherwise they hand their lanes to the
+// plain loop at the end, which adds the tail and calls reduce_lanes.
+//   prefetch, prefetch_lines: cache lines of weights that a later tile will read;
+// one is requested into L2 per step of eight multiply-adds (see matmul_block).
+static void matmul_tile(float *xout, const float *x, const float *packed, const float *w, int n, int d, int i0,
+                        int n_rows, int b0, int n_tokens, const char *prefetch, int prefetch_lines) {
+    float acc[TILE_ROWS][TILE_TOKENS][DOT_LANES];
+    const float *wr[TILE_ROWS], *xb[TILE_TOKENS];
+    for (int r = 0; r < TILE_ROWS; r++) wr[r] = w + (size_t)(i0 + (r < n_rows ? r : n_rows - 1)) * n;
+    for (int b = 0; b < TILE_TOKENS; b++) xb[b] = x + (size_t)(b0 + (b < n_tokens ? b : n_tokens - 1)) * n;
+    int j = 0;
+#if defined(USE_AVX512)
+    enum { PAIRS = TILE_TOKENS / 2 };
+    int chunks = n / DOT_LANES;
+    const float *pair[PAIRS];
+    for (int p = 0; p < PAIRS; p++) pair[p] = packed + (size_t)(b0 / 2 + p) * chunks * 16;
+    __m512 lanes[TILE_ROWS][PAIRS];
+    for (int r = 0; r < TILE_ROWS; r++)
+        for (int p = 0; p < PAIRS; p++) lanes[r][p] = _mm512_setzero_ps();
+    for (int c = 0; c < chunks; c++, j += DOT_LANES) {
+        if (c < prefetch_lines) __builtin_prefetch(prefetch + (size_t)c * 64, 0, 2);
+        __m512 wv[TILE_ROWS];
+        for (int r = 0; r < TILE_ROWS; r++) wv[r] = _mm512_broadcast_f32x8(_mm256_loadu_ps(wr[r] + j));
+        for (int p = 0; p < PAIRS; p++) {
+            __m512 xv = _mm512_loadu_ps(pair[p] + (size_t)c * 16);
+            for (int r = 0; r < TILE_ROWS; r++) lanes[r][p] = _mm512_fmadd_ps(wv[r], xv, lanes[r][p]);
+        }
+    }
+    if (j == n) {
+        // rows 0-3 of each token pair, then rows 4-5 of two token pairs, four sums at a time
+        for (int p = 0; p < PAIRS; p++)
+            store_sums(xout, d, i0, n_rows, b0 + 2 * p, n_tokens - 2 * p, 0,
+                       reduce_four_lane_pairs(lanes[0][p], lanes[1][p], lanes[2][p], lanes[3][p]));
+        for (int p = 0; p < PAIRS; p += 2)
+            store_sums(xout, d, i0, n_rows, b0 + 2 * p, n_tokens - 2 * p, 4,
+                       reduce_four_lane_pairs(lanes[4][p], lanes[5][p], lanes[4][p + 1], lanes[5][p + 1]));
+        return;
+    }
+    for (int r = 0; r < TILE_ROWS; r++)
+        for (int p = 0; p < PAIRS; p++) {
+            float both[2 * DOT_LANES];
+            _mm512_storeu_ps(both, lanes[r][p]);
+            memcpy(acc[r][2 * p], both, sizeof(acc[r][2 * p]));
+            memcpy(acc[r][2 * p + 1], both + DOT_LANES, sizeof(acc[r][2 * p + 1]));
+        }
+#elif defined(USE_AVX2)
+    (void)packed;
+    __m256 lanes[TILE_ROWS][TILE_TOKENS];
+    for (int r = 0; r < TILE_ROWS; r++)
+        for (int b = 0; b < TILE_TOKENS; b++) lanes[r][b] = _mm256_setzero_ps();
+    for (; j + DOT_LANES <= n; j += DOT_LANES) {
+        if (j / DOT_LANES < prefetch_lines) __builtin_prefetch(prefetch + (size_t)(j / DOT_LANES) * 64, 0, 2);
+        __m256 wv[TILE_ROWS];
+        for (int r = 0; r < TILE_ROWS; r++) wv[r] = _mm256_loadu_ps(wr[r] + j);
+        for (int b = 0; b < TILE_TOKENS; b++) {
+            __m256 xv = _mm256_loadu_ps(xb[b] + j);
+            for (int r = 0; r < TILE_ROWS; r++) lanes[r][b] = _mm256_fmadd_ps(wv[r], xv, lanes[r][b]);
+        }
+    }
+    if (j == n) {
+        for (int r = 0; r < n_rows; r++)
+            for (int b = 0; b < n_tokens; b++) xout[(size_t)(b0 + b) * d + i0 + r] = reduce_lanes_avx(lanes[r][b]);
+        return;
+    }
+    for (int r = 0; r < TILE_ROWS; r++)
+        for (int b = 0; b < TILE_TOKENS; b++) _mm256_storeu_ps(acc[r][b], lanes[r][b]);
+#else
+    (void)packed;
+    memset(acc, 0, sizeof(acc));
+    for (; j + DOT_LANES <= n; j += DOT_LANES) {
+        if (j / DOT_LANES < prefetch_lines) __builtin_prefetch(prefetch + (size_t)(j / DOT_LANES) * 64, 0, 2);
+        for (int r = 0; r < TILE_ROWS; r++)
+            for (int b = 0; b < TILE_TOKENS; b++)
+                for (int l = 0; l < DOT_LANES; l++) acc[r][b][l] = mul_add(wr[r][j + l], xb[b][j + l], acc[r][b][l]);
+    }
+#endif
+    for (int r = 0; r < n_rows; r++)
+        for (int b = 0; b < n_tokens; b++) {
+            for (int jj = j, l = 0; jj < n; jj++, l++) acc[r][b][l] = mul_add(wr[r][jj], xb[b][jj], acc[r][b][l]);
+            xout[(size_t)(b0 + b) * d + i0 + r] = reduce_lanes(acc[r][b]);
+        }
+}
+
+// matmul_tokens() for a block. scratch: room for B * n floats, B rounded up to a
+// multiple of TILE_TOKENS (the AVX-512 path packs the tokens there). Each thread
+// takes eight row tiles at a time (dynamic scheduling, so that a core slowed by the
+// host does not hold up the other) and runs each row tile against every token tile
+// of the block. A row tile's weights come from memory during its first token tile,
+// and the arithmetic waits for them; so while one row tile is at work, the weights
+// of the next are requested into L2, a share per token tile, spread over the steps
+// of the loop.
+static void matmul_tiled(float *xout, const float *x, const float *w, int B, int n, int d, float *scratch) {
+    int token_tiles = (B + TILE_TOKENS - 1) / TILE_TOKENS;
+#pragma omp parallel
+    {
+#ifdef USE_AVX512
+        // the threads pack the token pairs together, and wait for each other at the
+        // end of this loop
+        int p;
+#pragma omp for
+        for (p = 0; p < token_pairs_of(B); p++) pack_token_pair(scratch, x, B, n, p);
+#endif
+        int i;
+#pragma omp for schedule(dynamic, 8)
+        for (i = 0; i < d; i += TILE_ROWS) {
+            int rows = d - i < TILE_ROWS ? d - i : TILE_ROWS;
+            int next = i + rows, next_rows = d - next < TILE_ROWS ? d - next : TILE_ROWS;
+            const char *next_w = (const char *)(w + (size_t)next * n);
+            long next_lines = next < d ? ((long)next_rows * n * (long)sizeof(float) + 63) / 64 : 0;
+            for (int t = 0; t < token_tiles; t++) {
+                long first = next_lines * t / token_tiles, last = next_lines * (t + 1) / token_tiles;
+                int b = t * TILE_TOKENS;
+                matmul_tile(xout, x, scratch, w, n, d, i, rows, b, B - b < TILE_TOKENS ? B - b : TILE_TOKENS,
+                            next_w + first * 64, (int)(last - first));
+            }
+        }
+    }
+}
+
+// 4. Attention and SwiGLU across threads ---------------------------------------
+
+// attention_scores(): four keys at a time (dot_rows4: four independent chains, each
+// exactly one dot()); a single chain is latency-bound, and long prompts make this
+// loop hot.
+static void attention_scores_fast(float *att, const float *q, const float *keys, int n, int head_size) {
+    int tt = 0;
+    for (; tt + 4 <= n; tt += 4) dot_rows4(att + tt, keys + (size_t)tt * head_size, q, head_size, 1, 0);
+    for (; tt < n; tt++) att[tt] = dot(q, keys + (size_t)tt * head_size, head_size);
+}
+
+// attention_values(): four values per pass over out,
+//   out = (((out + a0 v0) + a1 v1) + a2 v2) + a3 v3,
+// the same additions in the same order as one value at a time, with a quarter of the
+// loads and stores of out.
+static void attention_values_fast(float *out, const float *att, const float *values, int n, int head_size) {
+    memset(out, 0, head_size * sizeof(float));
+    int tt = 0;
+    for (; tt + 4 <= n; tt += 4) {
+        const float *v0 = values + (size_t)tt * head_size, *v1 = v0 + head_size, *v2 = v1 + head_size,
+                    *v3 = v2 + head_size;
+        float a0 = att[tt], a1 = att[tt + 1], a2 = att[tt + 2], a3 = att[tt + 3];
+        for (int i = 0; i < head_size; i++) out[i] = (((out[i] + a0 * v0[i]) + a1 * v1[i]) + a2 * v2[i]) + a3 * v3[i];
+    }
+    for (; tt < n; tt++) {
+        const float *v = values + (size_t)tt * head_size;
+        float a = att[tt];
+        for (int i = 0; i < head_size; i++) out[i] += a * v[i];
+    }
+}
+
+// For a block of B > 1 tokens: head h's products q_b . k_t for all of them at once, a
+// matrix product Q_h K_h^T (tokens x positions) that runs on the prefill tile, the
+// cached keys of the head being the rows of a matrix (they are consecutive,
+// head_size apart). Each product is dot(k_t, q_b), exactly what attention_scores
+// computes for one token (the product is symmetric). Token b needs positions 0 ..
+// pos0 + b; a tile of tokens computes up to its last token's position, and the
+// products past a token's own position are never read.
+static void attention_block_scores(Transformer *t, int l, int h, int B, int pos0) {
+    const Config *c = &t->config;
+    RunState *s = &t->state;
+    int head_size = head_size_of(c), group = c->n_heads / c->n_kv_heads;
+    const float *keys = s->key_cache + kv_cache_offset(c, l, h / group, 0);
+    // the tile wants each token's query contiguous (and, for AVX-512, packed in pairs)
+    float *q = s->q_head + (size_t)h * PREFILL_BLOCK * head_size;
+    float *packed = s->q_pairs + (size_t)h * PREFILL_BLOCK * head_size;
+    for (int b = 0; b < B; b++)
+        memcpy(q + (size_t)b * head_size, s->q + (size_t)b * c->dim + h * head_size, head_size * sizeof(float));
+#ifdef USE_AVX512
+    pack_token_pairs(packed, q, B, head_size);
+#endif
+    // token b's scores are the row att + b * (n_heads * seq_len), as attention_head reads them
+    float *att = s->att + (size_t)h * c->seq_len;
+    int row_stride = c->n_heads * c->seq_len;
+    for (int b = 0; b < B; b += TILE_TOKENS) {
+        int n_tokens = B - b < TILE_TOKENS ? B - b : TILE_TOKENS, n_keys = pos0 + b + n_tokens;
+        for (int i = 0; i < n_keys; i += TILE_ROWS)
+            matmul_tile(att, q, packed, keys, head_size, row_stride, i, n_keys - i < TILE_ROWS ? n_keys - i : TILE_ROWS,
+                        b, n_tokens, NULL, 0);
+    }
+}
+
+static void attention_for_head(Transformer *t, int l, int h, int B, int pos0) {
+    if (B > 1) attention_block_scores(t, l, h, B, pos0);
+    for (int b = 0; b < B; b++) attention_head(t, l, b, h, pos0 + b, B > 1);
+}
+
+// attention(): the heads split across threads, each thread taking all tokens of its
+// heads, when the work is worth a parallel region; a block's scores as a matrix
+// product. Inspect's sums are not safe to share, so it runs on one thread.
+static int attention_fast(Transformer *t, int l, int B, int pos0) {
+    const Config *c = &t->config;
+    long work = (long)B * c->n_heads * (pos0 + B) * head_size_of(c); // the scores' multiply-adds
+    int h;
+    if (!worth_a_parallel_region(work) || t->state.inspect) {
+        for (h = 0; h < c->n_heads; h++) attention_for_head(t, l, h, B, pos0);
+        return 1;
+    }
+#pragma omp parallel for private(h)
+    for (h = 0; h < c->n_heads; h++) attention_for_head(t, l, h, B, pos0);
+    return 1;
+}
+
+// swiglu() split across threads when a block makes it worth a region (its expf per
+// hidden unit and token adds up over a prompt). Returns 0 when it is not.
+static int swiglu_fast(float *hb, const float *hb2, long n) {
+    if (!worth_a_parallel_region(n * 16)) return 0; // an expf costs some sixteen multiply-adds
+    long i;
+#pragma omp parallel for
+    for (i = 0; i < n; i++) hb[i] = hb[i] * (1.0f / (1.0f + expf(-hb[i]))) * hb2[i];
+    return 1;
+}
+
+// 5. Memory and threads -------------------------------------------------------
+
+// The KV cache, in 2 MB pages where the system gives them. Every decoded token's
+// attention reads the whole cache as far as the positions go, one head's run of
+// keys, then its values; in 4 KB pages that is a new page every 64 cache lines, a
+// TLB miss and a fresh start for the hardware prefetchers, which do not follow a
+// stream into the next 4 KB page. Linux backs anonymous memory with 2 MB pages only
+// where madvise(MADV_HUGEPAGE) asks (transparent_hugepage=madvise is common), and
+// only in 2 MB-aligned ranges, hence the alignment and the size rounded up. The
+// price is memory: a page is backed whole once any of it is written, so a short run
+// backs nearly the whole cache, as llama.cpp's cache (cleared in full up front)
+// always is. It is a hint: where it is not taken, nothing else changes.
+#define HUGE_PAGE_BYTES ((size_t)2 << 20)
+
+static float *alloc_floats_in_huge_pages(size_t n) {
+    float *p = alloc_floats_aligned(n, HUGE_PAGE_BYTES);
+#ifdef MADV_HUGEPAGE
+    if (p) madvise(p, round_up(n * sizeof(float), HUGE_PAGE_BYTES), MADV_HUGEPAGE); // a hint: failure changes nothing
+#endif
+    return p;
+}
+
+// Pins OpenMP thread k to the k-th core this process may use (Linux), unless the
+// user chose a binding (OMP_PROC_BIND), there is one thread, or there are more
+// threads than cores. Unpinned, a worker that went to sleep between parallel regions
+// can be woken on the core of the thread that wakes it, and wait there until the
+// scheduler moves it. One thread has no workers to misplace, so it stays unpinned:
+// pinned to the first core, it could not leave that core when another process is
+// busy there.
+static void pin_threads(void) {
+#if defined(_OPENMP) && defined(__linux__)
+    cpu_set_t allowed;
+    if (omp_get_proc_bind() != omp_proc_bind_false || sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return;
+    if (omp_get_max_threads() < 2 || omp_get_max_threads() > CPU_COUNT(&allowed)) return;
+#pragma omp parallel
+    {
+        int k = omp_get_thread_num(), seen = 0;
+        for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
+            if (!CPU_ISSET(cpu, &allowed) || seen++ != k) continue;
+            cpu_set_t one;
+            CPU_ZERO(&one);
+            CPU_SET(cpu, &one);
+            sched_setaffinity(0, sizeof(one), &one); // 0: the calling thread; a hint, failure changes nothing
+            break;
+        }
+    }
+#endif
+}
+
+// Reads one byte of every page of the mapping, the threads splitting the pages. The
+// first access of a process to a page costs about a microsecond even when the page
+// is in the page cache (the process's page tables are cold, not the data); one read
+// per page pays all of it up front.
+static void touch_pages(const unsigned char *base, size_t size) {
+    long n_pages = (long)((size + 4095) / 4096), i;
+    unsigned sum = 0;
+#pragma omp parallel for reduction(+ : sum)
+    for (i = 0; i < n_pages; i++) sum += base[(size_t)i * 4096];
+    volatile unsigned sink = sum; // keeps the reads
+    (void)sink;
+}
+
+// Writes zeros to the run state's block-sized arrays and to the KV cache at
+// positions 0 .. n_positions-1 of every layer and head (the threads splitting the
+// cache's (layer, head) runs), so that the memory the run will use is mapped in
+// before it is timed: the arrays are allocated lazily, and each page comes with a
+// page fault when it is first written. llama.cpp clears its whole KV cache when it
+// creates a context, for the same reason; here only the positions this run uses.
+static void touch_run_state(Transformer *t, int n_positions) {
+    const Config *c = &t->config;
+    RunState *s = &t->state;
+    size_t B = PREFILL_BLOCK, dim = c->dim, kv_dim = kv_dim_of(c), hidden = c->hidden_dim;
+    float *arrays[] = {s->x, s->xb, s->xb2, s->q, s->q_head, s->q_pairs, s->k, s->v, s->hb, s->hb2, s->scratch, s->att,
+                       s->logits};
+    size_t lengths[] = {B * dim, B * dim, B * dim, B * dim, B * dim, B * dim, B * kv_dim, B * kv_dim, B * hidden,
+                        B * hidden, B * (hidden > dim ? hidden : dim), B * c->n_heads * (size_t)c->seq_len,
+                        (size_t)c->vocab_size}; // the logits: the one row that generation uses
+    for (size_t i = 0; i < sizeof(arrays) / sizeof(arrays[0]); i++) memset(arrays[i], 0, lengths[i] * sizeof(float));
+    int n_runs = c->n_layers * c->n_kv_heads, r;
+    size_t bytes = (size_t)n_positions * head_size_of(c) * sizeof(float);
+#pragma omp parallel for
+    for (r = 0; r < n_runs; r++) {
+        size_t at = kv_cache_offset(c, r / c->n_kv_heads, r % c->n_kv_heads, 0);
+        memset(s->key_cache + at, 0, bytes);
+        memset(s->value_cache + at, 0, bytes);
+    }
+}
+
+// Before the model runs: brings the mapped weights and the run state (the KV cache
+// as far as the run will use it) into memory, and starts (and pins) the threads, so
+// that the clock of the first prefill times inference, not loading; left to the
+// first forward pass, the pages of the mapping are faulted in one at a time and
+// OpenMP starts its threads at the first parallel region. MADV_POPULATE_READ (Linux
+// 5.14) maps every page in one call; where it is missing, the pages come as they are
+// touched. The whole process takes as long either way (what is timed is what
+// inference costs, as llama.cpp's llama-bench does with a warm-up run).
+static void prepare_to_run(Transformer *t, int n_positions) {
+    pin_threads();
+#ifdef MADV_POPULATE_READ
+    madvise(t->mapped, t->file_size, MADV_POPULATE_READ); // a hint: failure changes nothing
+#endif
+    touch_pages(t->mapped, t->file_size);
+    touch_run_state(t, n_positions);
 }
 
 // ----------------------------------------------------------------------------

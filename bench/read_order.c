@@ -28,11 +28,11 @@ static void all_matmuls(Transformer *t) {
         Projection qkv[3] = {{s->q, w->wq + l * dim * dim, (int)dim},
                              {s->k, w->wk + l * dim * kv_dim, (int)kv_dim},
                              {s->v, w->wv + l * dim * kv_dim, (int)kv_dim}};
-        matmuls(s->xb, (int)dim, qkv, 3);
+        matmuls(s, s->xb, qkv, 3, 1, (int)dim);
         matmul(s->xb2, s->xb, w->wo + l * dim * dim, (int)dim, (int)dim);
         Projection w13[2] = {{s->hb, w->w1 + l * dim * hidden, (int)hidden},
                              {s->hb2, w->w3 + l * dim * hidden, (int)hidden}};
-        matmuls(s->xb, (int)dim, w13, 2);
+        matmuls(s, s->xb, w13, 2, 1, (int)dim);
         matmul(s->xb2, s->hb, w->w2 + l * dim * hidden, (int)hidden, (int)dim);
     }
     matmul(s->logits, s->x, w->wcls, (int)dim, c->vocab_size);

@@ -191,7 +191,7 @@ static void test_rope_frequencies_follow_theta(void) {
           "rope_frequency_is_theta_pow_minus_2i_over_d_divided_by_scale", "wrong frequency");
 }
 
-// the kernels: matmul and matmul_block against a double-precision plain loop, and
+// the kernels: matmul and matmul_tiled against a double-precision plain loop, and
 // matmul against its plain form, one dot() per row, bit for bit. n a multiple of
 // eight takes the kernels' in-register lane sums, n = 8k + 5 their tail. d = 23
 // rows (five groups of four and three left over) is below PARALLEL_MIN_WORK, one
@@ -206,7 +206,7 @@ static void test_matmul_kernels_agree(int n, int d, const char *close_name, cons
     random_vector(w, n * d, &rng);
     random_vector(x, n * B, &rng);
     for (int b = 0; b < B; b++) matmul(one + b * d, x + b * n, w, n, d);
-    matmul_block(block, x, w, B, n, d, scratch);
+    matmul_tiled(block, x, w, B, n, d, scratch);
     double worst = 0;
     for (int b = 0; b < B; b++)
         for (int i = 0; i < d; i++) {
@@ -323,6 +323,38 @@ static void test_block_forward_equals_token_forward(const char *checkpoint) {
     free_transformer(&b);
 }
 
+// the fast kernels ("Making it fast") against the plain loops of the forward pass
+// (use_fast_kernels = 0): a prompt in blocks, then decoding steps, the same logits
+// bit for bit
+static void test_fast_forward_equals_plain_forward(const char *checkpoint) {
+    Transformer a, b;
+    if (load_checkpoint(&a, checkpoint) || build_run_state(&a.state, &a.config) || load_checkpoint(&b, checkpoint) ||
+        build_run_state(&b.state, &b.config)) {
+        check(0, "fast_forward_equals_plain_forward", error_message);
+        return;
+    }
+    int V = a.config.vocab_size, n = PREFILL_BLOCK + 9, same = 1;
+    int tokens[PREFILL_BLOCK + 9];
+    for (int i = 0; i < n; i++) tokens[i] = (i * 53 + 7) % V;
+    float *fast = malloc(sizeof(float) * V);
+    for (int step = 0; step < 2; step++) { // a prefill of n tokens, then 5 decoding steps
+        for (int i = 0; i < (step == 0 ? 1 : 5); i++) {
+            int pos = step == 0 ? 0 : n + i, token = (pos * 31 + 3) % V;
+            use_fast_kernels = 1;
+            const float *lf = step == 0 ? prefill(&a, tokens, n, 0) : forward(&a, token, pos);
+            memcpy(fast, lf, sizeof(float) * V);
+            use_fast_kernels = 0;
+            const float *lp = step == 0 ? prefill(&b, tokens, n, 0) : forward(&b, token, pos);
+            same &= memcmp(fast, lp, sizeof(float) * V) == 0;
+        }
+    }
+    use_fast_kernels = 1;
+    check(same, "fast_kernels_forward_equals_plain_loops_forward_bitwise", "logits differ");
+    free(fast);
+    free_transformer(&a);
+    free_transformer(&b);
+}
+
 // The KV cache starts on a 2 MB boundary (where Linux can back it with huge pages)
 // and holds every position of every layer: its last float can be written (an
 // allocation rounded down would show here, under AddressSanitizer in `make test`).
@@ -418,22 +450,22 @@ int main(int argc, char **argv) {
     test_table_rope_equals_plain_rope();
     test_rope_frequencies_follow_theta();
     test_matmul_kernels_agree(37 * 8, 23, "matmul_equals_double_precision_plain_loop",
-                              "matmul_block_equals_matmul_token_by_token_bitwise", "matmul_equals_one_dot_per_row_bitwise");
+                              "matmul_tiled_equals_matmul_token_by_token_bitwise", "matmul_equals_one_dot_per_row_bitwise");
     test_matmul_kernels_agree(37 * 8 + 5, 23, "matmul_equals_double_precision_plain_loop_with_tail",
-                              "matmul_block_equals_matmul_token_by_token_bitwise_with_tail",
+                              "matmul_tiled_equals_matmul_token_by_token_bitwise_with_tail",
                               "matmul_equals_one_dot_per_row_bitwise_with_tail");
     check(37 * 8 * 23 < PARALLEL_MIN_WORK && 37 * 8 * 251 >= PARALLEL_MIN_WORK,
           "kernel_tests_cover_one_thread_and_threaded_matmul", "PARALLEL_MIN_WORK moved: change d");
     test_matmul_kernels_agree(37 * 8, 251, "threaded_matmul_equals_double_precision_plain_loop",
-                              "matmul_block_equals_threaded_matmul_bitwise", "threaded_matmul_equals_one_dot_per_row_bitwise");
+                              "matmul_tiled_equals_threaded_matmul_bitwise", "threaded_matmul_equals_one_dot_per_row_bitwise");
     // rows of PREFETCH_MIN_ROW floats or more take the prefetching path of dot_rows4:
     // + 8 ends with one vector past the last whole cache line, + 13 with a tail too
     check(37 * 8 + 5 < PREFETCH_MIN_ROW, "kernel_tests_cover_rows_too_short_to_prefetch", "PREFETCH_MIN_ROW moved");
     test_matmul_kernels_agree(PREFETCH_MIN_ROW + 8, 23, "long_row_matmul_equals_double_precision_plain_loop",
-                              "matmul_block_equals_prefetching_matmul_bitwise",
+                              "matmul_tiled_equals_prefetching_matmul_bitwise",
                               "prefetching_matmul_equals_one_dot_per_row_bitwise");
     test_matmul_kernels_agree(PREFETCH_MIN_ROW + 13, 251, "threaded_long_row_matmul_equals_double_precision_plain_loop",
-                              "matmul_block_equals_threaded_prefetching_matmul_bitwise_with_tail",
+                              "matmul_tiled_equals_threaded_prefetching_matmul_bitwise_with_tail",
                               "threaded_prefetching_matmul_equals_one_dot_per_row_bitwise_with_tail");
     test_thread_bands_cover_every_row_once();
     test_row_split_follows_thread_speeds();
@@ -444,6 +476,7 @@ int main(int argc, char **argv) {
                                            "prefetching_matmul_under_uneven_thread_split_equals_one_dot_per_row_bitwise");
     if (argc > 1) {
         test_block_forward_equals_token_forward(argv[1]);
+        test_fast_forward_equals_plain_forward(argv[1]);
         test_kv_cache_sits_on_huge_page_boundaries(argv[1]);
         test_shifted_keys_equal_fresh_keys(argv[1], 1.0f, "shifted_keys_equal_fresh_keys_in_layer_0_rope");
         test_shifted_keys_equal_fresh_keys(argv[1], 0.5f, "shifted_keys_equal_fresh_keys_in_layer_0_p_rope_half");
