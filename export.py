@@ -12,6 +12,14 @@
 --rope-theta and --rope-fraction replace the stored theta and p (for example for a
 model that was trained with p-RoPE); --legacy writes llama2.c's legacy format instead.
 
+RoPE scaling. A Hugging Face config's rope_scaling (transformers 4.x) or
+rope_parameters (5.x) of rope_type "linear", "yarn" or "llama3" is stored as the
+header's scaling rule (bytes 52..83: the factor, the rule, the original length and
+the rule's parameters), read as transformers' modeling_rope_utils.py reads them;
+"proportional"'s factor is the linear rule. "dynamic", "longrope" and yarn with
+truncate false are refused. A ROPE file's rule is carried through unchanged;
+--legacy refuses a file with a rule. Writing more than 100 MB shows a progress line.
+
 This file uses only NumPy and the standard library: it reads safetensors and the
 SentencePiece protobuf by hand, so it also documents those formats. Every failure
 is one line on stderr, "export.py: error: ...", with exit code 1 for bad input and
@@ -30,6 +38,7 @@ import math
 import os
 import struct
 import sys
+import time
 
 EXIT_BAD_INPUT = 1  # the input files (or the output path) are unusable
 EXIT_BAD_USAGE = 2  # the command line is wrong
@@ -45,8 +54,11 @@ LLAMA2C_MAGIC = 0x616B3432  # "ak42": llama2.c's version 1 and 2 exports
 LLAMA2C_VERSION = 1  # float32; llama2.c's version 2 is int8-quantized
 HEADER_BYTES = 256  # ROPE and llama2.c version 1 headers are zero-padded to this
 # magic, version, dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len,
-# shared_classifier, norm_eps, rope_theta, rope_fraction, rope_scale (README.md, "The ROPE format")
-ROPE_HEADER = struct.Struct("<Ii8i4f")
+# shared_classifier, norm_eps, rope_theta, rope_fraction, rope_factor (bytes 0..55, README.md,
+# "The ROPE format"), then the scaling rule (bytes 56..83): rope_scaling, rope_original_len,
+# yarn_beta_fast, yarn_beta_slow, rope_attention_factor, llama3_low_freq_factor,
+# llama3_high_freq_factor. Bytes 84..255 are reserved (zero).
+ROPE_HEADER = struct.Struct("<Ii8i4f2i5f")
 # magic, version, the seven sizes, a uint8 shared-classifier flag (llama2.c's export.py)
 LLAMA2C_V1_HEADER = struct.Struct("<Ii7iB")
 # dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size (< 0: unshared classifier), seq_len
@@ -62,6 +74,20 @@ HF_DEFAULTS = {  # transformers' LlamaConfig defaults for keys a config.json may
 }
 SUPPORTED_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
 INT32_MAX = 2**31 - 1
+
+# The header's rope_scaling codes. 0 with rope_factor != 1 is linear too (files before the rule field).
+RULE_NONE, RULE_LINEAR, RULE_NTK, RULE_YARN, RULE_LLAMA3 = range(5)
+RULE_NAMES = ["none", "linear", "ntk", "yarn", "llama3"]
+# The rule parameters after rope_original_len: (field, the only rule it may be non-zero for, or
+# None for any rule, what 0 stands for)
+RULE_FIELDS = [
+    ("yarn_beta_fast", RULE_YARN, 32.0),
+    ("yarn_beta_slow", RULE_YARN, 1.0),
+    ("rope_attention_factor", None, None),  # default: the rule's own (yarn 0.1 ln s + 1, others 1)
+    ("llama3_low_freq_factor", RULE_LLAMA3, 1.0),
+    ("llama3_high_freq_factor", RULE_LLAMA3, 4.0),
+]
+PROGRESS_BYTES = 100_000_000  # writing a bigger file shows a progress line on stderr
 
 
 class ExportError(Exception):
@@ -95,7 +121,8 @@ class Config:
 
     def __init__(self, dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size,
                  seq_len, shared_classifier, norm_eps, rope_theta=LLAMA2C_THETA,
-                 rope_fraction=1.0, rope_scale=1.0):
+                 rope_fraction=1.0, rope_factor=1.0, rope_scaling=RULE_NONE, rope_original_len=0,
+                 **rule_fields):
         self.dim = dim                      # model width
         self.hidden_dim = hidden_dim        # feed-forward width
         self.n_layers = n_layers
@@ -107,12 +134,33 @@ class Config:
         self.norm_eps = norm_eps            # RMSNorm epsilon
         self.rope_theta = rope_theta        # base wavelength theta
         self.rope_fraction = rope_fraction  # p: floor(p * head_dim / 2) pairs rotate
-        self.rope_scale = rope_scale        # every frequency is divided by it
+        self.rope_factor = rope_factor      # the scaling rule's factor s (1: none)
+        self.rope_scaling = rope_scaling    # RULE_NONE .. RULE_LLAMA3
+        self.rope_original_len = rope_original_len  # the trained length L; 0: seq_len
+        for name, _, _ in RULE_FIELDS:      # 0: the rule's default
+            setattr(self, name, rule_fields.pop(name, 0.0))
+        if rule_fields:
+            raise TypeError(f"unknown Config fields {sorted(rule_fields)}")
 
     @property
     def head_dim(self):
         """Width of one attention head."""
         return self.dim // self.n_heads
+
+    @property
+    def rule(self):
+        """The scaling rule in force (rope_scaling 0 with a factor != 1 is linear, as older files meant)."""
+        if self.rope_scaling == RULE_NONE and f32(self.rope_factor) != 1:
+            return RULE_LINEAR
+        return self.rope_scaling
+
+    def set_scaling(self, rule=RULE_NONE, factor=1.0, original_len=0, **rule_fields):
+        """Set the scaling rule and its parameters; the parameters not given are 0 (default)."""
+        self.rope_scaling, self.rope_factor, self.rope_original_len = rule, factor, original_len
+        for name, _, _ in RULE_FIELDS:
+            setattr(self, name, rule_fields.pop(name, 0.0))
+        if rule_fields:
+            raise TypeError(f"unknown rule fields {sorted(rule_fields)}")
 
     def check(self):
         """Refuse sizes that cannot describe a model."""
@@ -129,17 +177,51 @@ class Config:
             raise ExportError(f"head_dim {self.head_dim} is odd: rotary pairs need an even head_dim")
         if not (math.isfinite(self.norm_eps) and self.norm_eps > 0):
             raise ExportError(f"norm_eps {self.norm_eps} must be finite and > 0")
-        check_rope_values(self.rope_theta, self.rope_fraction, self.rope_scale)
+        check_rope_values(self)
 
 
-def check_rope_values(theta, fraction, scale):
-    """Refuse rotary settings that the ROPE format does not allow."""
-    if not (math.isfinite(f32(theta)) and theta > 0):
-        raise ExportError(f"rope_theta {theta} must be finite and > 0 (in float32)")
+def check_rope_values(c):
+    """Refuse rotary settings that the ROPE format does not allow (README.md, "The ROPE format")."""
+    theta, fraction, factor = f32(c.rope_theta), f32(c.rope_fraction), f32(c.rope_factor)
+    if not (math.isfinite(theta) and theta > 0):
+        raise ExportError(f"rope_theta {c.rope_theta} must be finite and > 0 (in float32)")
     if not 0 <= fraction <= 1:
-        raise ExportError(f"rope_fraction {fraction} must be in [0, 1]")
-    if not (math.isfinite(scale) and scale >= 1):
-        raise ExportError(f"rope_scale {scale} must be finite and >= 1")
+        raise ExportError(f"rope_fraction {c.rope_fraction} must be in [0, 1]")
+    if not (is_int(c.rope_scaling) and 0 <= c.rope_scaling < len(RULE_NAMES)):
+        raise ExportError(f"rope_scaling {c.rope_scaling} is not a rule (0 none, 1 linear, 2 ntk, 3 yarn, 4 llama3)")
+    if not (math.isfinite(factor) and factor >= 1):
+        raise ExportError(f"rope_factor {c.rope_factor} must be finite and >= 1 (in float32): every rule stretches "
+                          "positions; run.c refuses a factor below 1")
+    if not (is_int(c.rope_original_len) and 0 <= c.rope_original_len <= INT32_MAX):
+        raise ExportError(f"rope_original_len {c.rope_original_len} must be an int32 >= 0")
+    for name, owner, _ in RULE_FIELDS:
+        value = f32(getattr(c, name))
+        if not (math.isfinite(value) and value >= 0):
+            raise ExportError(f"{name} {getattr(c, name)} must be finite and >= 0 (0: the default)")
+        if value and owner is not None and c.rope_scaling != owner:
+            raise ExportError(f"{name} is {show(value)}, but it belongs to {RULE_NAMES[owner]} and the rule is "
+                              f"{RULE_NAMES[c.rope_scaling]} (it must be 0)")
+    if c.rope_scaling == RULE_LLAMA3:
+        defaults = {name: default for name, _, default in RULE_FIELDS}
+        low = f32(c.llama3_low_freq_factor) or defaults["llama3_low_freq_factor"]
+        high = f32(c.llama3_high_freq_factor) or defaults["llama3_high_freq_factor"]
+        if not high > low:
+            raise ExportError(f"llama3_high_freq_factor {show(high)} must be > llama3_low_freq_factor {show(low)}")
+
+
+def describe_rope(c):
+    """The scaling rule in words, for the summary line: "none", "yarn x4 (original 32)", ..."""
+    rule = c.rule
+    if rule == RULE_NONE:
+        text = "none"
+    else:
+        text = f"{RULE_NAMES[rule]} x{show(c.rope_factor)}"
+    details = [f"original {c.rope_original_len}"] if c.rope_original_len else []
+    labels = {"yarn_beta_fast": "beta_fast", "yarn_beta_slow": "beta_slow",
+              "rope_attention_factor": "attention factor", "llama3_low_freq_factor": "low_freq_factor",
+              "llama3_high_freq_factor": "high_freq_factor"}
+    details += [f"{labels[name]} {show(getattr(c, name))}" for name, _, _ in RULE_FIELDS if getattr(c, name)]
+    return f"{text} ({', '.join(details)})" if details else text
 
 
 def tensor_shapes(c):
@@ -200,14 +282,18 @@ def check_size(path, what, expected):
 def read_rope(path, data):
     """Read a ROPE file (README.md, "The ROPE format"): (Config, tensors)."""
     (_, version, dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared,
-     eps, theta, fraction, scale) = ROPE_HEADER.unpack_from(data)
+     eps, theta, fraction, factor, rule, original_len, *rule_values) = ROPE_HEADER.unpack_from(data)
     if version != ROPE_VERSION:
         raise ExportError(f"{path}: ROPE version {version} is not supported (only {ROPE_VERSION})")
     if shared not in (0, 1):
         raise ExportError(f"{path}: shared_classifier is {shared}, expected 0 or 1")
     check_padding(path, data, ROPE_HEADER.size)
-    c = Config(dim, hidden, layers, heads, kv_heads, vocab, seq_len, bool(shared), eps, theta, fraction, scale)
-    c.check()
+    c = Config(dim, hidden, layers, heads, kv_heads, vocab, seq_len, bool(shared), eps, theta, fraction, factor,
+               rule, original_len, **{name: value for (name, _, _), value in zip(RULE_FIELDS, rule_values)})
+    try:
+        c.check()
+    except ExportError as e:
+        raise ExportError(f"{path}: {e}")
     shapes = tensor_shapes(c)
     check_size(path, "ROPE", HEADER_BYTES + 4 * n_floats(shapes))
     return c, map_floats(path, HEADER_BYTES, shapes)
@@ -472,10 +558,10 @@ def hf_config(config):
 
 
 def hf_rope_parameters(config):
-    """(rope_type, theta, partial_rotary_factor, factor) from either place transformers keeps them.
+    """(rope dict, rope_type, theta, partial_rotary_factor) from either place transformers keeps them.
 
     transformers 4.x: top-level rope_theta and partial_rotary_factor, and a
-    rope_scaling dict (or null) with "rope_type" (older: "type") and "factor".
+    rope_scaling dict (or null) with "rope_type" (older: "type") and the rule's keys.
     transformers 5.x: a rope_parameters dict with rope_type, rope_theta and the rest.
     As in transformers' convert_rope_params_to_dict, a non-null rope_scaling wins.
     """
@@ -484,19 +570,21 @@ def hf_rope_parameters(config):
         raise ExportError(f"config.json: rope_scaling / rope_parameters {rope!r} is not an object")
     if any(isinstance(v, dict) for v in rope.values()):
         raise ExportError("config.json: per-layer-type rope_parameters are not supported")
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
 
     def pick(key, default):
-        """config[key] or rope[key] (they must agree), else the default."""
-        inner, outer = rope.get(key), config.get(key)
-        if inner is not None and outer is not None and inner != outer:
-            raise ExportError(f"config.json: {key} is {outer} at top level but {inner} in the rope dict")
-        value = inner if inner is not None else outer
+        value = rope_value(config, rope, key)
         return hf_number(default if value is None else value, key)
 
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    factor = rope.get("factor")
-    factor = 1.0 if factor is None else hf_number(factor, "rope factor")
-    return rope_type, pick("rope_theta", HF_DEFAULTS["rope_theta"]), pick("partial_rotary_factor", 1.0), factor
+    return rope, rope_type, pick("rope_theta", HF_DEFAULTS["rope_theta"]), pick("partial_rotary_factor", 1.0)
+
+
+def rope_value(config, rope, key):
+    """config[key] or rope[key] (they must agree when both are set), else None."""
+    inner, outer = rope.get(key), config.get(key)
+    if inner is not None and outer is not None and inner != outer:
+        raise ExportError(f"config.json: {key} is {outer} at top level but {inner} in the rope dict")
+    return inner if inner is not None else outer
 
 
 def fraction_for(rotated_pairs, head_dim, near):
@@ -514,32 +602,170 @@ def fraction_for(rotated_pairs, head_dim, near):
     return float(p)
 
 
-def hf_rope(config, head_dim):
-    """(theta, p, scale, rotary_dim) for a Hugging Face config; rotary_dim tells the row permutation.
+# What each rope_type reads from the rope dict (transformers' modeling_rope_utils.py), besides
+# rope_type / type, rope_theta and partial_rotary_factor; other keys are ignored, with a warning.
+# original_max_position_embeddings is kept for every rule: it is the length run.c's rules are relative to.
+HF_RULE_KEYS = {
+    "linear": {"factor", "original_max_position_embeddings"},
+    "proportional": {"factor", "original_max_position_embeddings"},
+    "yarn": {"factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
+             "mscale", "mscale_all_dim", "truncate"},
+    "llama3": {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"},
+}
+HF_REFUSED_TYPES = {
+    "dynamic": "dynamic NTK recomputes the base from the current sequence length, which a frequency table "
+               "fixed at load time cannot follow; remove rope_scaling from config.json, export, and run "
+               "with run's --rope-scaling ntk (or yarn) --rope-factor F instead",
+    "longrope": "its per-pair short_factor / long_factor lists do not fit the ROPE header; yarn (rope_type "
+                "'yarn', or run's --rope-scaling yarn) is the nearest rule this format has",
+}
+
+
+def rope_number(rope, key, rope_type, low=0.0, low_ok=False):
+    """rope[key] as a finite float > low (>= low when low_ok), also finite in float32."""
+    value = rope.get(key)
+    if value is None:
+        raise ExportError(f"config.json: rope_type '{rope_type}' needs {key!r}"
+                          + (" (it is null)" if key in rope else ""))
+    x = hf_number(value, f"{rope_type} {key}")
+    if not (math.isfinite(f32(x)) and (x >= low if low_ok else x > low)):
+        raise ExportError(f"config.json: {rope_type} {key} {value!r} must be finite and {'>=' if low_ok else '>'} "
+                          f"{low:g}")
+    return x
+
+
+def hf_original_len(config, rope, rope_type, default):
+    """original_max_position_embeddings: in the rope dict or, as transformers 5 also reads it, top level."""
+    value = rope_value(config, rope, "original_max_position_embeddings")
+    if value is None:
+        return default
+    if not is_int(value) or not 0 < value <= INT32_MAX:
+        raise ExportError(f"config.json: {rope_type} original_max_position_embeddings {value!r} must be a "
+                          "positive int32")
+    return value
+
+
+def yarn_mscale(scale, mscale=1.0):
+    """transformers' get_mscale: YaRN's attention factor 0.1 * mscale * ln(s) + 1, or 1 for s <= 1."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def hf_linear(config, rope, max_len, rope_type="linear"):
+    """linear (transformers' _compute_linear_scaling_rope_parameters): every frequency / factor."""
+    factor = rope_number(rope, "factor", rope_type)
+    if not (math.isfinite(f32(factor)) and factor >= 1):
+        raise ExportError(f"config.json: {rope_type} factor {show(factor)} must be finite and >= 1 (a factor below 1 "
+                          "compresses positions instead of stretching them; transformers only warns, run.c refuses)")
+    return dict(rule=RULE_LINEAR, factor=factor, original_len=hf_original_len(config, rope, rope_type, 0))
+
+
+def hf_proportional(config, rope, max_len):
+    """proportional (transformers' p-RoPE): its optional factor divides every frequency: linear."""
+    if "factor" in rope and f32(rope_number(rope, "factor", "proportional")) != 1:
+        return hf_linear(config, rope, max_len, "proportional")
+    return dict(original_len=hf_original_len(config, rope, "proportional", 0))  # factor 1: no rule
+
+
+def hf_yarn(config, rope, max_len):
+    """yarn, as transformers' _compute_yarn_parameters reads its parameters.
+
+    The correction range is floored / ceiled (truncate, default true); factor null means
+    max_position_embeddings / original_max_position_embeddings; original_max_position_embeddings
+    defaults to max_position_embeddings; beta_fast / beta_slow 0 or null mean 32 / 1; the
+    attention factor, when not given, is get_mscale(s, mscale) / get_mscale(s, mscale_all_dim)
+    when both are set (non-zero), else get_mscale(s) = 0.1 ln s + 1 (stored as 0, the default).
+    """
+    if not rope.get("truncate", True):
+        raise ExportError(f"config.json: yarn with \"truncate\": {json.dumps(rope['truncate'])} is not supported: "
+                          "run.c's yarn floors and ceils the correction range (transformers' truncate: true)")
+    original = hf_original_len(config, rope, "yarn", max_len)
+    implicit = max_len / original
+    if "factor" not in rope:
+        raise ExportError("config.json: rope_type 'yarn' needs 'factor' (transformers requires the key; "
+                          "null means max_position_embeddings / original_max_position_embeddings)")
+    if rope["factor"] is None:
+        factor = implicit
+    else:
+        factor = rope_number(rope, "factor", "yarn")
+        if implicit not in (factor, 1):
+            warn(f"yarn factor {show(factor)} differs from max_position_embeddings / "
+                 f"original_max_position_embeddings = {max_len} / {original} = {show(implicit)}; the factor is "
+                 "used, as transformers does now (releases before its PR #40320 used the ratio)")
+    if not (math.isfinite(f32(factor)) and factor >= 1):
+        raise ExportError(f"config.json: yarn factor {show(factor)} must be finite and >= 1")
+    # transformers: rope.get("beta_fast") or 32, so 0 and null are the default too (stored as 0)
+    betas = {key: rope_number(rope, key, "yarn") if rope.get(key) else 0.0 for key in ("beta_fast", "beta_slow")}
+    if (betas["beta_fast"] or 32) < (betas["beta_slow"] or 1):
+        warn(f"yarn beta_fast {show(betas['beta_fast'] or 32)} is below beta_slow {show(betas['beta_slow'] or 1)} "
+             "(transformers warns too); stored as they are")
+    if rope.get("attention_factor") is not None:
+        attention = rope_number(rope, "attention_factor", "yarn")
+    elif rope.get("mscale") and rope.get("mscale_all_dim"):
+        mscale, mscale_all_dim = rope_number(rope, "mscale", "yarn", -math.inf), \
+            rope_number(rope, "mscale_all_dim", "yarn", -math.inf)
+        denominator = yarn_mscale(factor, mscale_all_dim)
+        attention = yarn_mscale(factor, mscale) / denominator if denominator else math.inf
+        if not (math.isfinite(f32(attention)) and f32(attention) > 0):
+            raise ExportError(f"config.json: yarn mscale {mscale:g} / mscale_all_dim {mscale_all_dim:g} give the "
+                              f"attention factor {attention:g}; it must be finite and > 0")
+    else:
+        attention = 0.0  # the default, 0.1 ln s + 1
+    return dict(rule=RULE_YARN, factor=factor, original_len=original, yarn_beta_fast=betas["beta_fast"],
+                yarn_beta_slow=betas["beta_slow"], rope_attention_factor=attention)
+
+
+def hf_llama3(config, rope, max_len):
+    """llama3 (transformers' _compute_llama3_parameters): factor, low/high_freq_factor are required."""
+    factor = rope_number(rope, "factor", "llama3", 1.0, low_ok=True)
+    low = rope_number(rope, "low_freq_factor", "llama3")
+    high = rope_number(rope, "high_freq_factor", "llama3")
+    if not f32(high) > f32(low):
+        raise ExportError(f"config.json: llama3 high_freq_factor {show(high)} must be > low_freq_factor {show(low)}")
+    return dict(rule=RULE_LLAMA3, factor=factor, original_len=hf_original_len(config, rope, "llama3", max_len),
+                llama3_low_freq_factor=low, llama3_high_freq_factor=high)
+
+
+def hf_rope(config, head_dim, max_len):
+    """(theta, p, scaling, rotary_dim) for a Hugging Face config; rotary_dim tells the row permutation.
+
+    scaling holds the arguments of Config.set_scaling ({} for none); max_len is
+    max_position_embeddings.
 
     rope_type "default": standard RoPE, or with partial_rotary_factor f < 1 GPT-NeoX's
         partial rotary: the first rotary_dim = int(head_dim * f) dims rotate as pairs
         (i, i + rotary_dim/2) at base^(-2i / rotary_dim). That is p-RoPE with
         p = rotary_dim / head_dim and theta = base^(head_dim / rotary_dim), since
         theta^(-2i / head_dim) = base^(-2i / rotary_dim).
+    rope_type "linear", "yarn", "llama3": the same rotation (and the same conversion of
+        partial_rotary_factor), with the scaling rule and its parameters in the header.
     rope_type "proportional" (transformers' p-RoPE, Gemma 4's global layers): pairs
         (i, i + head_dim/2) for i < int(f * head_dim // 2) rotate at
-        base^(-2i / head_dim), the others not; every frequency is divided by "factor".
+        base^(-2i / head_dim), the others not; every frequency is divided by "factor",
+        which is the linear rule (rope_scaling 1) when the factor is not 1.
     """
-    rope_type, base, f, factor = hf_rope_parameters(config)
+    rope, rope_type, base, f = hf_rope_parameters(config)
+    if rope_type in HF_REFUSED_TYPES:
+        raise ExportError(f"rope_type '{rope_type}' is not supported: {HF_REFUSED_TYPES[rope_type]}")
+    if rope_type != "default" and rope_type not in HF_RULE_KEYS:
+        raise ExportError(f"rope_type {rope_type!r} is not supported: this format stores 'default' (with optional "
+                          "partial_rotary_factor), 'proportional', 'linear', 'yarn' and 'llama3'")
     if not 0 <= f <= 1:
         raise ExportError(f"config.json: partial_rotary_factor {f} must be in [0, 1]")
+    if rope_type == "default":
+        scaling = {}
+    else:
+        ignored = set(rope) - HF_RULE_KEYS[rope_type] - {"rope_type", "type", "rope_theta", "partial_rotary_factor"}
+        if ignored:
+            warn(f"rope_type '{rope_type}' does not use {', '.join(sorted(ignored))} (transformers ignores "
+                 "them too)")
+        parse = {"linear": hf_linear, "proportional": hf_proportional, "yarn": hf_yarn, "llama3": hf_llama3}
+        scaling = parse[rope_type](config, rope, max_len)
     if rope_type == "proportional":
-        if not (math.isfinite(factor) and factor >= 1):
-            raise ExportError(f"config.json: proportional rope factor {factor} must be >= 1")
         pairs = int(f * head_dim // 2)
-        return base, fraction_for(pairs, head_dim, f), factor, head_dim
-    if rope_type != "default":
-        raise ExportError(f"rope_type {rope_type!r} is not supported: this format stores only standard RoPE "
-                          "and p-RoPE ('default', with optional partial_rotary_factor, or 'proportional')")
+        return base, fraction_for(pairs, head_dim, f), scaling, head_dim
     rotary_dim = int(head_dim * f)
     if rotary_dim == head_dim:
-        return base, 1.0, 1.0, head_dim
+        return base, 1.0, scaling, head_dim
     if rotary_dim % 2:
         raise ExportError(f"config.json: partial_rotary_factor {f} gives an odd rotary dimension {rotary_dim}")
     p = fraction_for(rotary_dim // 2, head_dim, rotary_dim / head_dim)
@@ -552,7 +778,7 @@ def hf_rope(config, head_dim):
                           "overflows float32")
     print(f"export.py: partial_rotary_factor {f} (GPT-NeoX semantics) stored exactly as p-RoPE "
           f"with theta = {show(theta)}, p = {show(p)}", file=sys.stderr)
-    return theta, p, 1.0, rotary_dim
+    return theta, p, scaling, rotary_dim
 
 
 def pair_permutation(head_dim, rotary_dim):
@@ -615,7 +841,8 @@ def read_hf(model_dir):
         raise ExportError(f"{model_dir}: no config.json")
     config = read_json(config_path)
     c = hf_config(config)
-    c.rope_theta, c.rope_fraction, c.rope_scale, rotary_dim = hf_rope(config, c.head_dim)
+    c.rope_theta, c.rope_fraction, scaling, rotary_dim = hf_rope(config, c.head_dim, c.seq_len)
+    c.set_scaling(**scaling)
     files = open_safetensors(model_dir)
     if "lm_head.weight" not in files:
         c.shared_classifier = True  # no lm_head: the embedding is the classifier
@@ -641,26 +868,72 @@ def read_hf(model_dir):
 # Writing: ROPE and llama2.c legacy
 
 
-def write_tensor(f, pieces):
+class Progress:
+    """A progress line on stderr while a file of more than PROGRESS_BYTES is written.
+
+    One line, rewritten in place with a carriage return (at most twice a second),
+    and ended with a newline when the last tensor is written or the write stops.
+    """
+
+    def __init__(self, path, total_bytes, n_tensors):
+        self.path, self.total, self.n_tensors = path, total_bytes, n_tensors
+        self.enabled = total_bytes > PROGRESS_BYTES
+        self.written = self.tensors = 0
+        self.shown_at = -math.inf
+        self.open = False  # a line without its newline is on stderr
+
+    def add(self, n_bytes, tensor_done=False):
+        """Count n_bytes written (and one more tensor done); redraw the line if it is time."""
+        self.written += n_bytes
+        self.tensors += tensor_done
+        if not self.enabled:
+            return
+        last = self.tensors == self.n_tensors
+        now = time.monotonic()
+        if last or now - self.shown_at >= 0.5:
+            self.shown_at = now
+            print(f"\rexport.py: writing {self.path}: {self.tensors}/{self.n_tensors} tensors, "
+                  f"{self.written / 1e6:.0f}/{self.total / 1e6:.0f} MB", end="\n" if last else "",
+                  file=sys.stderr, flush=True)
+            self.open = not last
+
+    def close(self):
+        """End an unfinished line (the write stopped early), so that what follows starts a line."""
+        if self.open:
+            print(file=sys.stderr, flush=True)
+            self.open = False
+
+
+def write_tensor(f, pieces, progress):
     """Write a tensor as little-endian float32: an array, or a list of arrays / loaders."""
-    for piece in pieces if isinstance(pieces, list) else [pieces]:
+    pieces = pieces if isinstance(pieces, list) else [pieces]
+    for i, piece in enumerate(pieces):
         array = piece() if callable(piece) else piece
-        f.write(memoryview(np.ascontiguousarray(array, dtype="<f4")).cast("B"))
+        data = memoryview(np.ascontiguousarray(array, dtype="<f4")).cast("B")
+        f.write(data)
+        progress.add(len(data), tensor_done=i == len(pieces) - 1)
 
 
 def rope_header(c):
     """The 256-byte ROPE header (README.md, "The ROPE format")."""
     fields = ROPE_HEADER.pack(ROPE_MAGIC, ROPE_VERSION, c.dim, c.hidden_dim, c.n_layers, c.n_heads,
                               c.n_kv_heads, c.vocab_size, c.seq_len, int(c.shared_classifier),
-                              c.norm_eps, c.rope_theta, c.rope_fraction, c.rope_scale)
+                              c.norm_eps, c.rope_theta, c.rope_fraction, c.rope_factor,
+                              c.rope_scaling, c.rope_original_len, *(getattr(c, name) for name, _, _ in RULE_FIELDS))
     return fields + bytes(HEADER_BYTES - len(fields))
 
 
-def write_rope(f, c, tensors):
+def write_rope(f, c, tensors, path="-"):
     """Write a ROPE file: header, then the tensors in the README's order."""
-    f.write(rope_header(c))
-    for name, _ in tensor_shapes(c):
-        write_tensor(f, tensors[name])
+    shapes = tensor_shapes(c)
+    progress = Progress(path, HEADER_BYTES + 4 * n_floats(shapes), len(shapes))
+    try:
+        f.write(rope_header(c))
+        progress.add(HEADER_BYTES)
+        for name, _ in shapes:
+            write_tensor(f, tensors[name], progress)
+    finally:
+        progress.close()
 
 
 def llama2c_freq_cis(head_dim, seq_len):
@@ -680,23 +953,33 @@ def llama2c_freq_cis(head_dim, seq_len):
 
 
 def check_legacy(c):
-    """Refuse what llama2.c's legacy format cannot carry; warn about norm_eps."""
-    if f32(c.rope_theta) != LLAMA2C_THETA or f32(c.rope_fraction) != 1 or f32(c.rope_scale) != 1:
+    """Refuse what llama2.c's legacy format cannot carry; warn about norm_eps and the original length."""
+    no_rule = c.rule == RULE_NONE and f32(c.rope_attention_factor) in (0, 1)
+    if f32(c.rope_theta) != LLAMA2C_THETA or f32(c.rope_fraction) != 1 or not no_rule:
         raise ExportError(f"--legacy: llama2.c's legacy format has no rotary settings: it needs theta 10000, "
-                          f"p 1, scale 1 (this model: theta {show(c.rope_theta)}, p {show(c.rope_fraction)}, "
-                          f"scale {show(c.rope_scale)})")
+                          f"p 1 and no scaling rule (this model: theta {show(c.rope_theta)}, "
+                          f"p {show(c.rope_fraction)}, rope {describe_rope(c)})")
     if f32(c.norm_eps) != f32(LLAMA2C_NORM_EPS):
         warn(f"norm_eps {show(c.norm_eps)} is not stored in llama2.c's legacy format; its readers use 1e-05")
+    if c.rope_original_len not in (0, c.seq_len):
+        warn(f"rope_original_len {c.rope_original_len} (the trained length a run-time scaling rule is relative "
+             f"to) is not stored in llama2.c's legacy format; converted back, it becomes seq_len {c.seq_len}")
 
 
-def write_legacy(f, c, tensors):
+def write_legacy(f, c, tensors, path="-"):
     """Write llama2.c's legacy format: seven int32, tensors, freq_cis after rms_final."""
-    vocab = c.vocab_size if c.shared_classifier else -c.vocab_size
-    f.write(LEGACY_HEADER.pack(c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, vocab, c.seq_len))
-    cos, sin = llama2c_freq_cis(c.head_dim, c.seq_len)
-    tables = {"freq_cis_real": cos, "freq_cis_imag": sin}
-    for name, _ in legacy_shapes(c):
-        write_tensor(f, tables[name] if name in tables else tensors[name])
+    shapes = legacy_shapes(c)
+    progress = Progress(path, LEGACY_HEADER.size + 4 * n_floats(shapes), len(shapes))
+    try:
+        vocab = c.vocab_size if c.shared_classifier else -c.vocab_size
+        f.write(LEGACY_HEADER.pack(c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, vocab, c.seq_len))
+        progress.add(LEGACY_HEADER.size)
+        cos, sin = llama2c_freq_cis(c.head_dim, c.seq_len)
+        tables = {"freq_cis_real": cos, "freq_cis_imag": sin}
+        for name, _ in shapes:
+            write_tensor(f, tables[name] if name in tables else tensors[name], progress)
+    finally:
+        progress.close()
 
 
 def write_atomically(path, write):
@@ -731,14 +1014,14 @@ def export_checkpoint(args):
         c.rope_fraction = args.rope_fraction
     if args.legacy:
         check_legacy(c)
-        write_atomically(args.output, lambda f: write_legacy(f, c, tensors))
+        write_atomically(args.output, lambda f: write_legacy(f, c, tensors, args.output))
     else:
-        write_atomically(args.output, lambda f: write_rope(f, c, tensors))
+        write_atomically(args.output, lambda f: write_rope(f, c, tensors, args.output))
     print(f"wrote {args.output} ({'llama2.c legacy' if args.legacy else 'ROPE'}): dim {c.dim}, "
           f"hidden {c.hidden_dim}, {c.n_layers} layers, {c.n_heads} heads ({c.n_kv_heads} kv), "
           f"vocab {c.vocab_size}, seq_len {c.seq_len}, shared classifier {int(c.shared_classifier)}, "
           f"eps {show(c.norm_eps)}, theta {show(c.rope_theta)}, p {show(c.rope_fraction)}, "
-          f"scale {show(c.rope_scale)}")
+          f"rope {describe_rope(c)}")
 
 
 # ----------------------------------------------------------------------------

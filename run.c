@@ -95,6 +95,17 @@ static int fail(const char *fmt, ...) {
 
 typedef enum { FORMAT_LLAMA2C_LEGACY, FORMAT_LLAMA2C_V1, FORMAT_ROPE } CheckpointFormat;
 
+// The RoPE scaling rules, numbered as the ROPE header stores them.
+typedef enum {
+    ROPE_SCALING_NONE = 0,
+    ROPE_SCALING_LINEAR = 1,
+    ROPE_SCALING_NTK = 2,
+    ROPE_SCALING_YARN = 3,
+    ROPE_SCALING_LLAMA3 = 4
+} RopeScaling;
+static const char *rope_scaling_names[] = {"none", "linear", "ntk", "yarn", "llama3"};
+#define N_ROPE_SCALINGS 5
+
 typedef struct {
     int dim;               // transformer width
     int hidden_dim;        // feed-forward width
@@ -107,7 +118,16 @@ typedef struct {
     float norm_eps;        // RMSNorm epsilon
     float rope_theta;      // base wavelength theta of the rotary frequencies
     float rope_fraction;   // p: the fraction of rotary pairs that rotate (p-RoPE)
-    float rope_scale;      // linear position scale: every frequency is divided by it
+    // the rule for positions past the trained length (RoPE section, "Past the
+    // training length"); a parameter stored as 0 takes the rule's default
+    RopeScaling rope_scaling;      // none, linear, ntk, yarn, llama3
+    float rope_factor;             // the rule's factor s, >= 1 (1: none)
+    int rope_original_len;         // the trained context length the rule is relative to
+    float yarn_beta_fast;          // yarn: pairs turning more often than this over it are kept (32)
+    float yarn_beta_slow;          // yarn: pairs turning less often than this are interpolated (1)
+    float rope_attention_factor;   // cos and sin are multiplied by it (yarn: 0.1 ln s + 1; else 1)
+    float llama3_low_freq_factor;  // llama3: wavelengths above original / this are interpolated (1)
+    float llama3_high_freq_factor; // llama3: wavelengths below original / this are kept (4)
 } Config;
 
 typedef struct {
@@ -195,6 +215,13 @@ static int rope_angles_of(const Config *c) {
     return n < pairs ? n : pairs;
 }
 
+// The scaling rules' parameters, with their defaults where the file stores 0.
+static float or_default(float value, float fallback) { return value != 0.0f ? value : fallback; }
+static float yarn_beta_fast(const Config *c) { return or_default(c->yarn_beta_fast, 32.0f); }
+static float yarn_beta_slow(const Config *c) { return or_default(c->yarn_beta_slow, 1.0f); }
+static float llama3_low_freq(const Config *c) { return or_default(c->llama3_low_freq_factor, 1.0f); }
+static float llama3_high_freq(const Config *c) { return or_default(c->llama3_high_freq_factor, 4.0f); }
+
 // ----------------------------------------------------------------------------
 // Loading a checkpoint: detect the format, check the header, check the file size,
 // then point the weights into the mapped file.
@@ -216,6 +243,39 @@ static int check_range(const char *name, long value, long lo, long hi) {
     return 0;
 }
 
+// A rule's parameter: 0 (the default), or finite and > 0. `allowed`: whether the
+// rule in force has this parameter at all (if not, it must be 0).
+static int check_rope_parameter(const char *name, float value, int allowed, const Config *c) {
+    if (value == 0.0f) return 0;
+    if (!allowed) return fail("%s is %g, but the rope scaling rule %s has no such parameter", name, value,
+                              rope_scaling_names[c->rope_scaling]);
+    if (!isfinite(value) || value < 0) return fail("%s %g must be finite and > 0 (0: the default)", name, value);
+    return 0;
+}
+
+// The scaling rule and its parameters (see "Past the training length" in the RoPE
+// section for what each means).
+static int validate_rope_scaling(const Config *c) {
+    int rule = c->rope_scaling;
+    if (rule < 0 || rule >= N_ROPE_SCALINGS)
+        return fail("rope_scaling %d is not a rule this program knows (0 none, 1 linear, 2 ntk, 3 yarn, 4 llama3)", rule);
+    if (!isfinite(c->rope_factor) || c->rope_factor < 1) // every rule stretches; none shrinks
+        return fail("rope_factor %g must be finite and >= 1", c->rope_factor);
+    if (c->rope_original_len < 1 || c->rope_original_len > MAX_SEQ_LEN)
+        return fail("rope_original_len %d is out of range [1, %d]", c->rope_original_len, MAX_SEQ_LEN);
+    int yarn = rule == ROPE_SCALING_YARN, llama3 = rule == ROPE_SCALING_LLAMA3;
+    if (check_rope_parameter("yarn_beta_fast", c->yarn_beta_fast, yarn, c) ||
+        check_rope_parameter("yarn_beta_slow", c->yarn_beta_slow, yarn, c) ||
+        check_rope_parameter("rope_attention_factor", c->rope_attention_factor, 1, c) ||
+        check_rope_parameter("llama3_low_freq_factor", c->llama3_low_freq_factor, llama3, c) ||
+        check_rope_parameter("llama3_high_freq_factor", c->llama3_high_freq_factor, llama3, c))
+        return -1;
+    if (llama3 && llama3_high_freq(c) <= llama3_low_freq(c))
+        return fail("llama3_high_freq_factor %g must be above llama3_low_freq_factor %g", llama3_high_freq(c),
+                    llama3_low_freq(c));
+    return 0;
+}
+
 // Checks that the sizes are positive, bounded and consistent with each other.
 static int validate_config(const Config *c) {
     if (check_range("dim", c->dim, 1, MAX_DIM) || check_range("hidden_dim", c->hidden_dim, 1, MAX_HIDDEN) ||
@@ -232,8 +292,7 @@ static int validate_config(const Config *c) {
         return fail("rope_theta %g must be finite and > 0", c->rope_theta);
     if (!(c->rope_fraction >= 0 && c->rope_fraction <= 1))
         return fail("rope_fraction %g must be in [0, 1]", c->rope_fraction);
-    if (!isfinite(c->rope_scale) || c->rope_scale < 1)
-        return fail("rope_scale %g must be finite and >= 1", c->rope_scale);
+    if (validate_rope_scaling(c) != 0) return -1;
     uint64_t kv_bytes = 2ull * c->n_layers * c->seq_len * (uint64_t)kv_dim_of(c) * sizeof(float);
     if (kv_bytes > MAX_KV_CACHE_BYTES)
         return fail("the KV cache would need %llu MiB (n_layers * seq_len * kv_dim too large)",
@@ -259,7 +318,7 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
     c->norm_eps = 1e-5f; // the llama2.c formats: fixed by llama2.c's model.py
     c->rope_theta = 10000.0f;
     c->rope_fraction = 1.0f;
-    c->rope_scale = 1.0f;
+    c->rope_factor = 1.0f;
     if (size < LEGACY_HEADER_BYTES) return fail("file is too small (%zu bytes) to hold a checkpoint header", size);
     uint32_t magic = read_u32(data);
     if (magic == MAGIC_ROPE || magic == MAGIC_LLAMA2C_V1) {
@@ -296,10 +355,22 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
         c->norm_eps = read_f32(data + 40);
         c->rope_theta = read_f32(data + 44);
         c->rope_fraction = read_f32(data + 48);
-        c->rope_scale = read_f32(data + 52);
-        for (int i = 56; i < HEADER_BYTES; i++)
+        c->rope_factor = read_f32(data + 52);
+        c->rope_scaling = (RopeScaling)read_i32(data + 56);
+        c->rope_original_len = read_i32(data + 60);
+        c->yarn_beta_fast = read_f32(data + 64);
+        c->yarn_beta_slow = read_f32(data + 68);
+        c->rope_attention_factor = read_f32(data + 72);
+        c->llama3_low_freq_factor = read_f32(data + 76);
+        c->llama3_high_freq_factor = read_f32(data + 80);
+        for (int i = 84; i < HEADER_BYTES; i++)
             if (data[i] != 0) return fail("reserved header byte %d is not zero (a newer format?)", i);
+        // files written before the rules: rule 0 with a factor is linear scaling
+        if (c->rope_scaling == ROPE_SCALING_NONE && c->rope_factor != 1.0f) c->rope_scaling = ROPE_SCALING_LINEAR;
+        if (c->rope_original_len < 0)
+            return fail("rope_original_len %d must be >= 0 (0: seq_len)", c->rope_original_len);
     }
+    if (c->rope_original_len == 0) c->rope_original_len = c->seq_len; // the trained length, unless the file says
     if (validate_config(c) != 0) return -1;
     *data_offset = *format == FORMAT_LLAMA2C_LEGACY ? LEGACY_HEADER_BYTES : HEADER_BYTES;
     uint64_t floats = weight_floats(c);
@@ -417,19 +488,112 @@ static int load_checkpoint(Transformer *t, const char *path) {
 //
 // Pair i of a head is the two dims (2i, 2i+1) (llama2.c's adjacent layout). At
 // position pos it is rotated by the angle pos * omega_i, where
-//     omega_i = theta^(-2i / head_size) / rope_scale,       i = 0 .. head_size/2 - 1
+//     omega_i = theta^(-2i / head_size),       i = 0 .. head_size/2 - 1
 // is the angular frequency: i = 0 turns fastest (one radian per token), the last
-// pairs slowest. The rotation is the 2x2 block of RoFormer's R(theta, m):
+// pairs slowest (a scaling rule, below, may change them). The rotation is the 2x2 block of RoFormer's R(theta, m):
 //     [x'_2i  ]   [cos a  -sin a] [x_2i  ]
 //     [x'_2i+1] = [sin a   cos a] [x_2i+1],   a = pos * omega_i.
 // p-RoPE rotates only pairs i < rope_angles = floor(p * head_size / 2), with the
 // same omega_i as full RoPE; the others keep their values (an infinite wavelength).
 // We loop over the rotated pairs only: the paper's pos / infinity is never computed.
 
-// omega_i, computed in float exactly as llama2.c does, so its outputs match ours.
+// The unscaled frequency theta^(-2i/head_size), computed in float exactly as llama2.c
+// does, so that its outputs match ours.
+static float rope_base_frequency(const Config *c, int i) {
+    return 1.0f / powf(c->rope_theta, (float)(2 * i) / (float)head_size_of(c));
+}
+
+// ----------------------------------------------------------------------------
+// Past the training length: the scaling rules
+//
+// A model trained on contexts of L positions (rope_original_len) has seen pair i
+// turn through at most L * omega_i radians. Past L, the slow pairs reach angles
+// never seen in training, and attention breaks down. Each rule changes only the
+// frequencies omega_i (and one attention factor), so that positions up to s * L
+// (s = rope_factor) look more like the trained ones. Nothing else in the forward
+// pass changes, and since the KV cache holds keys rotated by R(n), a rule can be
+// chosen at inference time without retraining.
+//   none    omega_i
+//   linear  omega_i / s: every position divided by s ("position interpolation",
+//           Chen et al. 2023). The fast pairs, which resolve neighbouring tokens,
+//           turn s times slower too.
+//   ntk     theta' = theta * s^(d/(d-2)), d = head_size ("NTK-aware", bloc97 2023):
+//           pair 0 keeps its frequency, the slowest pair is divided by s, those
+//           between by less (a larger base stretches the slow end of the spectrum).
+//   yarn    (Peng et al. 2023) by each pair's number of turns over L, r_i = L / wavelength_i:
+//           r_i > beta_fast: kept; r_i < beta_slow: divided by s; a linear ramp
+//           between. Plus an attention factor, 0.1 ln s + 1 by default, that
+//           multiplies cos and sin (so q . k of the rotated pairs by its square):
+//           interpolated attention is flatter, and this sharpens it again.
+//   llama3  (Meta's Llama 3.1) by wavelength: above L / low_freq_factor divided by
+//           s, below L / high_freq_factor kept, a smooth blend between.
+// Each rule equals the rope-initialisation function of Hugging Face transformers
+// with the same parameters (tests/scaling_reference.py). p-RoPE composes with every
+// rule: the rule acts on the rotated pairs only (for yarn, whose ramp is counted
+// over the rotated dims, as transformers counts it with partial_rotary_factor), and
+// the unrotated pairs stay unrotated.
+
+// yarn's ramp: the (fractional) pair index at which a pair turns `rotations` times
+// over the original length, for `dims` rotated dims with base `base`:
+//   i = dims * ln(L / (2 pi rotations)) / (2 ln base)
+static double yarn_correction_pair(double rotations, int dims, double base, int original_len) {
+    return dims * log(original_len / (rotations * 2.0 * M_PI)) / (2.0 * log(base));
+}
+
+// yarn's weight of the interpolated frequency for pair i: 0 for the fast pairs
+// (kept), 1 for the slow ones (divided by s), linear between. The bounds are
+// rounded outwards and clamped to [0, dims - 1], as transformers does.
+static double yarn_ramp(const Config *c, int i) {
+    int dims = 2 * rope_angles_of(c); // the rotated dims
+    double base = pow(c->rope_theta, (double)dims / head_size_of(c)); // so that base^(-2i/dims) = theta^(-2i/head_size)
+    double low = floor(yarn_correction_pair(yarn_beta_fast(c), dims, base, c->rope_original_len));
+    double high = ceil(yarn_correction_pair(yarn_beta_slow(c), dims, base, c->rope_original_len));
+    low = fmax(low, 0.0);
+    high = fmin(high, dims - 1.0);
+    if (low == high) high += 0.001; // no division by zero
+    return fmin(fmax((i - low) / (high - low), 0.0), 1.0);
+}
+
+// llama3's frequency: interpolated past L / low_freq_factor, kept below L /
+// high_freq_factor, and between a blend weighted by how often the pair turns over L.
+static double llama3_frequency(const Config *c, double omega) {
+    double s = c->rope_factor, L = c->rope_original_len, low = llama3_low_freq(c), high = llama3_high_freq(c);
+    double wavelength = 2.0 * M_PI / omega;
+    if (wavelength < L / high) return omega;
+    if (wavelength > L / low) return omega / s;
+    double smooth = (L / wavelength - low) / (high - low);
+    return (1.0 - smooth) * omega / s + smooth * omega;
+}
+
+// omega_i of a rotating pair i under the rule in force, in radians per token.
 static float rope_frequency(const Config *c, int i) {
-    float freq = 1.0f / powf(c->rope_theta, (float)(2 * i) / (float)head_size_of(c));
-    return c->rope_scale == 1.0f ? freq : freq / c->rope_scale;
+    float omega = rope_base_frequency(c, i), s = c->rope_factor;
+    int d = head_size_of(c);
+    switch (c->rope_scaling) {
+    case ROPE_SCALING_LINEAR:
+        return omega / s;
+    case ROPE_SCALING_NTK: {
+        if (d <= 2) return omega; // a single pair: omega_0 = 1 whatever the base
+        double theta = (double)c->rope_theta * pow(s, (double)d / (d - 2));
+        return (float)pow(theta, -2.0 * i / d);
+    }
+    case ROPE_SCALING_YARN: {
+        double ramp = yarn_ramp(c, i);
+        return (float)((double)omega / s * ramp + (double)omega * (1.0 - ramp));
+    }
+    case ROPE_SCALING_LLAMA3:
+        return (float)llama3_frequency(c, omega);
+    default:
+        return omega;
+    }
+}
+
+// The factor that multiplies cos and sin: the file's, else yarn's 0.1 ln s + 1 (1
+// for s <= 1), else 1.
+static float rope_attention_factor(const Config *c) {
+    if (c->rope_attention_factor != 0.0f) return c->rope_attention_factor;
+    if (c->rope_scaling == ROPE_SCALING_YARN && c->rope_factor > 1) return (float)(0.1 * log(c->rope_factor) + 1.0);
+    return 1.0f;
 }
 
 // The plain version: rotates one head vector at position pos, computing the angles
@@ -437,9 +601,10 @@ static float rope_frequency(const Config *c, int i) {
 // table-driven rope_apply below (what the forward pass uses) against it.
 __attribute__((unused)) static void rope_rotate_head(float *vec, const Config *c, int pos) {
     int n_rotated = rope_angles_of(c);
+    float factor = rope_attention_factor(c);
     for (int i = 0; i < n_rotated; i++) {
         float angle = pos * rope_frequency(c, i);
-        float cos_a = cosf(angle), sin_a = sinf(angle);
+        float cos_a = cosf(angle) * factor, sin_a = sinf(angle) * factor;
         float x0 = vec[2 * i], x1 = vec[2 * i + 1];
         vec[2 * i] = x0 * cos_a - x1 * sin_a;
         vec[2 * i + 1] = x0 * sin_a + x1 * cos_a;
@@ -448,14 +613,16 @@ __attribute__((unused)) static void rope_rotate_head(float *vec, const Config *c
 
 // The refinement used in the forward pass: cos and sin of every (pos, pair) are
 // computed once per run into tables (seq_len x rope_angles), since the same angles
-// recur for every layer, head and token.
+// recur for every layer, head and token. Both carry the attention factor.
 static void rope_build_tables(float *cos_table, float *sin_table, const Config *c) {
     int n_rotated = rope_angles_of(c);
+    float factor = rope_attention_factor(c), omega[MAX_DIM / 2];
+    for (int i = 0; i < n_rotated; i++) omega[i] = rope_frequency(c, i);
     for (int pos = 0; pos < c->seq_len; pos++) {
         for (int i = 0; i < n_rotated; i++) {
-            float angle = pos * rope_frequency(c, i);
-            cos_table[(size_t)pos * n_rotated + i] = cosf(angle);
-            sin_table[(size_t)pos * n_rotated + i] = sinf(angle);
+            float angle = pos * omega[i];
+            cos_table[(size_t)pos * n_rotated + i] = cosf(angle) * factor;
+            sin_table[(size_t)pos * n_rotated + i] = sinf(angle) * factor;
         }
     }
 }
@@ -858,9 +1025,11 @@ static float *prefill(Transformer *t, const int *tokens, int n, int pos0) {
 // A key cached at position n holds R(n) k. Moved to position n - delta, it must
 // hold R(n - delta) k, and since R(m)^T R(n) = R(n - m), that is R(-delta) R(n) k:
 // one more rotation of each rotated pair by -delta * omega_i, without knowing k.
-// R(-delta) is R(delta) with the sines negated, so the tables' row for position
-// delta gives it. Values carry no position and move as they are; p-RoPE's
-// unrotated pairs need nothing. Chat's --shift rotate drops a conversation's
+// R(-delta) is R(delta) with the sines negated: the angles of the tables' row for
+// position delta, without the attention factor the tables carry (the key has it
+// already). Values carry no position and move as they are; p-RoPE's unrotated
+// pairs need nothing. Every scaling rule keeps the property: it only changes the
+// omega_i. Chat's --shift rotate drops a conversation's
 // oldest turns this way, as llama.cpp's context shift does, instead of running
 // the kept tokens through the model again. (The two rotations round twice where a
 // fresh key rounds once, so shifted keys differ from fresh ones by about 1e-6 of
@@ -872,7 +1041,12 @@ static void kv_cache_shift(Transformer *t, int to, int from, int n) {
     const Config *c = &t->config;
     RunState *s = &t->state;
     int head_size = head_size_of(c), n_rotated = rope_angles_of(c), delta = from - to;
-    const float *cos_delta = s->rope_cos + (size_t)delta * n_rotated, *sin_delta = s->rope_sin + (size_t)delta * n_rotated;
+    float cos_delta[MAX_DIM / 2], sin_delta[MAX_DIM / 2];
+    for (int i = 0; i < n_rotated; i++) { // the tables' angles for position delta, without the attention factor
+        float angle = delta * rope_frequency(c, i);
+        cos_delta[i] = cosf(angle);
+        sin_delta[i] = sinf(angle);
+    }
     for (int l = 0; l < c->n_layers; l++) {
         for (int kvh = 0; kvh < c->n_kv_heads; kvh++) {
             for (int j = 0; j < n; j++) {
@@ -1450,8 +1624,9 @@ static double token_nll(const float *logits, int vocab_size, int target) {
     return log(sum) - ((double)logits[target] - max_val);
 }
 
-// Scores window = BOS + text tokens; adds the nll of its predictions to *total.
-static int score_window(Transformer *t, const int *window, int n, double *total) {
+// Scores window = BOS + text tokens; adds the nll of its predictions to *total, and
+// writes "position,nll" rows to csv when it is not NULL.
+static int score_window(Transformer *t, const int *window, int n, double *total, FILE *csv) {
     int vocab_size = t->config.vocab_size;
     for (int i = 0; i + 1 < n; i += PREFILL_BLOCK) {
         int len = n - 1 - i < PREFILL_BLOCK ? n - 1 - i : PREFILL_BLOCK; // predictions in this block
@@ -1459,13 +1634,17 @@ static int score_window(Transformer *t, const int *window, int n, double *total)
         for (int b = 0; b < len; b++) {
             const float *row = logits + (size_t)b * vocab_size;
             if (check_logits(row, vocab_size, i + b) != 0) return -1;
-            *total += token_nll(row, vocab_size, window[i + b + 1]);
+            double nll = token_nll(row, vocab_size, window[i + b + 1]);
+            *total += nll;
+            if (csv) fprintf(csv, "%d,%.9g\n", i + b, nll);
         }
     }
     return 0;
 }
 
-static int perplexity(Transformer *t, const Tokenizer *tok, const char *text) {
+// csv_path: where to write one row per scored token (its position in its window and
+// its nll), or NULL.
+static int perplexity(Transformer *t, const Tokenizer *tok, const char *text, const char *csv_path) {
     int *tokens, n;
     if (encode_prompt(tok, text, &tokens, &n) != 0) return -1;
     if (n < 2) {
@@ -1482,19 +1661,31 @@ static int perplexity(Transformer *t, const Tokenizer *tok, const char *text) {
         free(tokens);
         return fail("out of memory");
     }
+    FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
+    if (csv_path && !csv) {
+        free(window);
+        free(tokens);
+        return fail("cannot write %s: %s", csv_path, strerror(errno));
+    }
+    if (csv) fprintf(csv, "position,nll\n");
     const int *text_tokens = tokens + 1;
-    int n_text = n - 1, n_windows = 0;
+    int n_text = n - 1, n_windows = 0, result = 0;
     double total = 0.0, t0 = time_in_s();
     for (int start = 0; start < n_text; start += per_window) {
         int len = n_text - start < per_window ? n_text - start : per_window;
         window[0] = TOKEN_BOS;
         memcpy(window + 1, text_tokens + start, (size_t)len * sizeof(int));
-        if (score_window(t, window, len + 1, &total) != 0) {
-            free(window);
-            free(tokens);
-            return -1;
+        if (score_window(t, window, len + 1, &total, csv) != 0) {
+            result = -1;
+            break;
         }
         n_windows++;
+    }
+    if (csv && fclose(csv) != 0 && result == 0) result = fail("cannot write %s", csv_path);
+    if (result != 0) {
+        free(window);
+        free(tokens);
+        return -1;
     }
     double seconds = time_in_s() - t0;
     double nll = total / n_text;
@@ -2663,6 +2854,47 @@ static void prepare_to_run(Transformer *t, int n_positions) {
 }
 
 // ----------------------------------------------------------------------------
+// Rope: the rotation in force, pair by pair (-m rope)
+//
+//   attention_factor: X
+//   i omega_i wavelength_i      one line per pair; wavelength = 2 pi / omega_i tokens,
+//                               inf for a pair that does not rotate
+// then, in words, which pairs the rule kept, blended or interpolated.
+
+// Prints "label: pairs a-b" for a run of pairs that the rule treated alike.
+static void print_pair_run(const char *label, int first, int last) {
+    if (first == last) printf("%s: pair %d\n", label, first);
+    else printf("%s: pairs %d-%d\n", label, first, last);
+}
+
+static void print_rope(const Config *c) {
+    int pairs = head_size_of(c) / 2, rotated = rope_angles_of(c);
+    float s = c->rope_factor;
+    printf("attention_factor: %.9g\n", rope_attention_factor(c));
+    for (int i = 0; i < pairs; i++) {
+        if (i < rotated) printf("%d %.9g %.9g\n", i, rope_frequency(c, i), 2.0 * M_PI / rope_frequency(c, i));
+        else printf("%d 0 inf\n", i);
+    }
+    printf("rule: %s, factor %g, original length %d, theta %g, %d of %d pairs rotate\n",
+           rope_scaling_names[c->rope_scaling], s, c->rope_original_len, c->rope_theta, rotated, pairs);
+    // each rotated pair: kept (omega_i), interpolated (omega_i / s) or blended (between)
+    const char *labels[] = {"kept", "interpolated (divided by the factor)", "blended (between kept and interpolated)"};
+    int first = 0, kind = -1;
+    for (int i = 0; i <= rotated; i++) {
+        int k = -1;
+        if (i < rotated) {
+            double ratio = (double)rope_frequency(c, i) / rope_base_frequency(c, i);
+            k = fabs(ratio - 1.0) < 1e-6 ? 0 : fabs(ratio * s - 1.0) < 1e-6 ? 1 : 2;
+        }
+        if (k != kind) {
+            if (kind >= 0) print_pair_run(labels[kind], first, i - 1);
+            first = i, kind = k;
+        }
+    }
+    if (rotated < pairs) print_pair_run("not rotated (p-RoPE)", rotated, pairs - 1);
+}
+
+// ----------------------------------------------------------------------------
 // CLI, include only if not testing
 #ifndef RUN_TESTING
 
@@ -2672,7 +2904,7 @@ static void usage(FILE *out) {
             "Example: run model.bin -z tokenizer.bin -n 256 -t 0.8 -p \"Once upon a time\"\n"
             "Options:\n"
             "  -p TEXT            prompt (-i is an alias); the first user turn in chat\n"
-            "  -m MODE            generate (default), tokenize, ppl, inspect, chat\n"
+            "  -m MODE            generate (default), tokenize, ppl, inspect, chat, rope\n"
             "  -t FLOAT           temperature, >= 0 (default 1.0; 0 = greedy)\n"
             "  --top-p FLOAT      top-p (nucleus) sampling, in (0, 1] (default 0.9; 1 = off)\n"
             "  -s INT             random seed, >= 0 (default or 0: from the clock)\n"
@@ -2683,7 +2915,13 @@ static void usage(FILE *out) {
             "  -y TEXT            system prompt (-m chat)\n"
             "  --rope-theta FLOAT     override the base wavelength theta, > 0\n"
             "  --rope-fraction FLOAT  override the p-RoPE fraction p, in [0, 1]\n"
-            "  --csv PATH         write the inspect numbers as CSV (-m inspect)\n"
+            "  --rope-scaling RULE    none, linear, ntk, yarn or llama3: how positions past the\n"
+            "                         trained length are handled (default: the file's)\n"
+            "  --rope-factor FLOAT    the rule's factor s, >= 1\n"
+            "  --rope-original-len N  the length the model was trained on (default: the file's)\n"
+            "  -c, --context N    positions in the context (default: the file's seq_len)\n"
+            "  --csv PATH         write inspect's numbers (-m inspect) or each token's nll\n"
+            "                     (-m ppl) as CSV\n"
             "  --no-cache         chat: recompute the whole transcript every turn\n"
             "  --shift MODE       chat, when the context is full: drop the oldest turns and\n"
             "                     recompute (default) or rotate the cached keys\n"
@@ -2706,6 +2944,16 @@ static void usage_error(const char *fmt, ...) {
 static void runtime_error(void) {
     fprintf(stderr, "run: error: %s\n", error_message);
     exit(EXIT_BAD_INPUT);
+}
+
+// runtime_error() for a model or tokenizer that failed to load: when the file does
+// not exist, the line also says where to get one.
+static void file_error(void) {
+    if (errno == ENOENT) {
+        fprintf(stderr, "run: error: %s (%s)\n", error_message, WHERE_TO_GET_MODELS);
+        exit(EXIT_BAD_INPUT);
+    }
+    runtime_error();
 }
 
 // Parses a whole string as a finite float or exits with a usage error.
@@ -2744,12 +2992,41 @@ static const char *format_name(CheckpointFormat f) {
     return f == FORMAT_ROPE ? "ROPE v1" : f == FORMAT_LLAMA2C_V1 ? "llama2.c v1" : "llama2.c legacy";
 }
 
+// The rotary flags over the file's settings: --rope-scaling (a new rule starts
+// from its default parameters), --rope-factor (on a file without a rule: linear),
+// --rope-original-len. Bad combinations exit with a usage error.
+static void apply_rope_scaling_flags(Config *c, int scaling, float factor, int original_len) {
+    if (scaling >= 0 && scaling != (int)c->rope_scaling) {
+        if (scaling != ROPE_SCALING_NONE && factor == 0 && c->rope_factor == 1.0f)
+            usage_error("--rope-scaling %s needs --rope-factor (the file has no factor)", rope_scaling_names[scaling]);
+        c->rope_scaling = (RopeScaling)scaling;
+        c->yarn_beta_fast = c->yarn_beta_slow = c->rope_attention_factor = 0.0f;
+        c->llama3_low_freq_factor = c->llama3_high_freq_factor = 0.0f;
+        if (scaling == ROPE_SCALING_NONE) c->rope_factor = 1.0f;
+    }
+    if (factor > 0) {
+        c->rope_factor = factor;
+        if (c->rope_scaling == ROPE_SCALING_NONE) c->rope_scaling = ROPE_SCALING_LINEAR;
+    }
+    if (original_len > 0) c->rope_original_len = original_len;
+    if (validate_rope_scaling(c) != 0) usage_error("%s", error_message);
+}
+
+// "none", or e.g. "yarn x8 (original length 64, attention factor 1.21)"
+static const char *rope_scaling_text(const Config *c) {
+    static char text[160];
+    if (c->rope_scaling == ROPE_SCALING_NONE) return "none";
+    snprintf(text, sizeof(text), "%s x%g (original length %d, attention factor %g)", rope_scaling_names[c->rope_scaling],
+             c->rope_factor, c->rope_original_len, rope_attention_factor(c));
+    return text;
+}
+
 int main(int argc, char *argv[]) {
     // defaults
     const char *checkpoint_path = NULL, *tokenizer_path = "tokenizer.bin", *prompt = NULL, *mode = "generate";
-    const char *text_path = NULL, *system_prompt = NULL, *csv_path = NULL, *shift = NULL;
-    float temperature = 1.0f, topp = 0.9f, rope_theta = 0.0f, rope_fraction = -1.0f;
-    long seed = 0, steps = 256, threads = 0;
+    const char *text_path = NULL, *system_prompt = NULL, *csv_path = NULL, *shift = NULL, *rope_scaling = NULL;
+    float temperature = 1.0f, topp = 0.9f, rope_theta = 0.0f, rope_fraction = -1.0f, rope_factor = 0.0f;
+    long seed = 0, steps = 256, threads = 0, rope_original_len = 0, context = 0;
     int verbose = 0, no_cache = 0, steps_given = 0;
 
     // 1. parse the command line: CHECKPOINT, then flag/value pairs
@@ -2767,7 +3044,9 @@ int main(int argc, char *argv[]) {
         if (strcmp(arg, "-v") == 0) { verbose = 1; continue; }
         if (strcmp(arg, "--no-cache") == 0) { no_cache = 1; continue; }
         static const char *with_value[] = {"-p", "-i", "-m", "-t", "--top-p", "-s", "-n", "-z", "-f", "-y",
-                                           "--rope-theta", "--rope-fraction", "--csv", "-T", "--shift"};
+                                           "--rope-theta", "--rope-fraction", "--csv", "-T", "--shift",
+                                           "--rope-scaling", "--rope-factor", "--rope-original-len", "-c",
+                                           "--context"};
         int known = 0;
         for (size_t k = 0; k < sizeof(with_value) / sizeof(with_value[0]); k++) known |= strcmp(arg, with_value[k]) == 0;
         if (!known) usage_error("unknown option '%s'", arg);
@@ -2780,6 +3059,13 @@ int main(int argc, char *argv[]) {
         else if (strcmp(arg, "-y") == 0) system_prompt = value;
         else if (strcmp(arg, "--csv") == 0) csv_path = value;
         else if (strcmp(arg, "--shift") == 0) shift = value;
+        else if (strcmp(arg, "--rope-scaling") == 0) rope_scaling = value;
+        else if (strcmp(arg, "--rope-original-len") == 0) rope_original_len = parse_int(arg, value, 1, MAX_SEQ_LEN);
+        else if (strcmp(arg, "-c") == 0 || strcmp(arg, "--context") == 0) context = parse_int(arg, value, 1, MAX_SEQ_LEN);
+        else if (strcmp(arg, "--rope-factor") == 0) {
+            rope_factor = parse_float(arg, value);
+            if (!(rope_factor > 0)) usage_error("--rope-factor must be > 0, got %s", value);
+        }
         else if (strcmp(arg, "-t") == 0) {
             temperature = parse_float(arg, value);
             if (temperature < 0) usage_error("-t must be >= 0, got %s", value);
@@ -2799,12 +3085,18 @@ int main(int argc, char *argv[]) {
     if (!checkpoint_path) usage_error("no checkpoint given");
     int is_generate = strcmp(mode, "generate") == 0, is_tokenize = strcmp(mode, "tokenize") == 0;
     int is_ppl = strcmp(mode, "ppl") == 0, is_inspect = strcmp(mode, "inspect") == 0, is_chat = strcmp(mode, "chat") == 0;
-    if (!is_generate && !is_tokenize && !is_ppl && !is_inspect && !is_chat)
-        usage_error("unknown mode '%s' (generate, tokenize, ppl, inspect, chat)", mode);
+    int is_rope = strcmp(mode, "rope") == 0;
+    if (!is_generate && !is_tokenize && !is_ppl && !is_inspect && !is_chat && !is_rope)
+        usage_error("unknown mode '%s' (generate, tokenize, ppl, inspect, chat, rope)", mode);
+    int scaling = -1; // the --rope-scaling rule, -1 when not given
+    for (int k = 0; rope_scaling && k < N_ROPE_SCALINGS; k++)
+        if (strcmp(rope_scaling, rope_scaling_names[k]) == 0) scaling = k;
+    if (rope_scaling && scaling < 0) usage_error("unknown --rope-scaling '%s' (none, linear, ntk, yarn, llama3)", rope_scaling);
+    if (scaling == ROPE_SCALING_NONE && rope_factor > 0) usage_error("--rope-factor has no effect with --rope-scaling none");
     if (is_ppl && !text_path == !prompt) usage_error("-m ppl needs exactly one of -f FILE or -p TEXT");
     if (text_path && !is_ppl) usage_error("-f is for -m ppl");
     if (is_inspect && !prompt) usage_error("-m inspect needs a prompt (-p TEXT)");
-    if (csv_path && !is_inspect) usage_error("--csv is for -m inspect");
+    if (csv_path && !is_inspect && !is_ppl) usage_error("--csv is for -m inspect and -m ppl");
     if ((system_prompt || no_cache || shift) && !is_chat) usage_error("-y, --no-cache and --shift are for -m chat");
     if (shift && strcmp(shift, "recompute") != 0 && strcmp(shift, "rotate") != 0)
         usage_error("unknown --shift '%s' (recompute, rotate)", shift);
@@ -2818,22 +3110,32 @@ int main(int argc, char *argv[]) {
 
     // 2. load the model; apply the rotary overrides before the RoPE tables are built
     Transformer transformer;
-    if (load_checkpoint(&transformer, checkpoint_path) != 0) runtime_error();
+    if (load_checkpoint(&transformer, checkpoint_path) != 0) file_error();
     Config *c = &transformer.config;
     if (rope_theta > 0) c->rope_theta = rope_theta;
     if (rope_fraction >= 0) c->rope_fraction = rope_fraction;
+    apply_rope_scaling_flags(c, scaling, rope_factor, (int)rope_original_len);
+    if (context > 0) {
+        c->seq_len = (int)context; // the rule stays relative to the trained length (rope_original_len)
+        if (validate_config(c) != 0) usage_error("-c %ld: %s", context, error_message);
+    }
     if (build_run_state(&transformer.state, c) != 0) runtime_error();
     fprintf(stderr,
             "run: %s (%s): dim %d, hidden %d, layers %d, heads %d/%d, vocab %d, seq %d | rope theta %g%s, "
-            "fraction %g%s (%d of %d pairs rotate), scale %g, eps %g\n",
+            "fraction %g%s (%d of %d pairs rotate), scaling %s, eps %g\n",
             checkpoint_path, format_name(transformer.format), c->dim, c->hidden_dim, c->n_layers, c->n_heads,
             c->n_kv_heads, c->vocab_size, c->seq_len, c->rope_theta, rope_theta > 0 ? " (command line)" : "",
             c->rope_fraction, rope_fraction >= 0 ? " (command line)" : "", rope_angles_of(c), head_size_of(c) / 2,
-            c->rope_scale, c->norm_eps);
+            rope_scaling_text(c), c->norm_eps);
+    if (is_rope) {
+        print_rope(c);
+        free_transformer(&transformer);
+        return EXIT_OK;
+    }
 
     // 3. the tokenizer and the sampler
     Tokenizer tokenizer;
-    if (build_tokenizer(&tokenizer, tokenizer_path, c->vocab_size) != 0) runtime_error();
+    if (build_tokenizer(&tokenizer, tokenizer_path, c->vocab_size) != 0) file_error();
     if (seed == 0) seed = (long)time(NULL);
     Sampler sampler;
     if (build_sampler(&sampler, c->vocab_size, temperature, topp, (unsigned long long)seed) != 0) runtime_error();
@@ -2850,7 +3152,7 @@ int main(int argc, char *argv[]) {
         result = tokenize(&tokenizer, prompt ? prompt : "");
     } else if (is_ppl) {
         char *text = text_path ? read_text_file(text_path) : NULL;
-        result = text_path && !text ? -1 : perplexity(&transformer, &tokenizer, text ? text : prompt);
+        result = text_path && !text ? -1 : perplexity(&transformer, &tokenizer, text ? text : prompt, csv_path);
         free(text);
     } else if (is_inspect) {
         result = inspect(&transformer, &tokenizer, prompt, csv_path);

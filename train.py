@@ -20,7 +20,9 @@ llama2.c's tokenizer.bin form by export.py. Both are cached (--cache).
 
 Training sees windows of --seq-len positions, each BOS followed by seq_len - 1
 tokens of the text, which is how `run -m ppl` scores a text; the header's seq_len
-(--max-seq-len, 4x by default) lets run score at longer windows too. The last line
+(--max-seq-len, 4x by default) lets run score at longer windows too, and its
+rope_original_len (--seq-len) is the trained length that run's --rope-scaling rules
+are relative to (the header has no rule: rope_scaling 0, factor 1). The last line
 of stdout is `val_nll: X`, val.txt scored as `run -m ppl -f val.txt` scores it with
 the header's seq_len.
 
@@ -275,8 +277,11 @@ def write_rope(model, path):
     """The 256-byte header, then the tensors in file order, float32 little-endian."""
     import numpy as np
     cfg = model.cfg
-    header = struct.pack("<Ii7ii4f", ROPE_MAGIC, 1, cfg.dim, cfg.hidden_dim, cfg.layers, cfg.heads, cfg.kv_heads,
-                         cfg.vocab, cfg.max_seq_len, 1, 1e-5, cfg.rope_theta, cfg.rope_fraction, 1.0)
+    # rope_factor 1 and rope_scaling 0 (no rule); rope_original_len is the training window --seq-len, the
+    # length a run-time scaling rule (run --rope-scaling) is relative to; seq_len is --max-seq-len
+    header = struct.pack("<Ii7ii4f2i", ROPE_MAGIC, 1, cfg.dim, cfg.hidden_dim, cfg.layers, cfg.heads, cfg.kv_heads,
+                         cfg.vocab, cfg.max_seq_len, 1, 1e-5, cfg.rope_theta, cfg.rope_fraction, 1.0,
+                         0, cfg.seq_len)
     layers = model.layers
 
     def stack(name):

@@ -151,6 +151,23 @@ def load_hf_checkpoint(model_dir):
 # config.json
 # ---------------------------------------------------------------------------
 
+class _Marker:
+    """A rope-dict value that stands for something other than a value (OMIT, NULL)."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return f"hf_fixture.{self.name}"
+
+
+# In `rope`, a key whose value is OMIT is left out of config.json, even one that
+# would otherwise be filled in (a default factor, original_max_position_embeddings);
+# a key whose value is NULL is written as JSON null. (A value of None drops the key,
+# but the defaults below may fill it in again.)
+OMIT = _Marker("OMIT")
+NULL = _Marker("NULL")
+
 # Keys transformers requires for some rope types; filled in when absent so
 # that the written config is one transformers would actually accept.
 _ROPE_TYPE_DEFAULTS = {
@@ -168,7 +185,7 @@ def _rope_fields(rope, layout, seq_len):
     "partial_rotary_factor" (optional), "factor" (optional), any extra keys
     (passed through, e.g. "original_max_position_embeddings"), and
     "type_key" ("rope_type" (default) or "type", the pre-4.45 spelling,
-    v4 only).
+    v4 only). A value OMIT leaves its key out; NULL writes null.
 
     layout "v4" (transformers 4.x):
         rope_theta and partial_rotary_factor at top level; "rope_scaling" is
@@ -187,6 +204,7 @@ def _rope_fields(rope, layout, seq_len):
         extra.setdefault(k, v)
     if rtype in ("yarn", "llama3", "longrope"):
         extra.setdefault("original_max_position_embeddings", seq_len)
+    extra = {k: None if v is NULL else v for k, v in extra.items() if v is not OMIT}
 
     if layout == "v4":
         fields = {"rope_theta": theta}

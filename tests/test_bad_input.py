@@ -366,13 +366,13 @@ ROWS = [
     ("norm-eps-inf", rope(norm_eps=float("inf")), 1, "norm_eps inf must be finite and > 0"),
     ("norm-eps-zero", rope(norm_eps=0.0), 1, "norm_eps 0 must be finite and > 0"),
     ("norm-eps-negative", rope(norm_eps=-1e-5), 1, "norm_eps -1e-05 must be finite and > 0"),
-    ("rope-scale-nan", rope(rope_scale=float("nan")), 1, "rope_scale nan must be finite"),
-    ("rope-scale-zero", rope(rope_scale=0.0), 1, "rope_scale 0 must be finite"),
+    ("rope-factor-nan", rope(rope_scale=float("nan")), 1, "rope_factor nan must be finite"),
+    ("rope-factor-zero", rope(rope_scale=0.0), 1, "rope_factor 0 must be finite"),
     # FORMAT.md: rope_scale >= 1 (1e-40 made every frequency infinite: NaN logits)
-    ("rope-scale-below-one", rope(rope_scale=0.5), 1, "rope_scale 0.5 must be"),
-    ("rope-scale-denormal", rope(rope_scale=1e-40), 1, "rope_scale"),
-    ("rope-scale-negative", rope(rope_scale=-2.0), 1, "rope_scale -2 must be"),
-    ("rope-scale-inf", rope(rope_scale=float("inf")), 1, "rope_scale inf must be"),
+    ("rope-factor-below-one", rope(rope_scale=0.5), 1, "rope_factor 0.5 must be"),
+    ("rope-factor-denormal", rope(rope_scale=1e-40), 1, "rope_factor"),
+    ("rope-factor-negative", rope(rope_scale=-2.0), 1, "rope_factor -2 must be"),
+    ("rope-factor-inf", rope(rope_scale=float("inf")), 1, "rope_factor inf must be"),
 
     ("checkpoint-is-a-tokenizer", lambda tmp: gen(TOK512), 1, "hidden_dim = 0 is out of range"),
 

@@ -205,12 +205,10 @@ def test_tiny_safetensors_file(tmp_path):
     assert_fails(run_export(model, tmp_path / "out.bin"), EXIT_BAD_INPUT, "truncated")
 
 
-ROPE_TYPES = {
-    "linear": {"factor": 2.0},
+ROPE_TYPES = {  # linear, yarn and llama3 are exported: tests/test_export_scaling.py
     "dynamic": {"factor": 2.0},
-    "yarn": {"factor": 4.0, "original_max_position_embeddings": SEQ},
-    "llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": SEQ},
+    "longrope": {"short_factor": [1.0, 1.0], "long_factor": [2.0, 3.0], "original_max_position_embeddings": SEQ},
+    "su": {"factor": 2.0},  # any type this format does not know
 }
 
 
@@ -238,7 +236,9 @@ def test_head_dim_mismatch(tmp_path):
     ({"architectures": ["Qwen2ForCausalLM"]}, "Qwen2ForCausalLM"),
     ({"hidden_act": "gelu"}, "hidden_act"),
     ({"attention_bias": True}, "attention_bias"),
+    ({"rope_scaling": {"rope_type": "proportional", "factor": 0}}, "factor"),
     ({"rope_scaling": {"rope_type": "proportional", "factor": 0.5}}, "factor"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": 0.5}}, "factor"),
     ({"partial_rotary_factor": 0.3}, "odd rotary dimension"),
     ({"partial_rotary_factor": 1.5}, "partial_rotary_factor"),
     ({"num_attention_heads": 3}, "num_attention_heads"),
@@ -507,6 +507,8 @@ def test_proportional_rope_is_p_rope(tmp_path, layout):
     assert result.returncode == 0 and result.stderr == "", result.stderr
     header, data = read_rope_file(tmp_path / "out.bin")
     assert (header["rope_theta"], header["rope_fraction"], header["rope_scale"]) == (1e6, 0.5, 8.0)
+    # the factor is rope_factor with the linear rule (rope_scaling 1), no other rule field
+    assert struct.unpack_from("<2i5f", (tmp_path / "out.bin").read_bytes(), 56) == (1, 0, 0, 0, 0, 0, 0)
     q = hf_weights()["model.layers.0.self_attn.q_proj.weight"].reshape(HEADS, HEAD_DIM, DIM)
     assert np.array_equal(exported_matrix(data, "wq"), q[:, [0, 2, 1, 3]].reshape(-1, DIM))
 

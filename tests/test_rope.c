@@ -23,7 +23,8 @@ static Config rope_config(int head_size, float theta, float fraction) {
     c.n_kv_heads = 1;
     c.rope_theta = theta;
     c.rope_fraction = fraction;
-    c.rope_scale = 1.0f;
+    c.rope_factor = 1.0f;
+    c.rope_original_len = 64;
     return c;
 }
 
@@ -185,7 +186,8 @@ static void test_rope_frequencies_follow_theta(void) {
     // omega_i = theta^(-2i/d): omega_0 = 1, and omega_{d/2-1} = theta^(-(d-2)/d)
     Config c = rope_config(64, 10000.0f, 1.0f);
     double w0 = rope_frequency(&c, 0), wl = rope_frequency(&c, 31), expect = pow(10000.0, -62.0 / 64.0);
-    c.rope_scale = 4.0f;
+    c.rope_scaling = ROPE_SCALING_LINEAR;
+    c.rope_factor = 4.0f;
     double scaled = rope_frequency(&c, 5), expect_scaled = pow(10000.0, -10.0 / 64.0) / 4.0;
     check(w0 == 1.0 && fabs(wl - expect) / expect < 1e-6 && fabs(scaled - expect_scaled) / expect_scaled < 1e-6,
           "rope_frequency_is_theta_pow_minus_2i_over_d_divided_by_scale", "wrong frequency");
@@ -397,13 +399,22 @@ static double layer0_cache_error(const Config *c, const float *a, const float *b
 // 200 down to 12..211, re-rotating the cached keys. Layer 0's keys depend only on
 // the token and its position, so they must equal the keys of a fresh run over
 // the kept 212 tokens. A move that skipped the re-rotation must fail that check.
-static void test_shifted_keys_equal_fresh_keys(const char *checkpoint, float fraction, const char *name) {
+// rule: a RoPE scaling rule with factor 4 relative to 64 positions, or
+// ROPE_SCALING_NONE; the shift must stay exact under each (a rule changes only the
+// frequencies, and yarn's attention factor is in the cached keys already).
+static void test_shifted_keys_equal_fresh_keys(const char *checkpoint, float fraction, RopeScaling rule,
+                                               const char *name) {
     Transformer a, b;
     if (load_checkpoint(&a, checkpoint) || load_checkpoint(&b, checkpoint)) {
         check(0, name, error_message);
         return;
     }
     a.config.rope_fraction = b.config.rope_fraction = fraction;
+    if (rule != ROPE_SCALING_NONE) {
+        a.config.rope_scaling = b.config.rope_scaling = rule;
+        a.config.rope_factor = b.config.rope_factor = 4.0f;
+        a.config.rope_original_len = b.config.rope_original_len = 64;
+    }
     if (build_run_state(&a.state, &a.config) || build_run_state(&b.state, &b.config)) {
         check(0, name, error_message);
         return;
@@ -478,8 +489,17 @@ int main(int argc, char **argv) {
         test_block_forward_equals_token_forward(argv[1]);
         test_fast_forward_equals_plain_forward(argv[1]);
         test_kv_cache_sits_on_huge_page_boundaries(argv[1]);
-        test_shifted_keys_equal_fresh_keys(argv[1], 1.0f, "shifted_keys_equal_fresh_keys_in_layer_0_rope");
-        test_shifted_keys_equal_fresh_keys(argv[1], 0.5f, "shifted_keys_equal_fresh_keys_in_layer_0_p_rope_half");
+        test_shifted_keys_equal_fresh_keys(argv[1], 1.0f, ROPE_SCALING_NONE, "shifted_keys_equal_fresh_keys_in_layer_0_rope");
+        test_shifted_keys_equal_fresh_keys(argv[1], 0.5f, ROPE_SCALING_NONE,
+                                           "shifted_keys_equal_fresh_keys_in_layer_0_p_rope_half");
+        test_shifted_keys_equal_fresh_keys(argv[1], 1.0f, ROPE_SCALING_LINEAR,
+                                           "shifted_keys_equal_fresh_keys_in_layer_0_linear_scaling");
+        test_shifted_keys_equal_fresh_keys(argv[1], 1.0f, ROPE_SCALING_NTK, "shifted_keys_equal_fresh_keys_in_layer_0_ntk");
+        test_shifted_keys_equal_fresh_keys(argv[1], 1.0f, ROPE_SCALING_YARN, "shifted_keys_equal_fresh_keys_in_layer_0_yarn");
+        test_shifted_keys_equal_fresh_keys(argv[1], 0.5f, ROPE_SCALING_YARN,
+                                           "shifted_keys_equal_fresh_keys_in_layer_0_yarn_p_rope_half");
+        test_shifted_keys_equal_fresh_keys(argv[1], 1.0f, ROPE_SCALING_LLAMA3,
+                                           "shifted_keys_equal_fresh_keys_in_layer_0_llama3");
     }
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed != 0;

@@ -72,6 +72,11 @@ def test_header_carries_theta_and_p_and_inspect_marks_the_pair(tmp_path, cache):
     eps, theta, p, scale = struct.unpack("<4f", head[40:56])
     assert (magic, version, dim, layers, heads, vocab, seq_len) == (0x45504F52, 1, 32, 2, 2, 384, 128)
     assert theta == 500000.0 and p == 0.25 and scale == 1.0
+    # no scaling rule (rope_factor 1 above, rope_scaling 0); rope_original_len is the training window
+    # --seq-len 32, while the header's seq_len is --max-seq-len (4x: 128)
+    rule, original_len = struct.unpack("<2i", head[56:64])
+    assert (rule, original_len) == (0, 32)
+    assert not any((tmp_path / "model.bin").read_bytes()[64:256])  # the other rule fields and the reserved bytes
     # head size 16: 8 pairs, p = 0.25 rotates the first 2
     r = run(tmp_path / "model.bin", "-z", tmp_path / "tokenizer.bin", "-m", "inspect", "-p", "And God said")
     assert r.returncode == 0, r.stderr
