@@ -63,16 +63,22 @@ enum { TOKEN_UNK = 0, TOKEN_BOS = 1, TOKEN_EOS = 2, TOKEN_BYTE0 = 3 }; // Senten
 // Where a model or tokenizer comes from, for the errors that say one is missing.
 #define WHERE_TO_GET_MODELS "models/ has stories260K.bin and tok512.bin; the README's \"Models\" says where to get more"
 
-// The SIMD the compiler targets. The kernels' vector paths ("Making it fast") use
-// AVX2 with FMA, and AVX-512 where present; every other target runs the plain loops,
-// which compute the same lanes with the same roundings.
+// The SIMD the compiler targets. The kernels' vector paths ("Making it fast") hold
+// eight lanes in one AVX register (x86-64 with AVX2 and FMA; AVX-512 where present
+// widens the prefill tile) or in two NEON registers (64-bit ARM). Every other target
+// runs the plain loops, which compute the same lanes with the same roundings.
 #define DOT_LANES 8 // the partial sums of every dot product (dot(), below)
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define USE_AVX2 1
+#define USE_SIMD 1
 #if defined(__AVX512F__)
 #define USE_AVX512 1
 #endif
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#define USE_NEON 1
+#define USE_SIMD 1
 #endif
 
 // ----------------------------------------------------------------------------
@@ -734,8 +740,8 @@ static void free_transformer(Transformer *t) {
 static int use_fast_kernels = 1;
 
 // The fast versions of the functions below, in "Making it fast".
-#ifdef USE_AVX2
-static float dot_avx2(const float *a, const float *b, int n);
+#ifdef USE_SIMD
+static float dot_simd(const float *a, const float *b, int n);
 #endif
 typedef struct Projection Projection;
 static void matmul_fast(float *xout, const float *x, const float *w, int n, int d);
@@ -821,8 +827,8 @@ static float reduce_lanes(const float acc[DOT_LANES]) {
 }
 
 static float dot(const float *a, const float *b, int n) {
-#ifdef USE_AVX2
-    if (use_fast_kernels) return dot_avx2(a, b, n); // the same lanes in one AVX register
+#ifdef USE_SIMD
+    if (use_fast_kernels) return dot_simd(a, b, n); // the same lanes in SIMD registers
 #endif
     float acc[DOT_LANES] = {0};
     int j = 0;
@@ -2206,37 +2212,67 @@ static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOpti
 //      threads pinned to cores
 
 // 1. dot() in SIMD registers --------------------------------------------------
+//
+// Lanes: dot()'s eight partial sums as one value, in an AVX register or a pair of
+// NEON registers, with the four operations the kernels need. lanes_fma is one fused
+// multiply-add per lane, as mul_add is; lanes_sum adds the lanes in reduce_lanes()'s
+// order. The kernels below are written once against them.
 
-#ifdef USE_AVX2
-// reduce_lanes() in an AVX register, in the same pairwise order: each step adds a
-// copy with neighbours swapped (a + b == b + a exactly); the sum ends in lane 0.
-static inline float reduce_lanes_avx(__m256 v) {
-    v = _mm256_add_ps(v, _mm256_permute_ps(v, 0xB1));          // (l0+l1), (l2+l3), ...
-    v = _mm256_add_ps(v, _mm256_permute_ps(v, 0x4E));          // (l0+l1)+(l2+l3), (l4+l5)+(l6+l7)
-    v = _mm256_add_ps(v, _mm256_permute2f128_ps(v, v, 1));     // the two halves of four added
+#if defined(USE_AVX2)
+typedef __m256 Lanes;
+static inline Lanes lanes_zero(void) { return _mm256_setzero_ps(); }
+static inline Lanes lanes_load(const float *p) { return _mm256_loadu_ps(p); }
+static inline void lanes_store(float *p, Lanes v) { _mm256_storeu_ps(p, v); }
+static inline Lanes lanes_fma(Lanes a, Lanes b, Lanes acc) { return _mm256_fmadd_ps(a, b, acc); } // acc + a * b
+// each step adds a copy with neighbours swapped (a + b == b + a exactly); the sum ends in lane 0
+static inline float lanes_sum(Lanes v) {
+    v = _mm256_add_ps(v, _mm256_permute_ps(v, 0xB1));      // (l0+l1), (l2+l3), ...
+    v = _mm256_add_ps(v, _mm256_permute_ps(v, 0x4E));      // (l0+l1)+(l2+l3), (l4+l5)+(l6+l7)
+    v = _mm256_add_ps(v, _mm256_permute2f128_ps(v, v, 1)); // the two halves of four added
     return _mm256_cvtss_f32(v);
 }
+#elif defined(USE_NEON)
+typedef struct {
+    float32x4_t lo, hi; // lanes 0-3, 4-7
+} Lanes;
+static inline Lanes lanes_zero(void) { return (Lanes){vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)}; }
+static inline Lanes lanes_load(const float *p) { return (Lanes){vld1q_f32(p), vld1q_f32(p + 4)}; }
+static inline void lanes_store(float *p, Lanes v) {
+    vst1q_f32(p, v.lo);
+    vst1q_f32(p + 4, v.hi);
+}
+static inline Lanes lanes_fma(Lanes a, Lanes b, Lanes acc) { // acc + a * b
+    return (Lanes){vfmaq_f32(acc.lo, a.lo, b.lo), vfmaq_f32(acc.hi, a.hi, b.hi)};
+}
+static inline float lanes_sum(Lanes v) {
+    float32x4_t pairs = vpaddq_f32(v.lo, v.hi);  // (l0+l1), (l2+l3), (l4+l5), (l6+l7)
+    float32x4_t quads = vpaddq_f32(pairs, pairs); // (l0+l1)+(l2+l3), (l4+l5)+(l6+l7), ...
+    return vgetq_lane_f32(quads, 0) + vgetq_lane_f32(quads, 1);
+}
+#endif
 
-// dot(): the eight lanes are one register, one fused multiply-add per eight floats.
-static float dot_avx2(const float *a, const float *b, int n) {
+#ifdef USE_SIMD
+// dot(): one lanes_fma per eight floats; a tail shorter than eight goes to the
+// first lanes as in the plain loop.
+static float dot_simd(const float *a, const float *b, int n) {
     float acc[DOT_LANES];
     int j = 0;
-    __m256 lanes = _mm256_setzero_ps();
-    for (; j + DOT_LANES <= n; j += DOT_LANES) lanes = _mm256_fmadd_ps(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j), lanes);
-    if (j == n) return reduce_lanes_avx(lanes);
-    _mm256_storeu_ps(acc, lanes);
+    Lanes lanes = lanes_zero();
+    for (; j + DOT_LANES <= n; j += DOT_LANES) lanes = lanes_fma(lanes_load(a + j), lanes_load(b + j), lanes);
+    if (j == n) return lanes_sum(lanes);
+    lanes_store(acc, lanes);
     for (int l = 0; j < n; j++, l++) acc[l] = mul_add(a[j], b[j], acc[l]);
     return reduce_lanes(acc);
-}
-
-// Asks for the cache line `ahead` bytes past p, into L1 (a hint: it never faults,
-// and the address is computed as an integer, so it may lie past the row's end).
-static inline void prefetch_ahead(const float *p, size_t ahead) {
-    _mm_prefetch((const char *)((uintptr_t)p + ahead), _MM_HINT_T0);
 }
 #endif
 
 // 2. Decode: four rows at a time, the rows split across threads ---------------
+
+// Asks for the cache line `ahead` bytes past p, into L1 (a hint: it never faults,
+// and the address is computed as an integer, so it may lie past the row's end).
+static inline void prefetch_ahead(const float *p, size_t ahead) {
+    __builtin_prefetch((const void *)((uintptr_t)p + ahead), 0, 3);
+}
 
 // Software prefetch in the decode matmul: how far ahead each row asks for its
 // lines, and the shortest rows that ask (shorter rows lost more than they gained).
@@ -2252,29 +2288,29 @@ static inline void prefetch_ahead(const float *p, size_t ahead) {
 // step first asks for each row's line PREFETCH_AHEAD_BYTES further on, which keeps
 // more reads in flight than the hardware prefetchers do.
 static void dot_rows4(float *out, const float *w, const float *x, int n, size_t gap, int prefetch) {
-#ifdef USE_AVX2
+#ifdef USE_SIMD
     const float *wr[4] = {w, w + gap * n, w + 2 * gap * n, w + 3 * gap * n};
     float acc[4][DOT_LANES];
-    __m256 lanes[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    Lanes lanes[4] = {lanes_zero(), lanes_zero(), lanes_zero(), lanes_zero()};
     int j = 0;
     for (; j + 2 * DOT_LANES <= n; j += 2 * DOT_LANES) {
         if (prefetch)
             for (int r = 0; r < 4; r++) prefetch_ahead(wr[r] + j, PREFETCH_AHEAD_BYTES);
         for (int h = j; h < j + 2 * DOT_LANES; h += DOT_LANES) {
-            __m256 xv = _mm256_loadu_ps(x + h);
-            for (int r = 0; r < 4; r++) lanes[r] = _mm256_fmadd_ps(_mm256_loadu_ps(wr[r] + h), xv, lanes[r]);
+            Lanes xv = lanes_load(x + h);
+            for (int r = 0; r < 4; r++) lanes[r] = lanes_fma(lanes_load(wr[r] + h), xv, lanes[r]);
         }
     }
     for (; j + DOT_LANES <= n; j += DOT_LANES) { // at most one vector left
-        __m256 xv = _mm256_loadu_ps(x + j);
-        for (int r = 0; r < 4; r++) lanes[r] = _mm256_fmadd_ps(_mm256_loadu_ps(wr[r] + j), xv, lanes[r]);
+        Lanes xv = lanes_load(x + j);
+        for (int r = 0; r < 4; r++) lanes[r] = lanes_fma(lanes_load(wr[r] + j), xv, lanes[r]);
     }
     for (int r = 0; r < 4; r++) {
         if (j == n) {
-            out[r * gap] = reduce_lanes_avx(lanes[r]);
+            out[r * gap] = lanes_sum(lanes[r]);
             continue;
         }
-        _mm256_storeu_ps(acc[r], lanes[r]);
+        lanes_store(acc[r], lanes[r]);
         for (int jj = j, l = 0; jj < n; jj++, l++) acc[r][l] = mul_add(wr[r][jj], x[jj], acc[r][l]);
         out[r * gap] = reduce_lanes(acc[r]);
     }
@@ -2452,8 +2488,9 @@ static void matmul_fast(float *xout, const float *x, const float *w, int n, int 
 // the work is bound by arithmetic, not memory. Each output is still exactly dot()'s
 // arithmetic (lanes, order, reduction), so the block result equals, bit for bit,
 // what matmul gives token by token.
-//   AVX2 (and plain C): 3 rows x 4 tokens; 12 accumulators, 3 weight vectors and 1
-//     token vector fill the 16 AVX registers, none spilled.
+//   AVX2, NEON and plain C: 3 rows x 4 tokens; 12 accumulators, 3 weight vectors
+//     and 1 token vector fill the 16 AVX registers (the 32 NEON registers, each
+//     Lanes two of them), none spilled.
 //   AVX-512: a 16-float register holds two tokens' eight lanes side by side (token
 //     b in lanes 0-7, b+1 in 8-15) against a weight vector broadcast to both
 //     halves, so one instruction does two of dot()'s steps without changing them.
@@ -2581,27 +2618,27 @@ static void matmul_tile(float *xout, const float *x, const float *packed, const 
             memcpy(acc[r][2 * p], both, sizeof(acc[r][2 * p]));
             memcpy(acc[r][2 * p + 1], both + DOT_LANES, sizeof(acc[r][2 * p + 1]));
         }
-#elif defined(USE_AVX2)
+#elif defined(USE_SIMD)
     (void)packed;
-    __m256 lanes[TILE_ROWS][TILE_TOKENS];
+    Lanes lanes[TILE_ROWS][TILE_TOKENS];
     for (int r = 0; r < TILE_ROWS; r++)
-        for (int b = 0; b < TILE_TOKENS; b++) lanes[r][b] = _mm256_setzero_ps();
+        for (int b = 0; b < TILE_TOKENS; b++) lanes[r][b] = lanes_zero();
     for (; j + DOT_LANES <= n; j += DOT_LANES) {
         if (j / DOT_LANES < prefetch_lines) __builtin_prefetch(prefetch + (size_t)(j / DOT_LANES) * 64, 0, 2);
-        __m256 wv[TILE_ROWS];
-        for (int r = 0; r < TILE_ROWS; r++) wv[r] = _mm256_loadu_ps(wr[r] + j);
+        Lanes wv[TILE_ROWS];
+        for (int r = 0; r < TILE_ROWS; r++) wv[r] = lanes_load(wr[r] + j);
         for (int b = 0; b < TILE_TOKENS; b++) {
-            __m256 xv = _mm256_loadu_ps(xb[b] + j);
-            for (int r = 0; r < TILE_ROWS; r++) lanes[r][b] = _mm256_fmadd_ps(wv[r], xv, lanes[r][b]);
+            Lanes xv = lanes_load(xb[b] + j);
+            for (int r = 0; r < TILE_ROWS; r++) lanes[r][b] = lanes_fma(wv[r], xv, lanes[r][b]);
         }
     }
     if (j == n) {
         for (int r = 0; r < n_rows; r++)
-            for (int b = 0; b < n_tokens; b++) xout[(size_t)(b0 + b) * d + i0 + r] = reduce_lanes_avx(lanes[r][b]);
+            for (int b = 0; b < n_tokens; b++) xout[(size_t)(b0 + b) * d + i0 + r] = lanes_sum(lanes[r][b]);
         return;
     }
     for (int r = 0; r < TILE_ROWS; r++)
-        for (int b = 0; b < TILE_TOKENS; b++) _mm256_storeu_ps(acc[r][b], lanes[r][b]);
+        for (int b = 0; b < TILE_TOKENS; b++) lanes_store(acc[r][b], lanes[r][b]);
 #else
     (void)packed;
     memset(acc, 0, sizeof(acc));
