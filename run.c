@@ -2231,6 +2231,22 @@ static inline float lanes_sum(Lanes v) {
     v = _mm256_add_ps(v, _mm256_permute2f128_ps(v, v, 1)); // the two halves of four added
     return _mm256_cvtss_f32(v);
 }
+// lanes_sum of a, b, c, d into out[0..3]. Each step adds neighbouring lanes of two
+// registers, shuffled side by side (shuffle_ps takes lanes 0 and 2, or 1 and 3, of
+// each four from both, in each 128-bit half), so each sum keeps reduce_lanes' order,
+// in seven instructions where four lanes_sum take twenty-four.
+static inline void lanes_sum4(float out[4], Lanes a, Lanes b, Lanes c, Lanes d) {
+    Lanes ab = _mm256_add_ps(_mm256_shuffle_ps(a, b, 0x88), _mm256_shuffle_ps(a, b, 0xDD)); // a01 a23 b01 b23 | a45 ..
+    Lanes cd = _mm256_add_ps(_mm256_shuffle_ps(c, d, 0x88), _mm256_shuffle_ps(c, d, 0xDD)); // c01 c23 d01 d23 | c45 ..
+    Lanes v = _mm256_add_ps(_mm256_shuffle_ps(ab, cd, 0x88), _mm256_shuffle_ps(ab, cd, 0xDD)); // a0123 .. d0123 | a4567 ..
+    _mm_storeu_ps(out, _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)));
+}
+// v, held in a register: the empty asm says v may have changed, so the compiler
+// cannot load it again from memory at each use (see the prefill tile).
+static inline Lanes lanes_keep(Lanes v) {
+    __asm__("" : "+x"(v));
+    return v;
+}
 #elif defined(USE_NEON)
 typedef struct {
     float32x4_t lo, hi; // lanes 0-3, 4-7
@@ -2249,6 +2265,14 @@ static inline float lanes_sum(Lanes v) {
     float32x4_t quads = vpaddq_f32(pairs, pairs); // (l0+l1)+(l2+l3), (l4+l5)+(l6+l7), ...
     return vgetq_lane_f32(quads, 0) + vgetq_lane_f32(quads, 1);
 }
+// lanes_sum of a, b, c, d into out[0..3], in seven pairwise additions
+static inline void lanes_sum4(float out[4], Lanes a, Lanes b, Lanes c, Lanes d) {
+    float32x4_t ab = vpaddq_f32(vpaddq_f32(a.lo, a.hi), vpaddq_f32(b.lo, b.hi)); // a0123 a4567 b0123 b4567
+    float32x4_t cd = vpaddq_f32(vpaddq_f32(c.lo, c.hi), vpaddq_f32(d.lo, d.hi)); // c0123 c4567 d0123 d4567
+    vst1q_f32(out, vpaddq_f32(ab, cd));                                          // a, b, c, d
+}
+// ARM's multiply-adds take no memory operand, so there is no load to fold
+static inline Lanes lanes_keep(Lanes v) { return v; }
 #endif
 
 #ifdef USE_SIMD
@@ -2488,9 +2512,14 @@ static void matmul_fast(float *xout, const float *x, const float *w, int n, int 
 // the work is bound by arithmetic, not memory. Each output is still exactly dot()'s
 // arithmetic (lanes, order, reduction), so the block result equals, bit for bit,
 // what matmul gives token by token.
-//   AVX2, NEON and plain C: 3 rows x 4 tokens; 12 accumulators, 3 weight vectors
-//     and 1 token vector fill the 16 AVX registers (the 32 NEON registers, each
-//     Lanes two of them), none spilled.
+//   AVX2, NEON and plain C: 4 rows x 3 tokens. Each step of eight floats loads the
+//     3 token vectors, then each weight row once, which meets all three: 7 loads
+//     for 12 multiply-adds, and 12 accumulators, 3 token vectors and 1 weight
+//     vector fill the 16 AVX registers (the 32 NEON registers, a Lanes being two).
+//     lanes_keep holds the loaded vectors in registers: otherwise compilers fold
+//     the token loads into the x86 multiply-adds that use them, one load per use
+//     (15 loads for 12 multiply-adds), and the tile runs a third slower. Four rows
+//     per tile also let lanes_sum4 finish the four sums of a token at once.
 //   AVX-512: a 16-float register holds two tokens' eight lanes side by side (token
 //     b in lanes 0-7, b+1 in 8-15) against a weight vector broadcast to both
 //     halves, so one instruction does two of dot()'s steps without changing them.
@@ -2501,12 +2530,14 @@ static void matmul_fast(float *xout, const float *x, const float *w, int n, int 
 #define TILE_ROWS 6
 #define TILE_TOKENS 8
 #else
-#define TILE_ROWS 3
-#define TILE_TOKENS 4
+#define TILE_ROWS 4
+#define TILE_TOKENS 3
 #endif
 
-// a block rounded up to whole tiles still fits the block-sized buffers
+#ifdef USE_AVX512
+// a block rounded up to whole tiles still fits the block-sized buffers (pack_token_pairs)
 _Static_assert(PREFILL_BLOCK % TILE_TOKENS == 0, "PREFILL_BLOCK must be a multiple of TILE_TOKENS");
+#endif
 
 #ifdef USE_AVX512
 // packed[(p * chunks + c) * 16 + h * 8 + l] = x[2p + h][8c + l]: tokens in pairs,
@@ -2620,21 +2651,32 @@ static void matmul_tile(float *xout, const float *x, const float *packed, const 
         }
 #elif defined(USE_SIMD)
     (void)packed;
+    _Static_assert(TILE_ROWS == 4, "lanes_sum4 finishes four rows");
     Lanes lanes[TILE_ROWS][TILE_TOKENS];
     for (int r = 0; r < TILE_ROWS; r++)
         for (int b = 0; b < TILE_TOKENS; b++) lanes[r][b] = lanes_zero();
-    for (; j + DOT_LANES <= n; j += DOT_LANES) {
-        if (j / DOT_LANES < prefetch_lines) __builtin_prefetch(prefetch + (size_t)(j / DOT_LANES) * 64, 0, 2);
-        Lanes wv[TILE_ROWS];
-        for (int r = 0; r < TILE_ROWS; r++) wv[r] = lanes_load(wr[r] + j);
-        for (int b = 0; b < TILE_TOKENS; b++) {
-            Lanes xv = lanes_load(xb[b] + j);
-            for (int r = 0; r < TILE_ROWS; r++) lanes[r][b] = lanes_fma(wv[r], xv, lanes[r][b]);
+    int steps = n / DOT_LANES;
+    if (prefetch_lines > steps) prefetch_lines = steps;
+    // pass 0: the steps that also ask for a line of the next tile; pass 1: the rest
+    // (so the main loop has no test for it)
+    for (int pass = 0; pass < 2; pass++) {
+        int end = (pass == 0 ? prefetch_lines : steps) * DOT_LANES;
+        for (; j < end; j += DOT_LANES) {
+            if (pass == 0) __builtin_prefetch(prefetch + (size_t)(j / DOT_LANES) * 64, 0, 2);
+            Lanes xv[TILE_TOKENS];
+            for (int b = 0; b < TILE_TOKENS; b++) xv[b] = lanes_keep(lanes_load(xb[b] + j));
+            for (int r = 0; r < TILE_ROWS; r++) {
+                Lanes wv = lanes_keep(lanes_load(wr[r] + j));
+                for (int b = 0; b < TILE_TOKENS; b++) lanes[r][b] = lanes_fma(wv, xv[b], lanes[r][b]);
+            }
         }
     }
-    if (j == n) {
-        for (int r = 0; r < n_rows; r++)
-            for (int b = 0; b < n_tokens; b++) xout[(size_t)(b0 + b) * d + i0 + r] = lanes_sum(lanes[r][b]);
+    if (j == n) { // a token's four rows are adjacent in xout
+        for (int b = 0; b < n_tokens; b++) {
+            float sums[TILE_ROWS], *out = xout + (size_t)(b0 + b) * d + i0;
+            lanes_sum4(sums, lanes[0][b], lanes[1][b], lanes[2][b], lanes[3][b]);
+            for (int r = 0; r < n_rows; r++) out[r] = sums[r];
+        }
         return;
     }
     for (int r = 0; r < TILE_ROWS; r++)
@@ -3101,7 +3143,7 @@ int main(int argc, char *argv[]) {
         else if (strcmp(arg, "-c") == 0 || strcmp(arg, "--context") == 0) context = parse_int(arg, value, 1, MAX_SEQ_LEN);
         else if (strcmp(arg, "--rope-factor") == 0) {
             rope_factor = parse_float(arg, value);
-            if (!(rope_factor > 0)) usage_error("--rope-factor must be > 0, got %s", value);
+            if (!(rope_factor >= 1)) usage_error("--rope-factor must be >= 1 (every rule stretches positions), got %s", value);
         }
         else if (strcmp(arg, "-t") == 0) {
             temperature = parse_float(arg, value);
