@@ -18,6 +18,16 @@ Two rotary-embedding families are supported (the `rope` dict):
       GPT-NeoX / HF `partial_rotary_factor`: only the first
       rotary_dim = int(hd*f) dimensions rotate, with frequencies
       B**(-2i/rotary_dim), pairing i with i + rotary_dim/2.
+      Optional "omega" (rotary_dim/2 frequencies replacing B**(-2i/rotary_dim))
+      and "attention_factor" (see below), for the scaling rules.
+
+  {"kind": "freqs", "omega": w, "attention_factor": a}
+      Per-pair angular frequencies w (hd/2,) in the half-split layout, as a
+      RoPE scaling rule makes them (tests/scaling_reference.py); w_i = 0 marks
+      an unrotated pair.  The rotated pairs' cos and sin are multiplied by a
+      (default 1), as transformers multiplies its cos/sin tables by the
+      attention factor, so q.k over those pairs scales by a^2; unrotated pairs
+      are left untouched.
 """
 
 import numpy as np
@@ -56,8 +66,12 @@ def rope_frequencies(hd, rope):
         return 1.0 / paper_timescales(hd, rope["theta"], rope["p"]) / scale
     if rope["kind"] == "neox":
         r = neox_rotary_dim(hd, rope["factor"])
+        if "omega" in rope:
+            return np.asarray(rope["omega"], dtype=np.float64).reshape(r // 2)
         i = np.arange(r // 2, dtype=np.float64)
         return rope["base"] ** (-2.0 * i / r)
+    if rope["kind"] == "freqs":
+        return np.asarray(rope["omega"], dtype=np.float64).reshape(hd // 2)
     raise ValueError(f"unknown rope kind {rope['kind']!r}")
 
 
@@ -81,6 +95,16 @@ def rotate_half_split(x, angles):
     return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
 
 
+def rotate_half_split_scaled(x, angles, rotated, attention_factor):
+    """rotate_half_split with cos and sin of the `rotated` pairs multiplied by
+    attention_factor; pairs where `rotated` is False keep cos 1, sin 0."""
+    n = x.shape[-1]
+    x1, x2 = x[..., : n // 2], x[..., n // 2:]
+    c = np.where(rotated, np.cos(angles) * attention_factor, 1.0)
+    s = np.where(rotated, np.sin(angles) * attention_factor, 0.0)
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
 def apply_rope(x, positions, rope):
     """Apply the rotary embedding to x of shape (..., T, hd) at `positions` (T,).
 
@@ -97,8 +121,15 @@ def apply_rope(x, positions, rope):
     if rope["kind"] == "neox":
         r = neox_rotary_dim(hd, rope["factor"])
         angles = pos * rope_frequencies(hd, rope)  # (T, r/2)
-        rotated = rotate_half_split(x[..., :r], angles)
+        if "omega" in rope or "attention_factor" in rope:
+            rotated = rotate_half_split_scaled(x[..., :r], angles, np.ones(r // 2, dtype=bool),
+                                               rope.get("attention_factor", 1.0))
+        else:
+            rotated = rotate_half_split(x[..., :r], angles)
         return np.concatenate([rotated, x[..., r:]], axis=-1)
+    if rope["kind"] == "freqs":
+        omega = rope_frequencies(hd, rope)
+        return rotate_half_split_scaled(x, pos * omega, omega != 0, rope.get("attention_factor", 1.0))
     raise ValueError(f"unknown rope kind {rope['kind']!r}")
 
 
@@ -270,6 +301,15 @@ def nll(logits, tokens):
     logz = (m + np.log(np.sum(np.exp(logits - m), axis=-1, keepdims=True)))[:, 0]
     target = np.asarray(tokens)[1:]
     return float(np.mean(logz - logits[np.arange(len(target)), target]))
+
+
+def token_nll(logits, tokens):
+    """Per-token nll: -log softmax(logits[t])[tokens[t+1]] for t = 0..T-2 (nats)."""
+    logits = np.asarray(logits, dtype=np.float64)[:-1]
+    m = logits.max(axis=-1, keepdims=True)
+    logz = (m + np.log(np.sum(np.exp(logits - m), axis=-1, keepdims=True)))[:, 0]
+    target = np.asarray(tokens)[1:]
+    return logz - logits[np.arange(len(target)), target]
 
 
 def greedy(config, tensors, prompt_tokens, n_new, rope):

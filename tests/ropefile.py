@@ -13,11 +13,22 @@ HEADER_BYTES = 256
 
 def header_bytes(dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len,
                  shared_classifier=True, norm_eps=1e-5, rope_theta=10000.0, rope_fraction=1.0,
-                 rope_scale=1.0):
-    """The 256-byte header: magic, version 1, seven sizes, the flag, four floats, zeros."""
+                 rope_scale=1.0, rope_factor=None, rope_scaling=0, rope_original_len=0,
+                 yarn_beta_fast=0.0, yarn_beta_slow=0.0, rope_attention_factor=0.0,
+                 llama3_low_freq_factor=0.0, llama3_high_freq_factor=0.0):
+    """The 256-byte header: magic, version 1, seven sizes, the flag, four floats, the RoPE
+    scaling fields (bytes 56..83: rule, original length, five floats; all 0 = none), zeros.
+
+    rope_factor is the newer name of rope_scale (byte 52); give either.
+    """
+    if rope_factor is not None:
+        rope_scale = rope_factor
     head = struct.pack("<Ii7ii4f", MAGIC, 1, dim, hidden_dim, n_layers, n_heads, n_kv_heads,
                        vocab_size, seq_len, int(shared_classifier), norm_eps, rope_theta,
                        rope_fraction, rope_scale)
+    head += struct.pack("<2i5f", rope_scaling, rope_original_len, yarn_beta_fast, yarn_beta_slow,
+                        rope_attention_factor, llama3_low_freq_factor, llama3_high_freq_factor)
+    assert len(head) == 84
     return head + b"\0" * (HEADER_BYTES - len(head))
 
 
@@ -55,7 +66,8 @@ def random_weights(dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size,
 
 def write_random_checkpoint(path, dim=64, hidden_dim=96, n_layers=2, n_heads=4, n_kv_heads=2,
                             vocab_size=512, seq_len=128, shared_classifier=True, seed=0, **rope):
-    """A random model in the ROPE format; rope takes norm_eps, rope_theta, rope_fraction, rope_scale."""
+    """A random model in the ROPE format; rope takes header_bytes' keyword arguments (norm_eps,
+    rope_theta, rope_fraction, rope_scale / rope_factor and the scaling fields)."""
     with open(path, "wb") as f:
         f.write(header_bytes(dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len,
                              shared_classifier, **rope))
