@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""export.py: write checkpoints in this project's "ROPE" format (see README.md, "The ROPE format").
+"""export.py: write checkpoints in this project's "ROPE" format (see docs/format.md).
 
     export.py MODEL_DIR out.bin [--rope-theta F] [--rope-fraction F] [--legacy]
         a Hugging Face Llama (or Mistral) directory: config.json plus
@@ -54,8 +54,8 @@ LLAMA2C_MAGIC = 0x616B3432  # "ak42": llama2.c's version 1 and 2 exports
 LLAMA2C_VERSION = 1  # float32; llama2.c's version 2 is int8-quantized
 HEADER_BYTES = 256  # ROPE and llama2.c version 1 headers are zero-padded to this
 # magic, version, dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len,
-# shared_classifier, norm_eps, rope_theta, rope_fraction, rope_factor (bytes 0..55, README.md,
-# "The ROPE format"), then the scaling rule (bytes 56..83): rope_scaling, rope_original_len,
+# shared_classifier, norm_eps, rope_theta, rope_fraction, rope_factor (bytes 0..55,
+# docs/format.md), then the scaling rule (bytes 56..83): rope_scaling, rope_original_len,
 # yarn_beta_fast, yarn_beta_slow, rope_attention_factor, llama3_low_freq_factor,
 # llama3_high_freq_factor. Bytes 84..255 are reserved (zero).
 ROPE_HEADER = struct.Struct("<Ii8i4f2i5f")
@@ -117,7 +117,7 @@ def show(x):
 
 
 class Config:
-    """The header fields of a ROPE file (README.md, "The ROPE format"), with the rotary settings."""
+    """The header fields of a ROPE file (docs/format.md), with the rotary settings."""
 
     def __init__(self, dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size,
                  seq_len, shared_classifier, norm_eps, rope_theta=LLAMA2C_THETA,
@@ -181,7 +181,7 @@ class Config:
 
 
 def check_rope_values(c):
-    """Refuse rotary settings that the ROPE format does not allow (README.md, "The ROPE format")."""
+    """Refuse rotary settings that the ROPE format does not allow (docs/format.md)."""
     theta, fraction, factor = f32(c.rope_theta), f32(c.rope_fraction), f32(c.rope_factor)
     if not (math.isfinite(theta) and theta > 0):
         raise ExportError(f"rope_theta {c.rope_theta} must be finite and > 0 (in float32)")
@@ -225,7 +225,7 @@ def describe_rope(c):
 
 
 def tensor_shapes(c):
-    """[(name, shape)] of every tensor of a ROPE file, in file order (README.md, "The ROPE format")."""
+    """[(name, shape)] of every tensor of a ROPE file, in file order (docs/format.md)."""
     hd, L = c.head_dim, c.n_layers
     q_dim, kv_dim = c.n_heads * hd, c.n_kv_heads * hd
     shapes = [
@@ -280,7 +280,7 @@ def check_size(path, what, expected):
 
 
 def read_rope(path, data):
-    """Read a ROPE file (README.md, "The ROPE format"): (Config, tensors)."""
+    """Read a ROPE file (docs/format.md): (Config, tensors)."""
     (_, version, dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared,
      eps, theta, fraction, factor, rule, original_len, *rule_values) = ROPE_HEADER.unpack_from(data)
     if version != ROPE_VERSION:
@@ -915,7 +915,7 @@ def write_tensor(f, pieces, progress):
 
 
 def rope_header(c):
-    """The 256-byte ROPE header (README.md, "The ROPE format")."""
+    """The 256-byte ROPE header (docs/format.md)."""
     fields = ROPE_HEADER.pack(ROPE_MAGIC, ROPE_VERSION, c.dim, c.hidden_dim, c.n_layers, c.n_heads,
                               c.n_kv_heads, c.vocab_size, c.seq_len, int(c.shared_classifier),
                               c.norm_eps, c.rope_theta, c.rope_fraction, c.rope_factor,

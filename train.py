@@ -4,7 +4,7 @@
     python3 train.py --out out/p0.25 --rope-fraction 0.25
     ./run out/p0.25/model.bin -z out/p0.25/tokenizer.bin -m ppl -f out/p0.25/val.txt
 
-The model is run.c's architecture exactly (README, "The ROPE format"): RMSNorm,
+The model is run.c's architecture exactly (docs/format.md): RMSNorm,
 attention with grouped key/value heads, a SwiGLU feed-forward, the classifier tied
 to the embedding. Queries and keys are rotated in run.c's adjacent layout: pair i
 is dims (2i, 2i+1), turned by pos * omega_i with omega_i = theta^(-2i/head_dim),
@@ -266,7 +266,7 @@ def build_model(cfg):
 
 
 # ---------------------------------------------------------------------------
-# Writing the ROPE format (README, "The ROPE format, version 1")
+# Writing the ROPE format (docs/format.md)
 # ---------------------------------------------------------------------------
 
 ROPE_MAGIC = 0x45504F52

@@ -1,4 +1,4 @@
-"""Writes checkpoints in the project's ROPE format (README.md, "The ROPE format") from numpy arrays.
+"""Writes checkpoints in the project's ROPE format (docs/format.md) from numpy arrays.
 
 Used by the tests and the benchmark to make random models of any shape. Written
 from the README's byte layout, not from run.c or export.py.

@@ -37,3 +37,15 @@ def test_make_bench_runs_in_its_quick_form():
     r = subprocess.run(["make", "-s", "bench", "BENCH_ARGS=--quick"], cwd=ROOT, capture_output=True, timeout=600)
     assert r.returncode == 0, r.stderr.decode()[-2000:]
     assert b"| 15M | 1 |" in r.stdout and b"read bandwidth" in r.stdout
+
+
+def test_readme_and_docs_links_resolve():
+    # the README sends readers to docs/ (and docs/ to each other): every relative link must name a file
+    missing = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            if not (page.parent / target.split("#")[0]).exists():
+                missing.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not missing, missing
