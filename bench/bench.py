@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Speed figures for ./run: prefill and decode tokens/s, and decode's weight traffic
-against this machine's read bandwidth.
+"""Speed figures for ./run: prefill and decode tokens/s, decode's weight traffic
+against this machine's read bandwidth, and prefill's arithmetic against its peak.
 
-    make bench                     (builds ./run and bench/stream, then runs this)
+    make bench                     (builds ./run, bench/stream and bench/peak, then runs this)
     python3 bench/bench.py [--quick] [--models 15M,110M] [--threads 1,2] [--runs N]
 
 Models are random-weight checkpoints in the ROPE format, written into bench/ on
@@ -23,14 +23,20 @@ classifier shares it, in which case it is streamed once, as the classifier. That
 many bytes times decode tok/s is the achieved weight traffic, printed next to the
 read bandwidth that bench/stream measures with the same number of threads.
 
+Prefill is bound by arithmetic instead: its floating-point operations (counted
+by prefill_flops from the model's shape) times prefill tok/s over the prompt's
+tokens is its GFLOP/s, printed next to the peak that bench/peak measures with the
+same number of threads (independent fused multiply-add chains in registers).
+
 This machine's figures drift by 10-30% within minutes, so each model and thread
 count runs in rounds: a bandwidth reading, a decode run, another bandwidth
-reading, a prefill run. A round's bandwidth is the mean of its two readings. The
-fraction of the bandwidth and the prefill speed-up are the medians of each
-round's own ratios. A one-thread round runs every program in it, and both of
-its bandwidth readings, on one CPU, the CPUs taking turns from round to round:
-one vCPU of these shared machines is at times 20-30% slower than the other for
-minutes, and programs left to the scheduler need not land on the same one.
+reading, a peak GFLOP/s reading, a prefill run. A round's bandwidth is the mean of
+its two readings. The fractions of the bandwidth and of the peak and the prefill
+speed-up are the medians of each round's own ratios. A one-thread round runs
+every program in it, and all of its readings, on one CPU, the CPUs taking turns
+from round to round: one vCPU of these shared machines is at times 20-30% slower
+than the other for minutes, and programs left to the scheduler need not land on
+the same one.
 
 Side by side with the programs users would otherwise run, on the same weights:
   PEER=/path/to/run          a llama2.c-compatible CLI (karpathy/llama2.c's run,
@@ -79,6 +85,7 @@ PROMPT_TOKENS = {"15M": 250, "110M": 256}  # counting BOS, as run's timing line 
 DECODE_TOKENS = 256
 RUNS = {"15M": 5, "110M": 5}
 STREAM_REPS = 20    # passes over 1 GiB per bandwidth reading: about a second
+PEAK_REPS = 10      # passes of about 50 ms per peak GFLOP/s reading
 SENTENCE = ("Once upon a time, there was a little girl named Lily who loved to play in the park "
             "with her friends. ")
 SHORT_PROMPT = "Once upon a time"
@@ -111,6 +118,23 @@ def float_counts(dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared):
     total = vocab * dim + body + (0 if shared else vocab * dim)
     streamed = body + vocab * dim  # + the classifier, once (shared or not); no embedding rows
     return total, streamed
+
+
+def prefill_flops(dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared, n):
+    """Floating-point operations of a prefill of n tokens at positions 0..n-1, as run.c
+    computes it. Counted, as 2 flops per multiply-add: the matrix products, 2 x (the
+    layers' matrix weights: wq, wk, wv, wo, w1, w2, w3) per token, and the classifier
+    once (a prefill computes the logits of its last token only); attention, where the
+    token at position p takes, in each layer and each query head, p + 1 scores q . k and
+    a weighted sum of p + 1 values, 2 x head_size flops each. Not counted: norms, RoPE,
+    softmax, SwiGLU's activation and the residual adds (a few flops per activation, under
+    1% of the total for the 15M and 110M shapes), nor the products past a token's own
+    position that a block's attention tile computes and drops."""
+    head_size = dim // heads
+    q_dim, kv_dim = heads * head_size, kv_heads * head_size
+    matmul_weights = layers * (q_dim * dim + 2 * kv_dim * dim + dim * q_dim + 3 * hidden * dim)
+    attention = layers * heads * 4 * head_size * (n * (n + 1) // 2)
+    return 2 * matmul_weights * n + 2 * vocab * dim + attention
 
 
 def drop_from_page_cache(path):
@@ -477,37 +501,70 @@ def source_line(run_bin):
             + (" (./run is OLDER than run.c: rebuild with make)" if stale else ""))
 
 
-STREAM = os.path.join(BENCH, "stream")
+# The probes beside this script, each a program that prints one line per thread count,
+# "threads N <what> X mean Y ...": X the best pass, Y all passes' work over their time.
+STREAM = os.path.join(BENCH, "stream")  # read GB/s, the way decode reads its weights
+PEAK = os.path.join(BENCH, "peak")      # single-precision GFLOP/s, the ceiling of prefill
+
+
+def run_probe(probe, args, what, cpu=None, check=True):
+    """((best pass, mean over all passes), or None if they cannot be read; the output): one
+    run of a probe (STREAM or PEAK) with args, whose line says `what` before its figures, on
+    the given CPU only if one is given."""
+    out = subprocess.run([probe, *args], capture_output=True, text=True, check=check,
+                         preexec_fn=pin_to(cpu)).stdout
+    m = re.search(r"threads \d+ " + re.escape(what) + r" ([\d.]+) mean ([\d.]+)", out)
+    return ((float(m[1]), float(m[2])) if m else None), out
 
 
 def run_stream(threads, reps, cpu=None, check=True):
-    """(best pass GB/s, mean GB/s over all passes, or None if they cannot be read; the output):
-    one run of bench/stream over 1 GiB with this many threads, on the given CPU only if one
-    is given."""
-    out = subprocess.run([STREAM, "-m", "1024", "-r", str(reps), str(threads)], capture_output=True, text=True,
-                         check=check, preexec_fn=pin_to(cpu)).stdout
-    m = re.search(r"threads (\d+) read GB/s ([\d.]+) mean ([\d.]+)", out)
-    return ((float(m[2]), float(m[3])) if m else None), out
+    """run_probe's answer for bench/stream over 1 GiB with this many threads: read GB/s."""
+    return run_probe(STREAM, ["-m", "1024", "-r", str(reps), str(threads)], "read GB/s", cpu, check)
+
+
+def run_peak(threads, reps, cpu=None, check=True):
+    """run_probe's answer for bench/peak with this many threads: GFLOP/s."""
+    return run_probe(PEAK, ["-r", str(reps), str(threads)], "peak GFLOP/s", cpu, check)
+
+
+def probe_reading(contention, threads, run, name, cpu=None):
+    """(best pass, mean over all passes, disturbed): one reading of a probe, run(cpu) (run_stream
+    or run_peak with the other arguments bound), on free cores (tried again, up to three times,
+    when others took them), on the given CPU only if one is given."""
+    for attempt in range(3):
+        contention.wait_for_cores(threads)
+        busy0, ours0, t0 = cpu_busy_seconds(), children_cpu_seconds(), time.time()
+        reading, out = run(cpu)
+        others = max(0.0, (cpu_busy_seconds() - busy0) - (children_cpu_seconds() - ours0)) / (time.time() - t0)
+        if not reading:
+            raise SystemExit(f"bench: cannot read {name}'s output:\n{out}")
+        disturbed = others > contention.allowed(threads)
+        if not disturbed:
+            break
+        log(f"bench: other processes used {others:.1f} core(s) while {name} ran; again")
+    return reading[0], reading[1], disturbed
 
 
 def stream_bandwidth(contention, threads, reps, cpu=None):
     """(best pass GB/s, mean GB/s over all passes, disturbed): one reading of bench/stream with
-    this many threads, on free cores (tried again, up to three times, when others took them),
-    on the given CPU only if one is given."""
-    if not os.path.exists(STREAM):
-        raise SystemExit("bench: bench/stream is missing: run `make bench` (it builds it)")
-    for attempt in range(3):
-        contention.wait_for_cores(threads)
-        busy0, ours0, t0 = cpu_busy_seconds(), children_cpu_seconds(), time.time()
-        reading, out = run_stream(threads, reps, cpu)
-        others = max(0.0, (cpu_busy_seconds() - busy0) - (children_cpu_seconds() - ours0)) / (time.time() - t0)
-        if not reading:
-            raise SystemExit(f"bench: cannot read bench/stream's output:\n{out}")
-        disturbed = others > contention.allowed(threads)
-        if not disturbed:
-            break
-        log(f"bench: other processes used {others:.1f} core(s) while measuring bandwidth; again")
-    return reading[0], reading[1], disturbed
+    this many threads (probe_reading)."""
+    return probe_reading(contention, threads, lambda c: run_stream(threads, reps, c), "bench/stream", cpu)
+
+
+def peak_gflops(contention, threads, reps, cpu=None):
+    """(best pass GFLOP/s, mean GFLOP/s over all passes, disturbed): one reading of bench/peak
+    with this many threads (probe_reading)."""
+    return probe_reading(contention, threads, lambda c: run_peak(threads, reps, c), "bench/peak", cpu)
+
+
+def peak_kind():
+    """What bench/peak was built for, from its line: "avx512, 16 lanes, 24 chains per thread, ..."."""
+    _, out = run_peak(1, 1)
+    m = re.search(r"isa (\S+) lanes (\d+) accumulators (\d+) fma (\d)", out)
+    if not m:
+        return "?"
+    return (f"{m[1]}, {m[2]} lanes, {m[3]} chains per thread, "
+            + ("fused multiply-adds" if m[4] == "1" else "a multiply and an add"))
 
 
 def usable_cpus():
@@ -571,12 +628,18 @@ def main():
         if exe and not os.access(exe, os.X_OK):
             raise SystemExit(f"bench: {what}={exe} is not an executable file")
 
+    for probe in (STREAM, PEAK):
+        if not os.path.exists(probe):
+            raise SystemExit(f"bench: {os.path.relpath(probe, ROOT)} is missing: run `make bench` (it builds it)")
+
     start = time.time()
     source = source_line(run_bin)
     busy = others_cores(1.0)
     log(f"bench: other processes use {busy:.1f} of {NCPU} cores"
         + (" -- runs will wait for free cores, or be redone, within limits" if busy > SPARE else ""))
     stream_reps = 4 if args.quick else STREAM_REPS
+    peak_reps = 4 if args.quick else PEAK_REPS
+    peak_by_threads = {}  # thread count: every round's peak reading (best pass), all models
     by_cpu_start = "" if args.quick else read_by_cpu()
     cpus = usable_cpus()
 
@@ -591,6 +654,7 @@ def main():
 
         target = min(PROMPT_TOKENS[name], seq_len)
         prompt, n_prompt = make_prompt(runner, path, target)
+        flops_per_token = prefill_flops(*header, n_prompt) / n_prompt  # of the prefill, on average
         n_short = runner.count_tokens(path, SHORT_PROMPT)
         decode_steps = min(seq_len, n_short - 1 + DECODE_TOKENS)
         # attention also reads the KV cache: keys and values of positions 0..pos, every layer
@@ -622,6 +686,7 @@ def main():
             log(f"bench: {name}, {t} thread(s): {runs} round(s) of bandwidth, prefill and decode ...")
             pre, dec, dec_n, peaks, means, speedups, others = [], [], [], [], [], [], []
             of_peak, of_mean = [], []
+            flops_peaks, of_flops_peak = [], []
             disturbed = bw_disturbed = 0
             retries = [runs]  # runs redone for other work: at most this many per model and thread count
             vs_peer, vs_pp, vs_tg, peer_rates, pp_rates, tg_rates, ours_wall = [], [], [], [], [], [], []
@@ -660,10 +725,15 @@ def main():
                 peaks.append(peak)
                 means.append(mean)
                 bw_disturbed += d1 + d2
+                # the peak arithmetic just before the prefill, which it bounds
+                flops_peak, _, d3 = peak_gflops(runner.contention, t, peak_reps, runner.cpu)
+                flops_peaks.append(flops_peak)
+                bw_disturbed += d3
                 (n, p_rate, _, _, o, _), d = runner.timed_quiet(path, t, prompt, n_prompt, retries)
                 if n != n_prompt:
                     raise SystemExit(f"bench: run reported a prompt of {n} tokens, expected {n_prompt}")
                 pre.append(p_rate)
+                of_flops_peak.append(flops_per_token * p_rate / 1e9 / flops_peak)
                 others.append(o)
                 disturbed += d
                 if lbench:
@@ -683,18 +753,23 @@ def main():
             runner.cpu = None
             redone = runs - retries[0]
             on_cpus = (f" on cpu {', '.join(str(c) for c in round_cpus)}" if round_cpus[0] is not None else "")
+            peak_by_threads.setdefault(t, []).extend(flops_peaks)
             raw.append(f"{name}, {t} thread(s), by round{on_cpus}: read bandwidth (best pass / mean) "
                        f"{', '.join(f'{a:.2f}/{b:.2f}' for a, b in zip(peaks, means))} GB/s; "
+                       f"peak {', '.join(f'{a:.1f}' for a in flops_peaks)} GFLOP/s; "
                        f"prefill {', '.join(f'{r:.1f}' for r in pre)} tok/s; "
                        f"decode {', '.join(f'{r:.1f}' for r in dec)} tok/s; "
                        f"other processes used up to {max(others):.2f} core(s) during a kept run"
                        + (f"; {redone} run(s) redone" if redone else "")
                        + (f"; **{disturbed} kept run(s) disturbed**" if disturbed else "")
-                       + (f"; **{bw_disturbed} bandwidth reading(s) disturbed**" if bw_disturbed else ""))
+                       + (f"; **{bw_disturbed} bandwidth or peak reading(s) disturbed**" if bw_disturbed else ""))
             p_med, d_med = statistics.median(pre), statistics.median(dec)
             gbs = bytes_per_token * d_med / 1e9
             mark = " (!)" if disturbed else ""
-            rows.append([name, str(t), f"{p_med:.1f}{mark}", f"{d_med:.1f}{mark}",
+            rows.append([name, str(t), f"{p_med:.1f}{mark}",
+                         f"{flops_per_token * p_med / 1e9:.1f}, {100 * statistics.median(of_flops_peak):.0f}%"
+                         + (" (!)" if disturbed or bw_disturbed else ""),
+                         f"{d_med:.1f}{mark}",
                          "/".join(map(str, sorted(set(dec_n)))), f"{gbs:.2f}",
                          f"{statistics.median(peaks):.2f}" + (" (!)" if bw_disturbed else ""),
                          f"{statistics.median(means):.2f}" + (" (!)" if bw_disturbed else ""),
@@ -720,7 +795,12 @@ def main():
     if by_cpu_start:
         out += [f"One thread's read GB/s (bench/stream, best pass) on each CPU, twice by turns: at the start "
                 f"{by_cpu_start}; at the end {by_cpu_end}", ""]
-    head = ["model", "threads", "prefill tok/s", "decode tok/s", "decoded tokens", "decode GB/s",
+    out.append(f"Peak single-precision GFLOP/s (bench/peak: {peak_kind()}; best pass, median over the rounds): "
+               + ", ".join(f"{t} thread{'s' if t > 1 else ''} {statistics.median(v):.1f}"
+                           for t, v in sorted(peak_by_threads.items())))
+    out.append("")
+    head = ["model", "threads", "prefill tok/s", "prefill GFLOP/s, % of peak", "decode tok/s", "decoded tokens",
+            "decode GB/s",
             "read GB/s, best pass", "read GB/s, sustained", "% of best pass", "% of sustained",
             "prefill speed-up over decode"]
     out.append("| " + " | ".join(head) + " |")
@@ -748,8 +828,13 @@ def main():
                f"just before and just after each round's decode run (median over rounds of the two readings' "
                f"mean): the best pass (the peak) and all passes' bytes over their time (what a reader sustains "
                f"over a span like the decode run's, shared-machine interruptions included)")
-    out.append("- % of best pass, % of sustained and prefill speed-up: the median over rounds of each round's "
-               "own ratio (decode GB/s / read GB/s; prefill tok/s / decode tok/s), so that the machine's drift "
+    out.append("- prefill GFLOP/s = the prefill's floating-point operations (bench.py's prefill_flops: 2 per "
+               "multiply-add of the matrix products, the classifier once, and attention's q.k scores and weighted "
+               "sums; not the norms, RoPE, softmax or activations) / prompt tokens x prefill tok/s (median); % of "
+               "peak: of bench/peak's best pass with the same thread count, read right before the prefill run")
+    out.append("- % of best pass, % of sustained, % of peak and prefill speed-up: the median over rounds of each "
+               "round's own ratio (decode GB/s / read GB/s; prefill GFLOP/s / peak GFLOP/s; prefill tok/s / decode "
+               "tok/s), so that the machine's drift "
                "between rounds cancels; a one-thread round runs everything in it (readings, run, peers) on one CPU, "
                "the CPUs by turns")
     out.append("- random weights, greedy (-t 0); prefill and decode tok/s as run prints them (median). Rounds: ")

@@ -18,8 +18,11 @@ MODELS ?= models
 PYTHON ?= /usr/bin/python3
 FUZZ_CC ?= clang
 FUZZ_SECONDS ?= 60
+# FUZZ_CC's flag for this CPU (native_flag, from the top Makefile), probed once and
+# only when a harness is built
+FUZZ_NATIVE = $(eval FUZZ_NATIVE := $(call native_flag,$(FUZZ_CC)))$(FUZZ_NATIVE)
 FUZZ_CFLAGS = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
-              -ffp-contract=off -march=native -Wall -Wextra -Wno-unused-function -Wno-unknown-pragmas
+              -ffp-contract=off $(FUZZ_NATIVE) -Wall -Wextra -Wno-unused-function -Wno-unknown-pragmas
 FUZZ_DEFS ?=
 FUZZ_NAMES = header tokenizer encode
 FUZZ_BINS = $(FUZZ_NAMES:%=fuzz/fuzz_%)

@@ -1,6 +1,7 @@
 """Shared paths and helpers for the tests. Models and goldens are the copies the repository ships
 (models/, tests/data/); MODELS= and GOLDEN= point elsewhere."""
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,9 @@ MODELS = (ROOT / os.environ.get("MODELS", "models")).resolve()
 GOLDEN = (ROOT / os.environ.get("GOLDEN", "tests/data")).resolve()
 # RUN_BIN selects the binary under test (e.g. the sanitizer build ./run-asan)
 RUN_BIN = str((ROOT / os.environ.get("RUN_BIN", "run")).resolve())
+# RUN_PREFIX, words put before the binary in run(): an emulator for a build of another
+# architecture (make test-arm: RUN_BIN=run-aarch64 RUN_PREFIX=qemu-aarch64)
+RUN_PREFIX = shlex.split(os.environ.get("RUN_PREFIX", ""))
 STORIES = MODELS / "stories260K.bin"
 STORIES_V1 = MODELS / "stories260K_v1.bin"
 TOK512 = MODELS / "tok512.bin"
@@ -21,7 +25,7 @@ LLAMA_TOKENIZER = MODELS / "tokenizer.bin"
 
 def run(*args, input=None, timeout=120, binary=None):
     """Runs the runner with args; returns the CompletedProcess with bytes stdout/stderr."""
-    cmd = [binary or RUN_BIN] + [a if isinstance(a, bytes) else str(a) for a in args]
+    cmd = RUN_PREFIX + [binary or RUN_BIN] + [a if isinstance(a, bytes) else str(a) for a in args]
     if isinstance(input, str):
         input = input.encode()
     return subprocess.run(cmd, input=input, capture_output=True, timeout=timeout,
