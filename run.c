@@ -418,43 +418,10 @@ static void map_weights(TransformerWeights *w, const Config *c, CheckpointFormat
     w->wcls = c->shared_classifier ? w->token_embedding : ptr;
 }
 
-// Opens an input file (checkpoint, tokenizer, text) for reading: returns its
-// descriptor and size, or -1 with an error naming it as `what` ("checkpoint ",
-// "tokenizer ", or "" for a text file). Only regular files: with O_NONBLOCK a
-// FIFO cannot block the open, and fstat then refuses it like a directory.
-static int open_regular_file(const char *path, const char *what, size_t *size) {
-    int fd = open(path, O_RDONLY | O_NONBLOCK);
-    if (fd < 0) return fail("cannot open %s%s: %s", what, path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return fail("%s%s is not a regular file", what, path);
-    }
-    *size = (size_t)st.st_size;
-    return fd;
-}
-
-// Reads a whole input file into memory, with a NUL after its last byte.
-static char *read_whole_file(const char *path, const char *what, size_t *size) {
-    int fd = open_regular_file(path, what, size);
-    if (fd < 0) return NULL;
-    char *data = malloc(*size + 1);
-    size_t got = 0;
-    while (data && got < *size) {
-        ssize_t n = read(fd, data + got, *size - got);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        got += (size_t)n;
-    }
-    close(fd);
-    if (!data || got != *size) {
-        free(data);
-        fail("cannot read %s%s", what, path);
-        return NULL;
-    }
-    data[*size] = '\0';
-    return data;
-}
+// Input files are opened and read by open_regular_file and read_whole_file
+// (Utilities, below).
+static int open_regular_file(const char *path, const char *what, size_t *size);
+static char *read_whole_file(const char *path, const char *what, size_t *size);
 
 // Opens and maps a checkpoint. Nothing is allocated until the file size agrees
 // with the header.
@@ -1490,6 +1457,44 @@ static int sample(Sampler *s, float *logits) {
 // ----------------------------------------------------------------------------
 // Utilities
 
+// Opens an input file (checkpoint, tokenizer, text) for reading: returns its
+// descriptor and size, or -1 with an error naming it as `what` ("checkpoint ",
+// "tokenizer ", or "" for a text file). Only regular files: with O_NONBLOCK a
+// FIFO cannot block the open, and fstat then refuses it like a directory.
+static int open_regular_file(const char *path, const char *what, size_t *size) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
+    if (fd < 0) return fail("cannot open %s%s: %s", what, path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return fail("%s%s is not a regular file", what, path);
+    }
+    *size = (size_t)st.st_size;
+    return fd;
+}
+
+// Reads a whole input file into memory, with a NUL after its last byte.
+static char *read_whole_file(const char *path, const char *what, size_t *size) {
+    int fd = open_regular_file(path, what, size);
+    if (fd < 0) return NULL;
+    char *data = malloc(*size + 1);
+    size_t got = 0;
+    while (data && got < *size) {
+        ssize_t n = read(fd, data + got, *size - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        got += (size_t)n;
+    }
+    close(fd);
+    if (!data || got != *size) {
+        free(data);
+        fail("cannot read %s%s", what, path);
+        return NULL;
+    }
+    data[*size] = '\0';
+    return data;
+}
+
 static double time_in_s(void) {
     struct timespec time;
     clock_gettime(CLOCK_MONOTONIC, &time);
@@ -2522,7 +2527,7 @@ static void matmul_fast(float *xout, const float *x, const float *w, int n, int 
 //     vector fill the 16 AVX registers (the 32 NEON registers, a Lanes being two).
 //     lanes_keep holds the loaded vectors in registers: otherwise compilers fold
 //     the token loads into the x86 multiply-adds that use them, one load per use
-//     (15 loads for 12 multiply-adds), and the tile runs a third slower. Four rows
+//     (15 loads for 12 multiply-adds), and the tile waits on its loads. Four rows
 //     per tile also let lanes_sum4 finish the four sums of a token at once.
 //   AVX-512: a 16-float register holds two tokens' eight lanes side by side (token
 //     b in lanes 0-7, b+1 in 8-15) against a weight vector broadcast to both
