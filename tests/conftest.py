@@ -39,3 +39,19 @@ def llama_vocab_model(tmp_path_factory):
     path = tmp_path_factory.mktemp("models") / "tiny32000.bin"
     return write_random_checkpoint(path, dim=16, hidden_dim=32, n_layers=1, n_heads=2, n_kv_heads=1,
                                    vocab_size=32000, seq_len=256, seed=1)
+
+
+def export(model_dir, out, *flags, check=True):
+    """Runs export.py MODEL_DIR OUT [flags]; asserts success unless check=False."""
+    r = subprocess.run([sys.executable, str(ROOT / "export.py"), str(model_dir), str(out), *map(str, flags)],
+                       capture_output=True, text=True, timeout=120)
+    if check:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+def tokens_of(model, text):
+    """The token ids run -m tokenize gives text with the 512-token vocabulary (BOS first)."""
+    r = run(model, "-z", TOK512, "-m", "tokenize", "-p", text)
+    assert r.returncode == 0, r.stderr
+    return [int(line.split(b"\t")[0]) for line in r.stdout.splitlines()]

@@ -6,15 +6,14 @@ run.c's adjacent pairs), and compares run.c's nll and greedy tokens with the
 reference's, computed in HF layout with the paper's half-split rotation.
 """
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+import conftest
 import hf_fixture
 import reference
-from conftest import ROOT, TOK512, run
+from conftest import TOK512, export, run
 
 TEXT = ("Once upon a time, there was a little girl named Lily. She loved to play outside "
         "in the park with her dog. One day she saw a big red ball.")
@@ -23,17 +22,8 @@ THETAS = [10000.0, 500000.0]
 SMALL = dict(dim=64, hidden_dim=96, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=512, seq_len=128)
 
 
-def export(model_dir, out, *flags):
-    r = subprocess.run([sys.executable, str(ROOT / "export.py"), str(model_dir), str(out), *map(str, flags)],
-                       capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    return r
-
-
 def tokens_of(model, text=TEXT):
-    r = run(model, "-z", TOK512, "-m", "tokenize", "-p", text)
-    assert r.returncode == 0, r.stderr
-    return [int(line.split(b"\t")[0]) for line in r.stdout.splitlines()]
+    return conftest.tokens_of(model, text)
 
 
 def run_nll(model, *flags, text=TEXT):

@@ -20,7 +20,6 @@ import math
 import re
 import struct
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -29,7 +28,7 @@ import conftest
 import hf_fixture
 import reference
 import scaling_reference as S
-from conftest import ROOT, RUN_BIN, STORIES, TOK512, run
+from conftest import RUN_BIN, STORIES, TOK512, export, run
 from ropefile import header_bytes, random_weights, write_random_checkpoint
 
 RTOL = 2e-6          # omegas and wavelengths: float32 in run.c against float64 here
@@ -562,18 +561,8 @@ def test_startup_line_names_the_rule(tmp_path):
 HF = dict(dim=64, hidden_dim=96, n_layers=2, n_heads=2, n_kv_heads=1, vocab_size=512)  # head size 32
 
 
-def export(model_dir, out, *flags, check=True):
-    r = subprocess.run([sys.executable, str(ROOT / "export.py"), str(model_dir), str(out), *map(str, flags)],
-                       capture_output=True, text=True, timeout=120)
-    if check:
-        assert r.returncode == 0, r.stderr
-    return r
-
-
 def tokens_of(model, text=TEXT):
-    r = run(model, "-z", TOK512, "-m", "tokenize", "-p", text)
-    assert r.returncode == 0, r.stderr
-    return [int(line.split(b"\t")[0]) for line in r.stdout.splitlines()]
+    return conftest.tokens_of(model, text)
 
 
 def run_nll(model, *flags, text=TEXT):
