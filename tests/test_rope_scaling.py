@@ -667,14 +667,19 @@ def test_exported_yarn_without_truncation_matches_reference_or_is_refused(tmp_pa
     assert_close(run_nll(out), ref_nll(config, tensors, tokens, S.rope_for_forward(params)), what="truncate")
 
 
-@pytest.fixture(scope="module")
-def plain_hf(tmp_path_factory):
-    """A RoPE checkpoint without rope_scaling, max_position_embeddings 256, exported once."""
-    d = tmp_path_factory.mktemp("hf_plain_scaling")
-    config, tensors = hf_fixture.make_hf_checkpoint(d, **HF, seq_len=256, seed=23)
+def exported_plain_hf(tmp_path_factory, name, seq_len, seed):
+    """(config, tensors, ROPE file, TEXT's tokens) of an HF checkpoint without rope_scaling."""
+    d = tmp_path_factory.mktemp(name)
+    config, tensors = hf_fixture.make_hf_checkpoint(d, **HF, seq_len=seq_len, seed=seed)
     out = d / "model.bin"
     export(d, out)
     return config, tensors, out, tokens_of(out)
+
+
+@pytest.fixture(scope="module")
+def plain_hf(tmp_path_factory):
+    """A RoPE checkpoint without rope_scaling, max_position_embeddings 256, exported once."""
+    return exported_plain_hf(tmp_path_factory, "hf_plain_scaling", 256, 23)
 
 
 CLI_RULES = [
@@ -703,11 +708,7 @@ def test_ppl_with_rule_on_command_line_matches_reference(plain_hf, name, kw, mor
 @pytest.fixture(scope="module")
 def short_hf(tmp_path_factory):
     """A plain checkpoint whose header seq_len (max_position_embeddings) is 32 < the text's 113 tokens."""
-    d = tmp_path_factory.mktemp("hf_short")
-    config, tensors = hf_fixture.make_hf_checkpoint(d, **HF, seq_len=32, seed=24)
-    out = d / "model.bin"
-    export(d, out)
-    return config, tensors, out, tokens_of(out)
+    return exported_plain_hf(tmp_path_factory, "hf_short", 32, 24)
 
 
 def test_context_flag_longer_than_seq_len_scores_one_window(short_hf):
