@@ -8,7 +8,7 @@ against this machine's read bandwidth, and prefill's arithmetic against its peak
 Models are random-weight checkpoints in the ROPE format, written into bench/ on
 first use (bench/*.bin is gitignored): the shapes of llama2.c's stories15M and
 stories110M, with a shared classifier as those have. The tokenizer is the 32000-
-token llama2.c tokenizer, read from $MODELS/tokenizer.bin (default ../shared/models).
+token llama2.c tokenizer, read from $MODELS/tokenizer.bin (default models/).
 
 For each model and thread count (OMP_NUM_THREADS and run's -T):
   prefill  a prompt of 256 tokens (250 for 15M, whose context is 256), -n equal to
@@ -615,7 +615,7 @@ def main():
     run_bin = os.environ.get("RUN_BIN", os.path.join(ROOT, "run"))
     if not os.path.exists(run_bin):
         raise SystemExit(f"bench: {run_bin} is missing: run `make bench` (it builds it)")
-    models_dir = os.environ.get("MODELS", os.path.join(ROOT, "..", "shared", "models"))
+    models_dir = os.environ.get("MODELS", os.path.join(ROOT, "models"))
     if not os.path.isabs(models_dir):
         models_dir = os.path.join(ROOT, models_dir)
     tokenizer = os.path.normpath(os.path.join(models_dir, "tokenizer.bin"))
