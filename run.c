@@ -179,7 +179,7 @@ typedef struct {
     float *v;      // (block, kv_dim) values, written into the cache
     float *att;    // (block, n_heads, seq_len) attention scores
     float *logits; // (block, vocab_size)
-    float *scratch; // (block, max(dim, hidden_dim)) for matmul_block
+    float *scratch; // (block, max(dim, hidden_dim)) for matmul_tiled
     float *q_head;  // (n_heads, block, head_size) a block's queries, head by head
     float *q_pairs; // (n_heads, block, head_size) the same, packed for matmul_tile
     // the KV cache, each head's positions side by side: attention reads one head's
@@ -2616,7 +2616,7 @@ static void store_sums(float *xout, int d, int i0, int n_rows, int b, int n_toke
 // the SIMD paths sum the lanes in registers; otherwise they hand their lanes to the
 // plain loop at the end, which adds the tail and calls reduce_lanes.
 //   prefetch, prefetch_lines: cache lines of weights that a later tile will read;
-// one is requested into L2 per step of eight multiply-adds (see matmul_block).
+// one is requested into L2 per step of eight multiply-adds (see matmul_tiled).
 static void matmul_tile(float *xout, const float *x, const float *packed, const float *w, int n, int d, int i0,
                         int n_rows, int b0, int n_tokens, const char *prefetch, int prefetch_lines) {
     float acc[TILE_ROWS][TILE_TOKENS][DOT_LANES];
