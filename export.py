@@ -134,13 +134,10 @@ class Config:
         self.norm_eps = norm_eps            # RMSNorm epsilon
         self.rope_theta = rope_theta        # base wavelength theta
         self.rope_fraction = rope_fraction  # p: floor(p * head_dim / 2) pairs rotate
-        self.rope_factor = rope_factor      # the scaling rule's factor s (1: none)
-        self.rope_scaling = rope_scaling    # RULE_NONE .. RULE_LLAMA3
-        self.rope_original_len = rope_original_len  # the trained length L; 0: seq_len
-        for name, _, _ in RULE_FIELDS:      # 0: the rule's default
-            setattr(self, name, rule_fields.pop(name, 0.0))
-        if rule_fields:
-            raise TypeError(f"unknown Config fields {sorted(rule_fields)}")
+        # the scaling rule: rope_scaling (RULE_NONE .. RULE_LLAMA3), rope_factor (its s; 1:
+        # none), rope_original_len (the trained length L; 0: seq_len), and RULE_FIELDS (0:
+        # the rule's default)
+        self.set_scaling(rope_scaling, rope_factor, rope_original_len, **rule_fields)
 
     @property
     def head_dim(self):

@@ -892,14 +892,13 @@ static void attention(Transformer *t, int l, int B, int pos0) {
         for (int b = 0; b < B; b++) attention_head(t, l, b, h, pos0 + b, 0);
 }
 
-// hb = silu(hb) * hb2 over n floats, with silu(v) = v * sigmoid(v): SwiGLU's gate
+// SwiGLU's gate for one unit: silu(gate) * up, with silu(v) = v * sigmoid(v)
+static inline float swiglu_unit(float gate, float up) { return gate * (1.0f / (1.0f + expf(-gate))) * up; }
+
+// hb = silu(hb) * hb2 over n floats
 static void swiglu(float *hb, const float *hb2, long n) {
     if (use_fast_kernels && swiglu_fast(hb, hb2, n)) return; // split across threads
-    for (long i = 0; i < n; i++) {
-        float val = hb[i];
-        val *= (1.0f / (1.0f + expf(-val)));
-        hb[i] = val * hb2[i];
-    }
+    for (long i = 0; i < n; i++) hb[i] = swiglu_unit(hb[i], hb2[i]);
 }
 
 // Which logits forward_block computes: the classifier reads vocab_size x dim
@@ -1668,46 +1667,33 @@ static int perplexity(Transformer *t, const Tokenizer *tok, const char *text, co
         return fail("seq_len %d leaves no room for a prediction after BOS", t->config.seq_len);
     }
     int *window = malloc((size_t)t->config.seq_len * sizeof(int));
-    if (!window) {
-        free(tokens);
-        return fail("out of memory");
-    }
-    FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
-    if (csv_path && !csv) {
-        free(window);
-        free(tokens);
-        return fail("cannot write %s: %s", csv_path, strerror(errno));
-    }
+    FILE *csv = window && csv_path ? fopen(csv_path, "w") : NULL;
+    int result = 0;
+    if (!window) result = fail("out of memory");
+    else if (csv_path && !csv) result = fail("cannot write %s: %s", csv_path, strerror(errno));
     if (csv) fprintf(csv, "position,nll\n");
     const int *text_tokens = tokens + 1;
-    int n_text = n - 1, n_windows = 0, result = 0;
+    int n_text = n - 1, n_windows = 0;
     double total = 0.0, t0 = time_in_s();
-    for (int start = 0; start < n_text; start += per_window) {
+    for (int start = 0; start < n_text && result == 0; start += per_window) {
         int len = n_text - start < per_window ? n_text - start : per_window;
         window[0] = TOKEN_BOS;
         memcpy(window + 1, text_tokens + start, (size_t)len * sizeof(int));
-        if (score_window(t, window, len + 1, &total, csv) != 0) {
-            result = -1;
-            break;
-        }
+        result = score_window(t, window, len + 1, &total, csv);
         n_windows++;
     }
     if (csv && fclose(csv) != 0 && result == 0) result = fail("cannot write %s", csv_path);
-    if (result != 0) {
-        free(window);
-        free(tokens);
-        return -1;
+    if (result == 0) {
+        double seconds = time_in_s() - t0, nll = total / n_text;
+        printf("tokens: %d\n", n_text);
+        printf("windows: %d\n", n_windows);
+        printf("nll: %.6f\n", nll);
+        printf("perplexity: %.6f\n", exp(nll));
+        fprintf(stderr, "timing: scored %d tokens %.1f tok/s\n", n_text, rate(n_text, seconds));
     }
-    double seconds = time_in_s() - t0;
-    double nll = total / n_text;
-    printf("tokens: %d\n", n_text);
-    printf("windows: %d\n", n_windows);
-    printf("nll: %.6f\n", nll);
-    printf("perplexity: %.6f\n", exp(nll));
-    fprintf(stderr, "timing: scored %d tokens %.1f tok/s\n", n_text, rate(n_text, seconds));
     free(window);
     free(tokens);
-    return 0;
+    return result;
 }
 
 // ----------------------------------------------------------------------------
@@ -2832,7 +2818,7 @@ static int swiglu_fast(float *hb, const float *hb2, long n) {
     if (!worth_a_parallel_region(n * 16)) return 0; // an expf costs some sixteen multiply-adds
     long i;
 #pragma omp parallel for
-    for (i = 0; i < n; i++) hb[i] = hb[i] * (1.0f / (1.0f + expf(-hb[i]))) * hb2[i];
+    for (i = 0; i < n; i++) hb[i] = swiglu_unit(hb[i], hb2[i]);
     return 1;
 }
 
