@@ -27,6 +27,7 @@ Prefill is bound by arithmetic instead: its floating-point operations (counted
 by prefill_flops from the model's shape) times prefill tok/s over the prompt's
 tokens is its GFLOP/s, printed next to the peak that bench/peak measures with the
 same number of threads (independent fused multiply-add chains in registers).
+llama.cpp's pp tok/s, with LLAMA_BENCH, gets the same fraction of the same reading.
 
 This machine's figures drift by 10-30% within minutes, so each model and thread
 count runs in rounds: a bandwidth reading, a decode run, another bandwidth
@@ -690,6 +691,7 @@ def main():
             disturbed = bw_disturbed = 0
             retries = [runs]  # runs redone for other work: at most this many per model and thread count
             vs_peer, vs_pp, vs_tg, peer_rates, pp_rates, tg_rates, ours_wall = [], [], [], [], [], [], []
+            pp_of_flops_peak = []  # llama.cpp's prefill against the same peak reading as ours
             round_cpus = []
             for k in range(runs):
                 # A one-thread round runs everything on one CPU, the CPUs by turns: on the shared
@@ -744,6 +746,7 @@ def main():
                     others.append(o)
                     disturbed += d
                     pp_rates.append(pp)
+                    pp_of_flops_peak.append(100 * flops_per_token * pp / 1e9 / flops_peak)
                     tg_rates.append(tg)
                     vs_pp.append(p_rate / pp)
                     vs_tg.append(d_rate / tg)
@@ -780,7 +783,8 @@ def main():
                 def cell(values, fmt="{:.1f}"):
                     return fmt.format(statistics.median(values)) if values else "-"
                 side.append([name, str(t), cell(ours_wall), cell(peer_rates), cell(vs_peer, "**{:.2f}x**"),
-                             f"{p_med:.1f}", cell(pp_rates), cell(vs_pp, "**{:.2f}x**"),
+                             f"{p_med:.1f}", f"{100 * statistics.median(of_flops_peak):.0f}%", cell(pp_rates),
+                             cell(pp_of_flops_peak, "{:.0f}%"), cell(vs_pp, "**{:.2f}x**"),
                              f"{d_med:.1f}", cell(tg_rates), cell(vs_tg, "{:.2f}x")])
                 raw.append(f"{name}, {t} thread(s), side by side by round: run decode, whole process "
                            f"{', '.join(f'{r:.1f}' for r in ours_wall)} tok/s"
@@ -812,7 +816,8 @@ def main():
                    "above 1 means run is faster):")
         out.append("")
         head2 = ["model", "threads", "run decode tok/s, whole process", "llama2.c (PEER), whole process",
-                 "run / llama2.c", "run prefill tok/s", "llama.cpp pp tok/s", "run / llama.cpp prefill",
+                 "run / llama2.c", "run prefill tok/s", "run prefill, % of peak", "llama.cpp pp tok/s",
+                 "llama.cpp pp, % of peak", "run / llama.cpp prefill",
                  "run decode tok/s", "llama.cpp tg tok/s", "run / llama.cpp decode"]
         out.append("| " + " | ".join(head2) + " |")
         out.append("|" + "|".join("---" if i < 2 else "---:" for i in range(len(head2))) + "|")
@@ -821,7 +826,9 @@ def main():
         out.append(f"- PEER: {peer or '-'}; LLAMA_BENCH: {lbench or '-'}. Whole process: (-n minus 1) tokens over the "
                    "wall time of the process, model loading and prompt included, for both programs alike; llama.cpp's "
                    "figures are llama-bench's own (pp: the prefill prompt's length; tg: "
-                   f"{DECODE_TOKENS} tokens from an empty context), F32 weights converted from the same file")
+                   f"{DECODE_TOKENS} tokens from an empty context), F32 weights converted from the same file; "
+                   "% of peak: the same prefill flops per token and the same peak reading for both programs, "
+                   "so that the two columns say how close each comes to the arithmetic limit")
     out += [f"- {n}" for n in notes]
     out.append(f"- decode GB/s = weight bytes streamed per token x decode tok/s (median); read GB/s = "
                f"bench/stream, a sum over 1 GiB of floats, {stream_reps} passes with the same thread count, read "
