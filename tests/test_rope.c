@@ -301,11 +301,16 @@ static void test_uneven_split_keeps_matmul_bitwise(int n, int d, const char *nam
     free(out);
 }
 
+// a checkpoint loaded with its run state, ready for forward(); nonzero (and
+// error_message set) when either fails
+static int load_model(Transformer *t, const char *checkpoint) {
+    return load_checkpoint(t, checkpoint) || build_run_state(&t->state, &t->config);
+}
+
 // the forward pass: a prompt in blocks gives the same logits as token by token
 static void test_block_forward_equals_token_forward(const char *checkpoint) {
     Transformer a, b;
-    if (load_checkpoint(&a, checkpoint) || build_run_state(&a.state, &a.config) || load_checkpoint(&b, checkpoint) ||
-        build_run_state(&b.state, &b.config)) {
+    if (load_model(&a, checkpoint) || load_model(&b, checkpoint)) {
         check(0, "block_forward_equals_token_forward", error_message);
         return;
     }
@@ -330,8 +335,7 @@ static void test_block_forward_equals_token_forward(const char *checkpoint) {
 // bit for bit
 static void test_fast_forward_equals_plain_forward(const char *checkpoint) {
     Transformer a, b;
-    if (load_checkpoint(&a, checkpoint) || build_run_state(&a.state, &a.config) || load_checkpoint(&b, checkpoint) ||
-        build_run_state(&b.state, &b.config)) {
+    if (load_model(&a, checkpoint) || load_model(&b, checkpoint)) {
         check(0, "fast_forward_equals_plain_forward", error_message);
         return;
     }
@@ -362,7 +366,7 @@ static void test_fast_forward_equals_plain_forward(const char *checkpoint) {
 // allocation rounded down would show here, under AddressSanitizer in `make test`).
 static void test_kv_cache_sits_on_huge_page_boundaries(const char *checkpoint) {
     Transformer t;
-    if (load_checkpoint(&t, checkpoint) || build_run_state(&t.state, &t.config)) {
+    if (load_model(&t, checkpoint)) {
         check(0, "kv_cache_starts_on_huge_page_boundaries", error_message);
         return;
     }
