@@ -1013,24 +1013,19 @@ static void kv_cache_shift(Transformer *t, int to, int from, int n) {
     const Config *c = &t->config;
     RunState *s = &t->state;
     int head_size = head_size_of(c), n_rotated = rope_angles_of(c), delta = from - to;
-    float cos_delta[MAX_DIM / 2], sin_delta[MAX_DIM / 2];
+    float cos_delta[MAX_DIM / 2], minus_sin_delta[MAX_DIM / 2]; // R(-delta) for rope_apply
     for (int i = 0; i < n_rotated; i++) { // the tables' angles for position delta, without the attention factor
         float angle = delta * rope_frequency(c, i);
         cos_delta[i] = cosf(angle);
-        sin_delta[i] = sinf(angle);
+        minus_sin_delta[i] = -sinf(angle);
     }
     for (int l = 0; l < c->n_layers; l++) {
         for (int kvh = 0; kvh < c->n_kv_heads; kvh++) {
             for (int j = 0; j < n; j++) {
                 size_t src = kv_cache_offset(c, l, kvh, from + j), dst = kv_cache_offset(c, l, kvh, to + j);
                 memcpy(s->value_cache + dst, s->value_cache + src, head_size * sizeof(float));
-                float *key = s->key_cache + dst;
-                memcpy(key, s->key_cache + src, head_size * sizeof(float));
-                for (int i = 0; i < n_rotated; i++) { // rope_apply's rotation, by the angle -delta * omega_i
-                    float x0 = key[2 * i], x1 = key[2 * i + 1];
-                    key[2 * i] = x0 * cos_delta[i] + x1 * sin_delta[i];
-                    key[2 * i + 1] = -x0 * sin_delta[i] + x1 * cos_delta[i];
-                }
+                memcpy(s->key_cache + dst, s->key_cache + src, head_size * sizeof(float));
+                rope_apply(s->key_cache + dst, 1, head_size, n_rotated, cos_delta, minus_sin_delta);
             }
         }
     }
