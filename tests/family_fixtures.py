@@ -12,8 +12,10 @@ Sources, read through the stored copies the search tool returns (never fetched l
   layer_types, SmolLM3-3B's 36-entry no_rope_layers, Phi-4-mini's 48 long/short factors
   from an mlx-community copy of microsoft/Phi-4-mini-instruct's config.json, whose
   quantization keys are left out here). "gemma-3-4b-text" is not a whole config.json:
-  it is Gemma 3 4B's text_config fields (the linear x8 global setting), wrapped as the
-  multimodal gemma3 config nests them, for the text_config path and the linear rule.
+  google/gemma-3-4b-pt's text_config gives hidden_size, intermediate_size,
+  num_hidden_layers, rope_scaling (linear x8) and sliding_window (1024); the other fields
+  are Gemma3TextConfig's defaults (configuration_gemma3.py) written out. It is wrapped as
+  the multimodal gemma3 config nests it, for the text_config path and the linear rule.
 
 `shrink(name)` keeps what the issue says must be kept and narrows the rest:
   - every layer kind of the real pattern: Gemma 2's (sliding, global) pair, Gemma 3's
@@ -261,9 +263,9 @@ def make_weights(config, rng):
 
     Matrices N(0, (c / sqrt(fan_in))^2) with c as tests/hf_fixture.py chooses it (q.k
     neither uniform nor one-hot, residual branches comparable to the embedding, logits
-    std ~2; the embedding doubles as the head, so Gemma's sqrt(hidden) multiplier only
-    scales what the first norm divides out again); Llama-style norm weights 1 + 0.1 N(0, 1), Gemma's (1 + w) norms w = 0.1 N;
-    Qwen2's biases 0.5 N (large enough to matter). Gemma 2 scales q and k up (c 6) so
+    std ~2, the same embedding matrix for Gemma, whose sqrt(hidden) multiplier makes the
+    residual stream's embedding part larger than the branches); Llama-style norm weights
+    1 + 0.1 N(0, 1), Gemma's (1 + w) norms w = 0.1 N; Qwen2's biases 0.5 N (large enough to matter). Gemma 2 scales q and k up (c 6) so
     that the attention soft-cap bites (without it the nll moves by ~3e-3; without the
     final cap by ~7e-2, test_family_reference.py checks both).
     """
