@@ -344,3 +344,16 @@ def test_gemma_embedding_scale_rounds_to_the_models_dtype():
     assert R.embed_scale(FF.shrink("Gemma-3-1B", dtype="BF16")) == 9.8125  # sqrt(96) = 9.798
     assert R.embed_scale(FF.shrink("Gemma-3-1B", dtype="F32")) == float(np.float32(math.sqrt(96)))
     assert R.embed_scale(FF.REAL_CONFIGS["Qwen3-0.6B"]) == 1.0
+
+
+def test_layer_settings_name_each_layers_rotation_and_window():
+    smol = R.layer_settings(FF.shrink("SmolLM3-3B"), 64)
+    assert [s["rotates"] for s in smol] == [True, True, True, False] and smol[3]["inv_freq"] is None
+    assert smol[0]["theta"] == 5e6 and smol[0]["rotated_pairs"] == 64 and smol[0]["window"] is None
+    gemma3 = R.layer_settings(FF.shrink("Gemma-3-1B"), 64)
+    assert [(s["theta"], s["window"]) for s in gemma3] == [(1e4, 8)] * 5 + [(1e6, None)]
+    phi4 = FF.shrink("Phi-4-mini")
+    short, long = R.layer_settings(phi4, 32)[0], R.layer_settings(phi4, 33)[0]
+    assert short["rotated_pairs"] == long["rotated_pairs"] == 48 and short["rope_type"] == "longrope"
+    assert short["attention_factor"] == long["attention_factor"] == pytest.approx(math.sqrt(2))
+    np.testing.assert_allclose(short["inv_freq"] / long["inv_freq"], FF.PHI4_LONG_FACTOR, rtol=1e-12)
