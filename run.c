@@ -66,9 +66,11 @@ enum { TOKEN_UNK = 0, TOKEN_BOS = 1, TOKEN_EOS = 2, TOKEN_BYTE0 = 3 }; // Senten
 // The context run uses when -c is not given: the file's seq_len, capped here. Models
 // now declare 32k to 131k positions, and the KV cache (float32 here) and the scores
 // grow with the context: Llama 3.1 8B's 131,072 positions would take 32 GiB of cache
-// before the first token. 4096 positions, Llama 2's and Phi-3-mini-4k's trained
-// length, hold any prompt and chat session of this teaching runner, and cost that
-// 8B model 1 GiB; -c N asks for more (the start-up line says when the cap applies).
+// before the first token. 4096 positions (Llama 2's and Phi-3-mini-4k's trained
+// length, and a common default context of local runners) hold a long prompt or a
+// chat session and cost that 8B model 1 GiB, within a laptop's memory; the stories
+// models (256 to 1024) are under the cap. -c N asks for more, up to what memory
+// allows; the start-up line says when the cap applies.
 #define DEFAULT_CONTEXT 4096
 
 // Where a model or tokenizer comes from, for the errors that say one is missing.
@@ -776,8 +778,9 @@ static int check_context_fits(const Config *c) {
     return 0;
 }
 
-// Allocates the state for the current config. Call again (after free_run_state)
-// when the rotary settings change, to rebuild the tables.
+// Allocates the state for the current config, c->seq_len positions of it (the
+// context in use: main checks first that it fits, check_context_fits). Call again
+// (after free_run_state) when the rotary settings change, to rebuild the tables.
 static int build_run_state(RunState *s, const Config *c) {
     memset(s, 0, sizeof(*s));
     size_t B = PREFILL_BLOCK, kv_dim = kv_dim_of(c);
@@ -3323,6 +3326,14 @@ int main(int argc, char *argv[]) {
     // the trained length (rope_original_len), which the header's seq_len gave
     int file_seq_len = c->seq_len;
     c->seq_len = context > 0 ? (int)context : file_seq_len < DEFAULT_CONTEXT ? file_seq_len : DEFAULT_CONTEXT;
+    // before anything is allocated: a context that does not fit is refused, as a bad
+    // command line when -c asked for it (exit 2), else as the file's (exit 1). -m rope
+    // and -m tokenize run no model: they allocate no run state and check nothing.
+    int needs_run_state = !is_rope && !is_tokenize;
+    if (needs_run_state && check_context_fits(c) != 0) {
+        if (context > 0) usage_error("-c %ld: %s", context, error_message);
+        runtime_error();
+    }
     fprintf(stderr,
             "run: %s (%s): dim %d, hidden %d, layers %d, heads %d/%d, vocab %d, context %d%s | rope theta %g%s, "
             "fraction %g%s (%d of %d pairs rotate), scaling %s, eps %g\n",
@@ -3330,11 +3341,7 @@ int main(int argc, char *argv[]) {
             c->n_kv_heads, c->vocab_size, c->seq_len, context_text(context > 0, file_seq_len), c->rope_theta,
             rope_theta > 0 ? " (command line)" : "", c->rope_fraction, rope_fraction >= 0 ? " (command line)" : "",
             rope_angles_of(c), head_size_of(c) / 2, rope_scaling_text(c), c->norm_eps);
-    // -m rope and -m tokenize run no model: no run state, and no memory to check
-    if (!is_rope && !is_tokenize) {
-        if (check_context_fits(c) != 0) runtime_error();
-        if (build_run_state(&transformer.state, c) != 0) runtime_error();
-    }
+    if (needs_run_state && build_run_state(&transformer.state, c) != 0) runtime_error();
     if (is_rope) {
         print_rope(c);
         free_transformer(&transformer);

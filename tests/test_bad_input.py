@@ -441,9 +441,9 @@ ROWS = [
                  id="prompt-3000-english-words-rejected-quickly"),
 
     # --- contexts that do not fit: 2^20 positions x 256 KiB is beyond the machine's memory (or, on a
-    # machine with more, run's 64 GiB bound); the default context (4096) and -c 64 run -------
-    ("context-beyond-memory", deep_model("-c", str(2**20)), 1, "a context of 1048576 positions"),
-    ("context-beyond-memory-ppl", deep_model("-m", "ppl", "-c", str(2**20 - 1)), 1, "a context of 1048575 positions"),
+    # machine with more, run's 64 GiB bound): -c asked for it, a bad command line (exit 2)
+    ("context-beyond-memory", deep_model("-c", str(2**20)), 2, "-c 1048576: a context of 1048576 positions"),
+    ("context-beyond-memory-ppl", deep_model("-m", "ppl", "-c", str(2**20 - 1)), 2, "a context of 1048575 positions"),
     ("context-cut-with-c", deep_model("-c", "64"), 0, None),
 
     # --- tiny vocabularies: token ids the model does not have --------------------------------

@@ -3,9 +3,10 @@
 The context in use is -c N, else the file's seq_len capped at 4096 positions (the
 start-up line says so). It sizes the KV cache, the attention scores and the RoPE
 tables; before allocating them run compares what they need with the machine's memory
-(physical, or a cgroup's limit) and refuses a context that does not fit: one line,
-exit 1, naming the size needed and the largest -c that fits. -m rope and -m tokenize
-run no model and allocate no run state.
+(physical, or a cgroup's limit) and refuses a context that does not fit: one line
+naming the size needed and the largest -c that fits, exit 2 when -c asked for it (a
+bad command line, as -c over the 64 GiB bound always was), 1 when the file's own
+context does not fit. -m rope and -m tokenize run no model and allocate no run state.
 
 The models are random ROPE files (tests/ropefile.py) with real models' context
 lengths and tiny widths, so that the run state, not the weights, is what is big.
@@ -69,15 +70,18 @@ def run_limited(*args, address_space=None, timeout=120):
     return result, usage.ru_maxrss * 1024  # Linux: kilobytes
 
 
-def error_line(r, code=1):
-    """The one error line of a failed run (and nothing on stderr but the start-up line)."""
+def error_line(r, code):
+    """The one error line of a failed run: alone on stderr for a usage error (exit 2), else
+    after the start-up line at most."""
     err = r.stderr.decode()
     assert r.returncode == code, err
     lines = err.splitlines()
     errors = [line for line in lines if line.startswith(ERROR)]
     assert len(errors) == 1, err
     assert all(STARTUP.match(line) for line in lines if not line.startswith(ERROR)), err
-    assert len(lines) <= 2, err
+    assert len(lines) <= (1 if code == 2 else 2), err
+    if code == 2:
+        assert r.stdout == b"", r.stdout
     return errors[0]
 
 
@@ -124,18 +128,19 @@ def test_c_rescues_a_file_whose_seq_len_is_over_the_64_gib_bound(models):
 
 
 def largest_c_in(line):
-    m = re.search(r"the largest -c (?:that fits|under it) is (\d+)$", line)
+    m = re.search(r"the largest -c (?:that fits|under it) is (\d+)", line)
     assert m, line
     return int(m.group(1))
 
 
 def test_c_beyond_the_machines_memory_is_refused_with_one_line(models):
     # 2^20 positions of the deep model need 256 GiB of KV cache: more than this machine's memory
-    # (or, on a machine with more, over run's 64 GiB bound); refused before anything is allocated
+    # (or, on a machine with more, over run's 64 GiB bound); refused before anything is allocated,
+    # as a bad command line
     r, _ = run_limited(models["deep"], "-z", TOK512, "-t", "0", "-n", "4", "-p", "Once", "-c", str(2**20),
                        address_space=None if SANITIZED else 256 << 20)
-    line = error_line(r, 1)
-    assert "a context of 1048576 positions" in line, line
+    line = error_line(r, 2)
+    assert "-c 1048576: a context of 1048576 positions" in line, line
     assert "out of memory" not in line
     m = re.search(r"more than the ([\d.]+) GiB of (physical memory|cgroup memory limit)", line)
     physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -161,7 +166,7 @@ def test_largest_c_that_fits_is_the_exact_boundary(models):
     # -c N (the largest the refusal names) passes the check and fails only where the allocation does,
     # here under a 256 MiB address-space limit; -c N + 1 is refused by the check itself
     r, _ = run_limited(models["deep"], "-m", "ppl", "-z", TOK512, "-p", "Once", "-c", str(2**20))
-    n = largest_c_in(error_line(r, 1))
+    n = largest_c_in(error_line(r, 2))
     if n >= 2**20 - 1:
         pytest.skip("this machine holds 2^20 positions of the deep model")
     fits, _ = run_limited(models["deep"], "-m", "ppl", "-z", TOK512, "-p", "Once", "-c", str(n),
@@ -169,7 +174,7 @@ def test_largest_c_that_fits_is_the_exact_boundary(models):
     assert "out of memory allocating the run state" in error_line(fits, 1)
     over, _ = run_limited(models["deep"], "-m", "ppl", "-z", TOK512, "-p", "Once", "-c", str(n + 1),
                           address_space=256 << 20)
-    line = error_line(over, 1)
+    line = error_line(over, 2)
     assert f"a context of {n + 1} positions" in line and largest_c_in(line) == n, line
 
 
