@@ -768,9 +768,9 @@ static int check_context_fits(const Config *c) {
     }
     if (largest > MAX_SEQ_LEN) largest = MAX_SEQ_LEN;
     if (memory > 0 && need > memory)
-        return fail("a context of %d positions needs %.2f GiB of memory (KV cache %.2f GiB), more than the %.2f GiB "
-                    "of %s; the largest -c that fits is %llu",
-                    c->seq_len, gib(need), gib(kv), gib(memory), what, (unsigned long long)largest);
+        return fail("a context of %d positions needs %.2f GiB of memory (KV cache %.2f GiB), more than the %s of "
+                    "%.2f GiB; the largest -c that fits is %llu",
+                    c->seq_len, gib(need), gib(kv), what, gib(memory), (unsigned long long)largest);
     if (kv > MAX_KV_CACHE_BYTES)
         return fail("a context of %d positions: the KV cache would need %.2f GiB, over run's bound of %.0f GiB; the "
                     "largest -c under it is %llu",

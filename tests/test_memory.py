@@ -145,7 +145,7 @@ def test_c_beyond_the_machines_memory_is_refused_with_one_line(models):
     line = error_line(r, 2)
     assert "-c 1048576: a context of 1048576 positions" in line, line
     assert "out of memory" not in line
-    m = re.search(r"more than the ([\d.]+) GiB of (physical memory|cgroup memory limit)", line)
+    m = re.search(r"more than the (?:physical memory|cgroup memory limit) of ([\d.]+) GiB", line)
     physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     if m:
         needed = re.search(r"needs ([\d.]+) GiB of memory \(KV cache ([\d.]+) GiB\)", line)
