@@ -724,7 +724,8 @@ static uint64_t cgroup_memory_limit(void) {
         } else {
             char *save = NULL;
             for (char *name = strtok_r(controllers, ",", &save); name; name = strtok_r(NULL, ",", &save))
-                if (strcmp(name, "memory") == 0) l = cgroup_file_limit("/sys/fs/cgroup/memory", path, "memory.limit_in_bytes");
+                if (strcmp(name, "memory") == 0)
+                    l = cgroup_file_limit("/sys/fs/cgroup/memory", path, "memory.limit_in_bytes");
         }
         if (l < limit) limit = l;
     }
@@ -778,9 +779,11 @@ static int check_context_fits(const Config *c) {
     return 0;
 }
 
-// Allocates the state for the current config, c->seq_len positions of it (the
-// context in use: main checks first that it fits, check_context_fits). Call again
-// (after free_run_state) when the rotary settings change, to rebuild the tables.
+// Allocates the state for the current config: c->seq_len positions, the context in
+// use, which main checks first (check_context_fits). run_state_fixed_floats and
+// run_state_floats_per_position count these arrays: one added here is added there.
+// Call again (after free_run_state) when the rotary settings change, to rebuild the
+// tables.
 static int build_run_state(RunState *s, const Config *c) {
     memset(s, 0, sizeof(*s));
     size_t B = PREFILL_BLOCK, kv_dim = kv_dim_of(c);
