@@ -58,7 +58,20 @@ enum { TOKEN_UNK = 0, TOKEN_BOS = 1, TOKEN_EOS = 2, TOKEN_BYTE0 = 3 }; // Senten
 #define MAX_LAYERS 1024
 #define MAX_VOCAB (1 << 22)
 #define MAX_SEQ_LEN (1 << 20)
+// A sanity bound on the KV cache of the context in use (not on the header's seq_len:
+// -c rescues a file that declares more). The machine's memory is checked as well
+// (check_context_fits); this bound stays for machines with more than it.
 #define MAX_KV_CACHE_BYTES (64ull << 30)
+
+// The context run uses when -c is not given: the file's seq_len, capped here. Models
+// now declare 32k to 131k positions, and the KV cache (float32 here) and the scores
+// grow with the context: Llama 3.1 8B's 131,072 positions would take 32 GiB of cache
+// before the first token. 4096 positions (Llama 2's and Phi-3-mini-4k's trained
+// length, and a common default context of local runners) hold a long prompt or a
+// chat session and cost that 8B model 1 GiB, within a laptop's memory; the stories
+// models (256 to 1024) are under the cap. -c N asks for more, up to what memory
+// allows; the start-up line says when the cap applies.
+#define DEFAULT_CONTEXT 4096
 
 // Where a model or tokenizer comes from, for the errors that say one is missing.
 #define WHERE_TO_GET_MODELS "models/ has stories260K.bin and tok512.bin; the README's \"Models\" says where to get more"
@@ -119,7 +132,7 @@ typedef struct {
     int n_heads;           // number of query heads
     int n_kv_heads;        // number of key/value heads (< n_heads: grouped-query attention)
     int vocab_size;        // vocabulary size
-    int seq_len;           // maximum sequence length
+    int seq_len;           // positions in the context in use: the header's seq_len until main sets it
     int shared_classifier; // 1: the classifier reuses the token embedding
     float norm_eps;        // RMSNorm epsilon
     float rope_theta;      // base wavelength theta of the rotary frequencies
@@ -299,11 +312,7 @@ static int validate_config(const Config *c) {
     if (!(c->rope_fraction >= 0 && c->rope_fraction <= 1))
         return fail("rope_fraction %g must be in [0, 1]", c->rope_fraction);
     if (validate_rope_scaling(c) != 0) return -1;
-    uint64_t kv_bytes = 2ull * c->n_layers * c->seq_len * (uint64_t)kv_dim_of(c) * sizeof(float);
-    if (kv_bytes > MAX_KV_CACHE_BYTES)
-        return fail("the KV cache would need %llu MiB (n_layers * seq_len * kv_dim too large)",
-                    (unsigned long long)(kv_bytes >> 20));
-    return 0;
+    return 0; // the KV cache is sized by the context in use, and checked there (check_context_fits)
 }
 
 // Number of floats in the weights, in the order our format stores them (without
@@ -655,8 +664,126 @@ static float *alloc_floats(size_t n) { return alloc_floats_aligned(n, 64); }
 // The KV cache asks for huge pages ("Making it fast").
 static float *alloc_floats_in_huge_pages(size_t n);
 
-// Allocates the state for the current config. Call again (after free_run_state)
-// when the rotary settings change, to rebuild the tables.
+// What build_run_state allocates, in floats: a fixed part (a block's activations and
+// logits) and a part per position of the context (the KV cache of every layer, a
+// block's scores, the RoPE tables), so that a context's needs are known before
+// anything is allocated.
+static uint64_t run_state_fixed_floats(const Config *c) {
+    uint64_t B = PREFILL_BLOCK, dim = c->dim, hidden = c->hidden_dim, kv_dim = kv_dim_of(c);
+    // x xb xb2 q q_head q_pairs, hb hb2, k v, logits, scratch
+    return B * (6 * dim + 2 * hidden + 2 * kv_dim + (uint64_t)c->vocab_size + (hidden > dim ? hidden : dim));
+}
+
+static uint64_t kv_cache_floats_per_position(const Config *c) { return 2ull * c->n_layers * kv_dim_of(c); }
+
+static uint64_t run_state_floats_per_position(const Config *c) {
+    uint64_t angles = rope_angles_of(c) > 0 ? rope_angles_of(c) : 1;
+    return kv_cache_floats_per_position(c) + (uint64_t)PREFILL_BLOCK * c->n_heads + 2 * angles;
+}
+
+// The smallest memory limit (a number in the file `file`) of a cgroup and its
+// parents: root is where the cgroup tree is mounted, path the cgroup's place in it.
+// "max" (cgroup v2's "no limit") does not parse as a number and limits nothing.
+static uint64_t cgroup_file_limit(const char *root, const char *path, const char *file) {
+    char dir[PATH_MAX], name[PATH_MAX + 64];
+    uint64_t limit = UINT64_MAX;
+    size_t root_len = strlen(root);
+    snprintf(dir, sizeof(dir), "%s%s", root, path);
+    for (;;) {
+        snprintf(name, sizeof(name), "%s/%s", dir, file);
+        FILE *f = fopen(name, "r");
+        unsigned long long value;
+        if (f) {
+            if (fscanf(f, "%llu", &value) == 1 && value < limit) limit = value;
+            fclose(f);
+        }
+        char *slash = strrchr(dir, '/');
+        if (strlen(dir) <= root_len || !slash) break;
+        *slash = '\0'; // up to the parent cgroup
+    }
+    return limit;
+}
+
+// The memory limit of the cgroup this process runs in (Linux), UINT64_MAX if none:
+// /proc/self/cgroup names it, "0::PATH" for cgroup v2 (limit in memory.max), or a
+// line whose controllers include "memory" for v1 (memory.limit_in_bytes).
+static uint64_t cgroup_memory_limit(void) {
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    if (!f) return UINT64_MAX;
+    char line[PATH_MAX + 128];
+    uint64_t limit = UINT64_MAX;
+    while (fgets(line, sizeof(line), f)) {
+        line[strcspn(line, "\n")] = '\0';
+        char *controllers = strchr(line, ':'), *path = controllers ? strchr(controllers + 1, ':') : NULL;
+        if (!path) continue;
+        *controllers++ = '\0';
+        *path++ = '\0';
+        uint64_t l = UINT64_MAX;
+        if (strcmp(line, "0") == 0 && controllers[0] == '\0') {
+            l = cgroup_file_limit("/sys/fs/cgroup", path, "memory.max");
+        } else {
+            char *save = NULL;
+            for (char *name = strtok_r(controllers, ",", &save); name; name = strtok_r(NULL, ",", &save))
+                if (strcmp(name, "memory") == 0)
+                    l = cgroup_file_limit("/sys/fs/cgroup/memory", path, "memory.limit_in_bytes");
+        }
+        if (l < limit) limit = l;
+    }
+    fclose(f);
+    return limit;
+}
+
+// The memory the run state may take: the machine's physical memory, or the cgroup's
+// limit where that is lower (a container's). 0 if unknown. *what names which.
+static uint64_t memory_limit(const char **what) {
+    long pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGESIZE);
+    uint64_t physical = pages > 0 && page_size > 0 ? (uint64_t)pages * (uint64_t)page_size : 0;
+    uint64_t cgroup = cgroup_memory_limit();
+    *what = "physical memory";
+    if (cgroup < physical || (physical == 0 && cgroup != UINT64_MAX)) {
+        *what = "cgroup memory limit";
+        return cgroup;
+    }
+    return physical;
+}
+
+static double gib(uint64_t bytes) { return bytes / (double)(1ull << 30); }
+
+// Checks, before anything is allocated, that the run state for the context in use
+// (c->seq_len positions) fits in memory and the KV cache under MAX_KV_CACHE_BYTES;
+// else fails naming the size needed and the largest -c that fits. The weights are not
+// counted: they are mapped from the file, pages the kernel can drop and read again,
+// while the run state is memory that has nowhere to go but swap.
+static int check_context_fits(const Config *c) {
+    uint64_t fixed = run_state_fixed_floats(c) * sizeof(float);
+    uint64_t per_position = run_state_floats_per_position(c) * sizeof(float);
+    uint64_t kv_per_position = kv_cache_floats_per_position(c) * sizeof(float);
+    uint64_t need = fixed + per_position * c->seq_len, kv = kv_per_position * c->seq_len;
+    const char *what;
+    uint64_t memory = memory_limit(&what);
+    // the largest context under both limits (the memory's, when known)
+    uint64_t largest = MAX_KV_CACHE_BYTES / kv_per_position;
+    if (memory > 0) {
+        uint64_t in_memory = memory > fixed ? (memory - fixed) / per_position : 0;
+        if (in_memory < largest) largest = in_memory;
+    }
+    if (largest > MAX_SEQ_LEN) largest = MAX_SEQ_LEN;
+    if (memory > 0 && need > memory)
+        return fail("a context of %d positions needs %.2f GiB of memory (KV cache %.2f GiB), more than the %s of "
+                    "%.2f GiB; the largest -c that fits is %llu",
+                    c->seq_len, gib(need), gib(kv), what, gib(memory), (unsigned long long)largest);
+    if (kv > MAX_KV_CACHE_BYTES)
+        return fail("a context of %d positions: the KV cache would need %.2f GiB, over run's bound of %.0f GiB; the "
+                    "largest -c under it is %llu",
+                    c->seq_len, gib(kv), gib(MAX_KV_CACHE_BYTES), (unsigned long long)largest);
+    return 0;
+}
+
+// Allocates the state for the current config: c->seq_len positions, the context in
+// use, which main checks first (check_context_fits). run_state_fixed_floats and
+// run_state_floats_per_position count these arrays: one added here is added there.
+// Call again (after free_run_state) when the rotary settings change, to rebuild the
+// tables.
 static int build_run_state(RunState *s, const Config *c) {
     memset(s, 0, sizeof(*s));
     size_t B = PREFILL_BLOCK, kv_dim = kv_dim_of(c);
@@ -2977,7 +3104,7 @@ static void usage(FILE *out) {
             "  -t FLOAT           temperature, >= 0 (default 1.0; 0 = greedy)\n"
             "  --top-p FLOAT      top-p (nucleus) sampling, in (0, 1] (default 0.9; 1 = off)\n"
             "  -s INT             random seed, >= 0 (default or 0: from the clock)\n"
-            "  -n INT             steps to run, >= 0 (default 256; 0 or > seq_len: seq_len);\n"
+            "  -n INT             steps to run, >= 0 (default 256; 0 or > the context: the context);\n"
             "                     in chat: tokens per reply (default 0: until EOS)\n"
             "  -z PATH            tokenizer (default tokenizer.bin)\n"
             "  -f PATH            text file to score (-m ppl)\n"
@@ -2988,7 +3115,8 @@ static void usage(FILE *out) {
             "                         trained length are handled (default: the file's)\n"
             "  --rope-factor FLOAT    the rule's factor s, >= 1\n"
             "  --rope-original-len N  the length the model was trained on (default: the file's)\n"
-            "  -c, --context N    positions in the context (default: the file's seq_len)\n"
+            "  -c, --context N    positions in the context (default: the file's seq_len, at most\n"
+            "                     %d); run refuses one that does not fit in memory\n"
             "  --csv PATH         write inspect's numbers (-m inspect) or each token's nll\n"
             "                     (-m ppl) as CSV\n"
             "  --no-cache         chat: recompute the whole transcript every turn\n"
@@ -2997,7 +3125,8 @@ static void usage(FILE *out) {
             "  -T INT             threads (default: OMP_NUM_THREADS or all cores)\n"
             "  -v                 print the generated token ids on stderr (chat: each turn's)\n"
             "  -h, --help         this help\n"
-            "Exit codes: 0 success, 1 bad input file or runtime error, 2 bad command line.\n");
+            "Exit codes: 0 success, 1 bad input file or runtime error, 2 bad command line.\n",
+            DEFAULT_CONTEXT);
 }
 
 static void usage_error(const char *fmt, ...) {
@@ -3087,6 +3216,17 @@ static const char *rope_scaling_text(const Config *c) {
     if (c->rope_scaling == ROPE_SCALING_NONE) return "none";
     snprintf(text, sizeof(text), "%s x%g (original length %d, attention factor %g)", rope_scaling_names[c->rope_scaling],
              c->rope_factor, c->rope_original_len, rope_attention_factor(c));
+    return text;
+}
+
+// After the context on the start-up line: where it came from, when not simply the
+// file's seq_len, e.g. " (-c; the file's 512)" or " (the file's 131072, capped: -c 131072 for all)".
+static const char *context_text(int from_flag, int file_seq_len) {
+    static char text[96];
+    text[0] = '\0';
+    if (from_flag) snprintf(text, sizeof(text), " (-c; the file's %d)", file_seq_len);
+    else if (file_seq_len > DEFAULT_CONTEXT)
+        snprintf(text, sizeof(text), " (the file's %d, capped: -c %d for all)", file_seq_len, file_seq_len);
     return text;
 }
 
@@ -3184,18 +3324,27 @@ int main(int argc, char *argv[]) {
     if (rope_theta > 0) c->rope_theta = rope_theta;
     if (rope_fraction >= 0) c->rope_fraction = rope_fraction;
     apply_rope_scaling_flags(c, scaling, rope_factor, (int)rope_original_len);
-    if (context > 0) {
-        c->seq_len = (int)context; // the rule stays relative to the trained length (rope_original_len)
-        if (validate_config(c) != 0) usage_error("-c %ld: %s", context, error_message);
+    // the context in use: -c, else the file's seq_len up to DEFAULT_CONTEXT. It sizes
+    // the KV cache, the scores and the RoPE tables; the scaling rule stays relative to
+    // the trained length (rope_original_len), which the header's seq_len gave
+    int file_seq_len = c->seq_len;
+    c->seq_len = context > 0 ? (int)context : file_seq_len < DEFAULT_CONTEXT ? file_seq_len : DEFAULT_CONTEXT;
+    // before anything is allocated: a context that does not fit is refused, as a bad
+    // command line when -c asked for it (exit 2), else as the file's (exit 1). -m rope
+    // and -m tokenize run no model: they allocate no run state and check nothing.
+    int needs_run_state = !is_rope && !is_tokenize;
+    if (needs_run_state && check_context_fits(c) != 0) {
+        if (context > 0) usage_error("-c %ld: %s", context, error_message);
+        runtime_error();
     }
-    if (build_run_state(&transformer.state, c) != 0) runtime_error();
     fprintf(stderr,
-            "run: %s (%s): dim %d, hidden %d, layers %d, heads %d/%d, vocab %d, seq %d | rope theta %g%s, "
+            "run: %s (%s): dim %d, hidden %d, layers %d, heads %d/%d, vocab %d, context %d%s | rope theta %g%s, "
             "fraction %g%s (%d of %d pairs rotate), scaling %s, eps %g\n",
             checkpoint_path, format_name(transformer.format), c->dim, c->hidden_dim, c->n_layers, c->n_heads,
-            c->n_kv_heads, c->vocab_size, c->seq_len, c->rope_theta, rope_theta > 0 ? " (command line)" : "",
-            c->rope_fraction, rope_fraction >= 0 ? " (command line)" : "", rope_angles_of(c), head_size_of(c) / 2,
-            rope_scaling_text(c), c->norm_eps);
+            c->n_kv_heads, c->vocab_size, c->seq_len, context_text(context > 0, file_seq_len), c->rope_theta,
+            rope_theta > 0 ? " (command line)" : "", c->rope_fraction, rope_fraction >= 0 ? " (command line)" : "",
+            rope_angles_of(c), head_size_of(c) / 2, rope_scaling_text(c), c->norm_eps);
+    if (needs_run_state && build_run_state(&transformer.state, c) != 0) runtime_error();
     if (is_rope) {
         print_rope(c);
         free_transformer(&transformer);

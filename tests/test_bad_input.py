@@ -181,6 +181,15 @@ def tiny_model(vocab_size, seq_len=16):
     return build
 
 
+def deep_model(*extra):
+    """1024 layers of one 32-dimension head, seq_len 2^20: 256 KiB of KV cache a position."""
+    def build(tmp):
+        model = write_random_checkpoint(Path(tmp) / "deep.bin", dim=32, hidden_dim=8, n_layers=1024, n_heads=1,
+                                        n_kv_heads=1, vocab_size=512, seq_len=2**20)
+        return gen(model, *extra)
+    return build
+
+
 def tiny_tokenizer(pieces, max_len=8):
     out = struct.pack("<i", max_len)
     for i, p in enumerate(pieces):
@@ -337,7 +346,9 @@ ROWS = [
     ("seq-len-zero", legacy(seq_len=0), 1, "seq_len = 0 is out of range"),
     ("seq-len-negative", legacy(seq_len=-1), 1, "seq_len = -1 is out of range"),
     ("seq-len-int-max", legacy(seq_len=2**31 - 1), 1, "seq_len = 2147483647 is out of range"),
-    ("kv-cache-absurd", legacy(n_layers=1024, seq_len=2**20), 1, "the KV cache would need"),
+    # the KV cache is sized by the context in use, after loading: a header claiming 1024 layers is
+    # refused on the file size it implies (tests/test_memory.py checks the cache's bound)
+    ("kv-cache-absurd", legacy(n_layers=1024, seq_len=2**20), 1, "but its header implies"),
     # every size at its maximum: the products overflow 32 bits (and legacy's freq_cis too)
     ("sizes-whose-products-overflow", legacy(dim=65536, hidden_dim=2**20, n_layers=1024, n_heads=2, n_kv_heads=2,
                                              vocab_size=2**22, seq_len=1), 1, "but its header implies"),
@@ -428,6 +439,12 @@ ROWS = [
     pytest.param("prompt-3000-english-words-rejected-quickly", story("-t", "0", "-p", LONG_ENGLISH), 1,
                  "more than the context of 512",
                  id="prompt-3000-english-words-rejected-quickly"),
+
+    # --- contexts that do not fit: 2^20 positions x 256 KiB is beyond the machine's memory (or, on a
+    # machine with more, run's 64 GiB bound): -c asked for it, a bad command line (exit 2)
+    ("context-beyond-memory", deep_model("-c", str(2**20)), 2, "-c 1048576: a context of 1048576 positions"),
+    ("context-beyond-memory-ppl", deep_model("-m", "ppl", "-c", str(2**20 - 1)), 2, "a context of 1048575 positions"),
+    ("context-cut-with-c", deep_model("-c", "64"), 0, None),
 
     # --- tiny vocabularies: token ids the model does not have --------------------------------
     # a character outside a vocabulary without byte pieces is <unk>, as in SentencePiece

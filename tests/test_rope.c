@@ -456,6 +456,51 @@ static void test_shifted_keys_equal_fresh_keys(const char *checkpoint, float fra
     free_transformer(&b);
 }
 
+// Writes text to dir/name (dir/name created as needed is the caller's job).
+static void write_text(const char *dir, const char *name, const char *text) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+// A cgroup's memory limit is the smallest of its own and its parents' (the kernel
+// enforces every ancestor's), "max" is none, and a cgroup with no file has none. A
+// tree made in a temporary directory stands in for /sys/fs/cgroup.
+static void test_cgroup_limit_is_the_smallest_of_its_ancestors(void) {
+    char root[] = "/tmp/test_rope_cgroupXXXXXX", a[PATH_MAX], b[PATH_MAX], c[PATH_MAX];
+    if (!mkdtemp(root)) {
+        check(0, "cgroup_limit_is_the_smallest_of_its_ancestors", "mkdtemp failed");
+        return;
+    }
+    snprintf(a, sizeof(a), "%s/a", root);
+    snprintf(b, sizeof(b), "%s/a/b", root);
+    snprintf(c, sizeof(c), "%s/a/b/c", root);
+    mkdir(a, 0700), mkdir(b, 0700), mkdir(c, 0700);
+    write_text(root, "memory.max", "max\n");
+    write_text(a, "memory.max", "3221225472\n"); // 3 GiB
+    write_text(b, "memory.max", "max\n");
+    write_text(c, "memory.max", "8589934592\n"); // 8 GiB, under a 3 GiB parent
+    uint64_t from_c = cgroup_file_limit(root, "/a/b/c", "memory.max"), from_b = cgroup_file_limit(root, "/a/b", "memory.max");
+    uint64_t from_root = cgroup_file_limit(root, "/", "memory.max"), missing = cgroup_file_limit(root, "/a", "nope");
+    char detail[200];
+    snprintf(detail, sizeof(detail), "c %llu, b %llu, root %llu, no file %llu (want 3 GiB, 3 GiB, none, none)",
+             (unsigned long long)from_c, (unsigned long long)from_b, (unsigned long long)from_root,
+             (unsigned long long)missing);
+    check(from_c == 3ull << 30 && from_b == 3ull << 30 && from_root == UINT64_MAX && missing == UINT64_MAX,
+          "cgroup_limit_is_the_smallest_of_its_ancestors", detail);
+    const char *dirs[] = {c, b, a, root};
+    for (int i = 0; i < 4; i++) {
+        char path[PATH_MAX + 16];
+        snprintf(path, sizeof(path), "%s/memory.max", dirs[i]);
+        remove(path);
+        rmdir(dirs[i]);
+    }
+}
+
 int main(int argc, char **argv) {
     test_rotation_equals_block_diagonal_matrix();
     test_score_depends_only_on_relative_position();
@@ -489,6 +534,7 @@ int main(int argc, char **argv) {
                                            "matmul_under_uneven_thread_split_equals_one_dot_per_row_bitwise_with_tail");
     test_uneven_split_keeps_matmul_bitwise(PREFETCH_MIN_ROW + 13, 251,
                                            "prefetching_matmul_under_uneven_thread_split_equals_one_dot_per_row_bitwise");
+    test_cgroup_limit_is_the_smallest_of_its_ancestors();
     if (argc > 1) {
         test_block_forward_equals_token_forward(argv[1]);
         test_fast_forward_equals_plain_forward(argv[1]);
