@@ -400,7 +400,7 @@ ROWS = [
     ("tokenizer-too-many-tokens", lambda tmp: gen(STORIES, tokenizer=LLAMA_TOKENIZER), 1,
      "has more than the model's 512 tokens"),
     ("tokenizer-too-few-tokens", vocab_1000_with_tok512, 1, "ends at token 512, but the model has 1000 tokens"),
-    ("tokenizer-is-a-checkpoint", lambda tmp: gen(STORIES, tokenizer=STORIES), 1, "token 2 has a bad length"),
+    ("tokenizer-is-a-checkpoint", lambda tmp: gen(STORIES, tokenizer=STORIES), 1, "has more than the model's 512 tokens"),
 
     # --- -f text file --------------------------------------------------------------------
     ("text-file-missing", lambda tmp: [STORIES, "-z", TOK512, "-m", "ppl", "-f", Path(tmp) / "nope.txt"], 1,
