@@ -3138,11 +3138,12 @@ static void print_error_line(const char *message, const char *suffix) {
 }
 
 static void usage_error(const char *fmt, ...) {
+    char message[2 * sizeof(error_message)]; // its arguments may include error_message
     va_list args;
     va_start(args, fmt);
-    vsnprintf(error_message, sizeof(error_message), fmt, args);
+    vsnprintf(message, sizeof(message), fmt, args);
     va_end(args);
-    print_error_line(error_message, " (run -h for usage)");
+    print_error_line(message, " (run -h for usage)");
     exit(EXIT_BAD_USAGE);
 }
 
