@@ -885,8 +885,6 @@ def hf_rope(config, head_dim, max_len):
     if not math.isfinite(f32(theta)):
         raise ExportError(f"partial_rotary_factor {f}: the equivalent theta {base}^{head_dim}/{rotary_dim} "
                           "overflows float32")
-    print(f"export.py: partial_rotary_factor {f} (GPT-NeoX semantics) stored exactly as p-RoPE "
-          f"with theta = {show(theta)}, p = {show(p)}", file=sys.stderr)
     return theta, p, scaling, rotary_dim
 
 
@@ -956,6 +954,10 @@ def read_hf(model_dir):
     if "lm_head.weight" not in files:
         c.shared_classifier = True  # no lm_head: the embedding is the classifier
     c.check()
+    if rotary_dim != c.head_dim:  # said once the checks passed: a refused file gets its one error line only
+        f = hf_rope_parameters(config)[3]
+        print(f"export.py: partial_rotary_factor {f} (GPT-NeoX semantics) stored exactly as p-RoPE "
+              f"with theta = {show(c.rope_theta)}, p = {show(c.rope_fraction)}", file=sys.stderr)
     order = pair_permutation(c.head_dim, rotary_dim)
     heads = {"wq": c.n_heads, "wk": c.n_kv_heads}
     tensors = {}
