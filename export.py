@@ -100,6 +100,10 @@ class ExportError(Exception):
     """A problem with the input: reported as one line, exit code EXIT_BAD_INPUT."""
 
 
+class FlagError(ExportError):
+    """A flag's value that the model refuses (found after reading it): one line, exit code EXIT_BAD_USAGE."""
+
+
 def warn(message):
     """Print one warning line on stderr."""
     print(f"export.py: warning: {message}", file=sys.stderr)
@@ -1140,6 +1144,11 @@ def export_checkpoint(args):
         c.rope_theta = args.rope_theta
     if args.rope_fraction is not None:
         c.rope_fraction = args.rope_fraction
+    if args.rope_theta is not None or args.rope_fraction is not None:
+        try:  # the file's values passed: a failure now is the flags' (a theta whose angles overflow)
+            c.check()
+        except ExportError as e:
+            raise FlagError(f"--rope-theta / --rope-fraction: {e}")
     if args.legacy:
         check_legacy(c)
         write_atomically(args.output, lambda f: write_legacy(f, c, tensors, args.output))
@@ -1346,6 +1355,9 @@ def main(argv=None):
             export_tokenizer(args.tokenizer, args.tokenizer_out)
         else:
             export_checkpoint(args)
+    except FlagError as e:
+        print(f"export.py: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return EXIT_BAD_USAGE
     except ExportError as e:
         message = str(e)
     except OSError as e:

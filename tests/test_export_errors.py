@@ -802,3 +802,15 @@ def test_unwritable_output_names_the_path_given(tmp_path, export_run, small_mode
     r = export_run(small_model, out)
     assert_fails(r, EXIT_BAD_INPUT, f"{out}: cannot write")
     assert ".tmp" not in r.stderr
+
+
+def test_rope_theta_flag_is_checked_against_the_model(tmp_path, export_run):
+    """Seam 1: --rope-theta was stored unchecked; a theta whose angles overflow run's tables is a flag error."""
+    model = write_hf(tmp_path / "m", config=hf_config(**WIDE_HEAD), weights=hf_weights(dim=64, heads=1, kv_heads=1))
+    assert export_run(model, tmp_path / "ok.bin").returncode == 0
+    r = export_run(tmp_path / "ok.bin", tmp_path / "out.bin", "--rope-theta", "1e-40")
+    assert_fails(r, EXIT_BAD_USAGE, "--rope-theta / --rope-fraction: rope_theta 9.99995e-41 is too small")
+    assert not os.path.exists(tmp_path / "out.bin")
+    # the same theta with no rotating pair is fine, and run loads it
+    r = export_run(tmp_path / "ok.bin", tmp_path / "p0.bin", "--rope-theta", "1e-40", "--rope-fraction", "0")
+    assert r.returncode == 0, r.stderr
