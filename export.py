@@ -623,7 +623,8 @@ def check_architecture(config):
         if arch not in SUPPORTED_MODEL_TYPES.values():
             raise ExportError(f"config.json: architecture {arch!r} is not supported (only "
                               f"{', '.join(SUPPORTED_MODEL_TYPES.values())})")
-    act = json_str(config, "hidden_act") or HF_DEFAULTS["hidden_act"]
+    act = json_str(config, "hidden_act")
+    act = HF_DEFAULTS["hidden_act"] if act is None else act
     if act != "silu":
         raise ExportError(f"config.json: hidden_act {act!r} is not supported (only 'silu': run.c's SwiGLU)")
     for key in ("attention_bias", "mlp_bias"):
@@ -676,8 +677,9 @@ def hf_rope_parameters(config):
     rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
     if any(isinstance(v, dict) for v in rope.values()):
         raise ExportError("config.json: per-layer-type rope_parameters are not supported")
-    rope_type = json_str(rope, "rope_type", "config.json: rope") or json_str(rope, "type", "config.json: rope") \
-        or "default"
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if not isinstance(rope_type, str):
+        raise ExportError(f"config.json: rope_type {json.dumps(rope_type)} must be a string")
 
     def pick(key, default):
         value = rope_value(config, rope, key)

@@ -667,6 +667,7 @@ def test_rope_file_with_reversed_yarn_betas_is_refused(tmp_path, export_run):
     ({"architectures": [["LlamaForCausalLM"]]}, ["architectures", "must be a list of strings"]),
     ({"model_type": ["llama"]}, ['model_type ["llama"] must be a string']),
     ({"hidden_act": 1}, ["hidden_act 1 must be a string"]),
+    ({"hidden_act": ""}, ["hidden_act '' is not supported"]),
     ({"head_dim": "4"}, ['head_dim "4" must be an integer or null']),
     ({"sliding_window": "4096"}, ['sliding_window "4096" must be an integer or null']),
     ({"rope_scaling": "yarn"}, ['rope_scaling "yarn" must be an object or null']),
