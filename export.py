@@ -74,6 +74,12 @@ HF_DEFAULTS = {  # transformers' LlamaConfig defaults for keys a config.json may
 }
 SUPPORTED_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
 INT32_MAX = 2**31 - 1
+# run.c's limits on the header (validate_config): a file beyond them would be written and then refused
+RUN_LIMITS = {"dim": 1 << 16, "hidden_dim": 1 << 20, "n_layers": 1024, "vocab_size": 1 << 22, "seq_len": 1 << 20}
+MIN_VOCAB = 3  # run.c needs the ids of <unk>, <s> and </s>
+MAX_ATTENTION_FACTOR = 100.0  # run.c's MAX_ROPE_ATTENTION_FACTOR: the scores scale by its square
+FLT_MAX = float(np.finfo(np.float32).max)
+MAX_PIECE_BYTES = 1024  # run.c's limit on llama2.c's max_token_length
 
 # The header's rope_scaling codes. 0 with rope_factor != 1 is linear too (files before the rule field).
 RULE_NONE, RULE_LINEAR, RULE_NTK, RULE_YARN, RULE_LLAMA3 = range(5)
@@ -92,6 +98,10 @@ PROGRESS_BYTES = 100_000_000  # writing a bigger file shows a progress line on s
 
 class ExportError(Exception):
     """A problem with the input: reported as one line, exit code EXIT_BAD_INPUT."""
+
+
+class FlagError(ExportError):
+    """A flag's value that the model refuses (found after reading it): one line, exit code EXIT_BAD_USAGE."""
 
 
 def warn(message):
@@ -160,20 +170,25 @@ class Config:
             raise TypeError(f"unknown rule fields {sorted(rule_fields)}")
 
     def check(self):
-        """Refuse sizes that cannot describe a model."""
+        """Refuse sizes that cannot describe a model, or that run.c does not load (RUN_LIMITS)."""
         sizes = ("dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len")
         for name in sizes:
             value = getattr(self, name)
             if not 0 < value <= INT32_MAX:
                 raise ExportError(f"{name} {value} must be a positive int32")
+            if value > RUN_LIMITS.get(name, INT32_MAX):
+                raise ExportError(f"{name} {value} is above run.c's limit of {RUN_LIMITS[name]}")
+        if self.vocab_size < MIN_VOCAB:
+            raise ExportError(f"vocab_size {self.vocab_size} is below {MIN_VOCAB}: run.c needs the ids of <unk>, "
+                              "<s> and </s>")
         if self.dim % self.n_heads:
             raise ExportError(f"dim {self.dim} is not a multiple of n_heads {self.n_heads}")
         if self.n_heads % self.n_kv_heads:
             raise ExportError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
         if self.head_dim % 2:
             raise ExportError(f"head_dim {self.head_dim} is odd: rotary pairs need an even head_dim")
-        if not (math.isfinite(self.norm_eps) and self.norm_eps > 0):
-            raise ExportError(f"norm_eps {self.norm_eps} must be finite and > 0")
+        if not (math.isfinite(f32(self.norm_eps)) and f32(self.norm_eps) > 0):
+            raise ExportError(f"norm_eps {self.norm_eps} must be finite and > 0 (in float32, as it is stored)")
         check_rope_values(self)
 
 
@@ -189,12 +204,15 @@ def check_rope_values(c):
     if not (math.isfinite(factor) and factor >= 1):
         raise ExportError(f"rope_factor {c.rope_factor} must be finite and >= 1 (in float32): every rule stretches "
                           "positions; run.c refuses a factor below 1")
-    if not (is_int(c.rope_original_len) and 0 <= c.rope_original_len <= INT32_MAX):
-        raise ExportError(f"rope_original_len {c.rope_original_len} must be an int32 >= 0")
+    if not (is_int(c.rope_original_len) and 0 <= c.rope_original_len <= RUN_LIMITS["seq_len"]):
+        raise ExportError(f"rope_original_len {c.rope_original_len} must be in [0, {RUN_LIMITS['seq_len']}] "
+                          "(0: seq_len; run.c's limit)")
     for name, owner, _ in RULE_FIELDS:
         value = f32(getattr(c, name))
         if not (math.isfinite(value) and value >= 0):
             raise ExportError(f"{name} {getattr(c, name)} must be finite and >= 0 (0: the default)")
+        if getattr(c, name) and not value:
+            raise ExportError(f"{name} {getattr(c, name)} is 0 in float32, which the format reads as the default")
         if value and owner is not None and c.rope_scaling != owner:
             raise ExportError(f"{name} is {show(value)}, but it belongs to {RULE_NAMES[owner]} and the rule is "
                               f"{RULE_NAMES[c.rope_scaling]} (it must be 0)")
@@ -204,6 +222,41 @@ def check_rope_values(c):
         high = f32(c.llama3_high_freq_factor) or defaults["llama3_high_freq_factor"]
         if not high > low:
             raise ExportError(f"llama3_high_freq_factor {show(high)} must be > llama3_low_freq_factor {show(low)}")
+    if c.rope_scaling == RULE_YARN:
+        defaults = {name: default for name, _, default in RULE_FIELDS}
+        fast = f32(c.yarn_beta_fast) or defaults["yarn_beta_fast"]
+        slow = f32(c.yarn_beta_slow) or defaults["yarn_beta_slow"]
+        if fast < slow:
+            raise ExportError(f"yarn_beta_fast {show(fast)} is below yarn_beta_slow {show(slow)}: the rule would "
+                              "divide the fast pairs and keep the slow ones (run.c refuses it)")
+    if f32(c.rope_attention_factor) > MAX_ATTENTION_FACTOR:
+        raise ExportError(f"rope_attention_factor {show(c.rope_attention_factor)} must be at most "
+                          f"{MAX_ATTENTION_FACTOR:g} (the attention scores are multiplied by its square; run.c's limit)")
+    check_rope_angles(c)
+
+
+def rotated_pairs(c):
+    """floor(p * head_dim / 2) as run.c's rope_angles_of counts it (p as float32, plus 1e-4 of a pair)."""
+    return min(math.floor(f32(c.rope_fraction) * (c.head_dim // 2) + 1e-4), c.head_dim // 2)
+
+
+def check_rope_angles(c):
+    """Refuse a theta so small that a rotated pair's angle overflows float32 in run.c's tables.
+
+    omega_i = theta^(-2i/head_dim) grows with i when theta < 1; run.c refuses a file
+    where (seq_len - 1) * omega_i is not finite in float32 for a rotated pair i. The
+    scaling rules only lower frequencies (ntk raises the base), so the unscaled ones
+    bound them. Checked in logarithms with a margin of 2, so that float32 rounding in
+    run.c cannot tip a file written here over its limit.
+    """
+    theta, pairs = f32(c.rope_theta), rotated_pairs(c)
+    if pairs < 1 or theta >= 1:
+        return
+    i = pairs - 1
+    log_angle = math.log(max(c.seq_len - 1, 1)) - 2 * i / c.head_dim * math.log(theta)
+    if log_angle >= math.log(FLT_MAX / 2):
+        raise ExportError(f"rope_theta {show(theta)} is too small: pair {i} would turn through an angle beyond "
+                          f"float32's range by position {c.seq_len - 1} (run.c refuses it)")
 
 
 def describe_rope(c):
@@ -403,6 +456,7 @@ class Safetensors:
         self.data_start, self.data_size = 8 + n, size - 8 - n
         for name, entry in entries.items():
             self.check_entry(name, entry)
+        self.check_layout(entries)
         self.entries = entries
         self.data = np.memmap(path, dtype=np.uint8, mode="r")
 
@@ -425,6 +479,27 @@ class Safetensors:
         expected = math.prod(shape) * SAFETENSORS_ITEMSIZE[dtype]
         if end - begin != expected:
             raise ExportError(f"{where}: {end - begin} bytes for shape {shape} of {dtype}, expected {expected}")
+
+    def check_layout(self, entries):
+        """Refuse data that the tensors do not tile exactly, as the safetensors format requires.
+
+        Sorted by offset, each tensor starts where the previous one ends, the first at 0,
+        and the last ends at the end of the file: an overlap would make one tensor a copy
+        of another's bytes, and a gap or trailing bytes are data no tensor names.
+        """
+        end, previous = 0, None
+        for name, entry in sorted(entries.items(), key=lambda item: tuple(item[1]["data_offsets"])):
+            begin, stop = entry["data_offsets"]
+            if begin < end:
+                raise ExportError(f"{self.path}: tensors {previous} and {name} overlap (data_offsets [{begin}, "
+                                  f"{stop}] start before {end}, where {previous} ends)")
+            if begin > end:
+                raise ExportError(f"{self.path}: {begin - end} bytes before tensor {name} belong to no tensor "
+                                  f"(data_offsets [{begin}, {stop}]; the format has no gaps)")
+            end, previous = stop, name
+        if end != self.data_size:
+            raise ExportError(f"{self.path}: {self.data_size - end} bytes after the last tensor's data belong to no "
+                              "tensor (the format has no trailing bytes)")
 
     def raw(self, name):
         """(dtype, array of the stored values) of a float tensor, without copying."""
@@ -491,6 +566,34 @@ def read_json(path):
 # Hugging Face config.json: sizes and rotary settings
 
 
+def json_bool(obj, key, default, where="config.json:"):
+    """obj[key] as a JSON boolean (default when absent or null); a string such as "false" is refused."""
+    value = obj.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ExportError(f"{where} {key} {json.dumps(value)} must be true or false (a JSON boolean)")
+    return value
+
+
+def json_str(obj, key, where="config.json:"):
+    """obj[key] as a JSON string, or None when absent or null."""
+    value = obj.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ExportError(f"{where} {key} {json.dumps(value)} must be a string")
+    return value
+
+
+def json_list(obj, key, where="config.json:"):
+    """obj[key] as a JSON list of strings ([] when absent or null)."""
+    value = obj.get(key)
+    if value is None:
+        return []
+    if not (isinstance(value, list) and all(isinstance(x, str) for x in value)):
+        raise ExportError(f"{where} {key} {json.dumps(value)} must be a list of strings")
+    return value
+
+
 def hf_int(config, key, default=None):
     """A positive integer from config.json (default when absent or null)."""
     value = config.get(key)
@@ -512,22 +615,26 @@ def hf_number(value, what):
 
 def check_architecture(config):
     """Refuse models that are not Llama-like (Llama and Mistral are)."""
-    model_type = config.get("model_type")
+    model_type = json_str(config, "model_type")
     if model_type is not None and model_type not in SUPPORTED_MODEL_TYPES:
         raise ExportError(f"config.json: model_type {model_type!r} is not supported (only "
                           f"{', '.join(SUPPORTED_MODEL_TYPES)})")
-    for arch in config.get("architectures") or []:
+    for arch in json_list(config, "architectures"):
         if arch not in SUPPORTED_MODEL_TYPES.values():
             raise ExportError(f"config.json: architecture {arch!r} is not supported (only "
                               f"{', '.join(SUPPORTED_MODEL_TYPES.values())})")
-    act = config.get("hidden_act", HF_DEFAULTS["hidden_act"])
+    act = json_str(config, "hidden_act")
+    act = HF_DEFAULTS["hidden_act"] if act is None else act
     if act != "silu":
         raise ExportError(f"config.json: hidden_act {act!r} is not supported (only 'silu': run.c's SwiGLU)")
     for key in ("attention_bias", "mlp_bias"):
-        if config.get(key):
+        if json_bool(config, key, False):
             raise ExportError(f"config.json: {key} is true; this format has no biases")
     window = config.get("sliding_window")
-    if is_int(window) and window < config.get("max_position_embeddings", HF_DEFAULTS["max_position_embeddings"]):
+    if window is not None and not is_int(window):
+        raise ExportError(f"config.json: sliding_window {json.dumps(window)} must be an integer or null")
+    if window is not None and window < hf_int(config, "max_position_embeddings",
+                                              HF_DEFAULTS["max_position_embeddings"]):
         warn(f"sliding_window {window} is ignored: run.c attends to the whole context")
 
 
@@ -543,11 +650,13 @@ def hf_config(config):
                n_kv_heads=hf_int(config, "num_key_value_heads", n_heads),
                vocab_size=hf_int(config, "vocab_size"),
                seq_len=hf_int(config, "max_position_embeddings", HF_DEFAULTS["max_position_embeddings"]),
-               shared_classifier=bool(config.get("tie_word_embeddings", False)),
+               shared_classifier=json_bool(config, "tie_word_embeddings", False),
                norm_eps=hf_number(config.get("rms_norm_eps", HF_DEFAULTS["rms_norm_eps"]), "rms_norm_eps"))
     if dim % n_heads:
         raise ExportError(f"config.json: hidden_size {dim} is not a multiple of num_attention_heads {n_heads}")
     head_dim = config.get("head_dim")
+    if head_dim is not None and not is_int(head_dim):
+        raise ExportError(f"config.json: head_dim {json.dumps(head_dim)} must be an integer or null")
     if head_dim is not None and head_dim != dim // n_heads:
         raise ExportError(f"config.json: head_dim {head_dim} differs from hidden_size / num_attention_heads = "
                           f"{dim // n_heads}; this format derives head_dim from dim / n_heads")
@@ -562,12 +671,15 @@ def hf_rope_parameters(config):
     transformers 5.x: a rope_parameters dict with rope_type, rope_theta and the rest.
     As in transformers' convert_rope_params_to_dict, a non-null rope_scaling wins.
     """
+    for key in ("rope_scaling", "rope_parameters"):
+        if config.get(key) is not None and not isinstance(config[key], dict):
+            raise ExportError(f"config.json: {key} {json.dumps(config[key])} must be an object or null")
     rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
-    if not isinstance(rope, dict):
-        raise ExportError(f"config.json: rope_scaling / rope_parameters {rope!r} is not an object")
     if any(isinstance(v, dict) for v in rope.values()):
         raise ExportError("config.json: per-layer-type rope_parameters are not supported")
     rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if not isinstance(rope_type, str):
+        raise ExportError(f"config.json: rope_type {json.dumps(rope_type)} must be a string")
 
     def pick(key, default):
         value = rope_value(config, rope, key)
@@ -672,7 +784,10 @@ def hf_yarn(config, rope, max_len):
     attention factor, when not given, is get_mscale(s, mscale) / get_mscale(s, mscale_all_dim)
     when both are set (non-zero), else get_mscale(s) = 0.1 ln s + 1 (stored as 0, the default).
     """
-    if not rope.get("truncate", True):
+    truncate = rope.get("truncate", True)  # transformers: a null truncate is false
+    if truncate is not None and not isinstance(truncate, bool):
+        raise ExportError(f"config.json: yarn truncate {json.dumps(truncate)} must be true or false (a JSON boolean)")
+    if not truncate:
         raise ExportError(f"config.json: yarn with \"truncate\": {json.dumps(rope['truncate'])} is not supported: "
                           "run.c's yarn floors and ceils the correction range (transformers' truncate: true)")
     original = hf_original_len(config, rope, "yarn", max_len)
@@ -691,15 +806,18 @@ def hf_yarn(config, rope, max_len):
     if not (math.isfinite(f32(factor)) and factor >= 1):
         raise ExportError(f"config.json: yarn factor {show(factor)} must be finite and >= 1")
     # transformers: rope.get("beta_fast") or 32, so 0 and null are the default too (stored as 0)
-    betas = {key: rope_number(rope, key, "yarn") if rope.get(key) else 0.0 for key in ("beta_fast", "beta_slow")}
+    betas = {key: rope_number(rope, key, "yarn", low_ok=True) if rope.get(key) is not None else 0.0
+             for key in ("beta_fast", "beta_slow")}
     if (betas["beta_fast"] or 32) < (betas["beta_slow"] or 1):
-        warn(f"yarn beta_fast {show(betas['beta_fast'] or 32)} is below beta_slow {show(betas['beta_slow'] or 1)} "
-             "(transformers warns too); stored as they are")
+        raise ExportError(f"config.json: yarn beta_fast {show(betas['beta_fast'] or 32)} is below beta_slow "
+                          f"{show(betas['beta_slow'] or 1)}: the rule would divide the fast pairs and keep the slow "
+                          "ones (transformers only warns; run.c refuses it)")
+    mscales = [rope_number(rope, key, "yarn", -math.inf) if rope.get(key) is not None else 0.0
+               for key in ("mscale", "mscale_all_dim")]
     if rope.get("attention_factor") is not None:
         attention = rope_number(rope, "attention_factor", "yarn")
-    elif rope.get("mscale") and rope.get("mscale_all_dim"):
-        mscale, mscale_all_dim = rope_number(rope, "mscale", "yarn", -math.inf), \
-            rope_number(rope, "mscale_all_dim", "yarn", -math.inf)
+    elif all(mscales):
+        mscale, mscale_all_dim = mscales
         denominator = yarn_mscale(factor, mscale_all_dim)
         attention = yarn_mscale(factor, mscale) / denominator if denominator else math.inf
         if not (math.isfinite(f32(attention)) and f32(attention) > 0):
@@ -773,8 +891,6 @@ def hf_rope(config, head_dim, max_len):
     if not math.isfinite(f32(theta)):
         raise ExportError(f"partial_rotary_factor {f}: the equivalent theta {base}^{head_dim}/{rotary_dim} "
                           "overflows float32")
-    print(f"export.py: partial_rotary_factor {f} (GPT-NeoX semantics) stored exactly as p-RoPE "
-          f"with theta = {show(theta)}, p = {show(p)}", file=sys.stderr)
     return theta, p, scaling, rotary_dim
 
 
@@ -844,6 +960,10 @@ def read_hf(model_dir):
     if "lm_head.weight" not in files:
         c.shared_classifier = True  # no lm_head: the embedding is the classifier
     c.check()
+    if rotary_dim != c.head_dim:  # said once the checks passed: a refused file gets its one error line only
+        f = hf_rope_parameters(config)[3]
+        print(f"export.py: partial_rotary_factor {f} (GPT-NeoX semantics) stored exactly as p-RoPE "
+              f"with theta = {show(c.rope_theta)}, p = {show(c.rope_fraction)}", file=sys.stderr)
     order = pair_permutation(c.head_dim, rotary_dim)
     heads = {"wq": c.n_heads, "wk": c.n_kv_heads}
     tensors = {}
@@ -979,19 +1099,36 @@ def write_legacy(f, c, tensors, path="-"):
         progress.close()
 
 
-def write_atomically(path, write):
-    """Call write(file) on a temporary file next to path, then rename it to path."""
-    if os.path.isdir(path):
+def output_target(path):
+    """The file an output path names: itself, or where its symlinks lead (written through).
+
+    Refuses an empty path, a directory, and anything that is not a regular file (a FIFO,
+    a device, a socket): the rename that makes the write atomic would replace it.
+    """
+    if path == "":
+        raise ExportError("the output path is empty")
+    target = os.path.realpath(path) if os.path.islink(path) else path
+    if os.path.isdir(target):
         raise ExportError(f"{path}: is a directory")
-    tmp = f"{path}.tmp{os.getpid()}"
+    if os.path.exists(target) and not os.path.isfile(target):
+        raise ExportError(f"{path}: is not a regular file (a FIFO, a device or a socket); write to a file")
+    return target
+
+
+def write_atomically(path, write):
+    """Call write(file) on a temporary file next to the output, then rename it to the output.
+
+    Every failure names the path the user gave, never the temporary file.
+    """
+    target = output_target(path)
+    tmp = f"{target}.tmp{os.getpid()}"
     try:
         try:
-            f = open(tmp, "wb")
+            with open(tmp, "wb") as f:
+                write(f)
+            os.replace(tmp, target)
         except OSError as e:
             raise ExportError(f"{path}: cannot write: {e.strerror}")
-        with f:
-            write(f)
-        os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
@@ -1009,6 +1146,11 @@ def export_checkpoint(args):
         c.rope_theta = args.rope_theta
     if args.rope_fraction is not None:
         c.rope_fraction = args.rope_fraction
+    if args.rope_theta is not None or args.rope_fraction is not None:
+        try:  # the file's values passed: a failure now is the flags' (a theta whose angles overflow)
+            c.check()
+        except ExportError as e:
+            raise FlagError(f"--rope-theta / --rope-fraction: {e}")
     if args.legacy:
         check_legacy(c)
         write_atomically(args.output, lambda f: write_legacy(f, c, tensors, args.output))
@@ -1104,6 +1246,15 @@ def read_sentencepiece(path):
     return pieces, bos_id, eos_id
 
 
+def check_piece(i, piece, score, max_bytes=MAX_PIECE_BYTES):
+    """(piece, score) of token i, checked as run.c reads it: at most max_bytes bytes, a finite float32 score."""
+    if len(piece) > max_bytes:
+        raise ExportError(f"tokenizer piece {i} has {len(piece)} bytes, more than run.c's limit of {max_bytes}")
+    if not math.isfinite(f32(score)):
+        raise ExportError(f"tokenizer piece {i} has the score {score}, which is not finite (in float32)")
+    return piece, score
+
+
 def export_tokenizer(model_path, out_path):
     """Write llama2.c's tokenizer.bin, as llama2.c's tokenizer.py export does."""
     try:
@@ -1116,8 +1267,10 @@ def export_tokenizer(model_path, out_path):
             text = "\n<s>\n"
         elif i == eos_id:
             text = "\n</s>\n"
-        tokens.append((text.replace(SPACE_MARK, " ").encode("utf-8"), score))
+        tokens.append(check_piece(i, text.replace(SPACE_MARK, " ").encode("utf-8"), score))
     max_token_length = max(len(b) for b, _ in tokens)
+    if max_token_length < 1:
+        raise ExportError(f"{model_path}: every piece is empty (run.c needs a max_token_length of at least 1)")
 
     def write(f):
         f.write(struct.pack("<i", max_token_length))
@@ -1204,6 +1357,9 @@ def main(argv=None):
             export_tokenizer(args.tokenizer, args.tokenizer_out)
         else:
             export_checkpoint(args)
+    except FlagError as e:
+        print(f"export.py: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return EXIT_BAD_USAGE
     except ExportError as e:
         message = str(e)
     except OSError as e:

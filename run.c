@@ -62,6 +62,13 @@ enum { TOKEN_UNK = 0, TOKEN_BOS = 1, TOKEN_EOS = 2, TOKEN_BYTE0 = 3 }; // Senten
 // -c rescues a file that declares more). The machine's memory is checked as well
 // (check_context_fits); this bound stays for machines with more than it.
 #define MAX_KV_CACHE_BYTES (64ull << 30)
+// cos and sin are multiplied by the attention factor, and so the attention scores
+// by its square: bounded so that the scores stay finite. Every rule's own factor
+// is below 10 (yarn's 0.1 ln s + 1 at the largest float32 s).
+#define MAX_ROPE_ATTENTION_FACTOR 100.0f
+// Threads (-T, OMP_NUM_THREADS): more than any machine this runs on has cores, and
+// few enough that the OpenMP runtime can start them.
+#define MAX_THREADS 1024
 
 // The context run uses when -c is not given: the file's seq_len, capped here. Models
 // now declare 32k to 131k positions, and the KV cache (float32 here) and the scores
@@ -289,9 +296,34 @@ static int validate_rope_scaling(const Config *c) {
         check_rope_parameter("llama3_low_freq_factor", c->llama3_low_freq_factor, llama3, c) ||
         check_rope_parameter("llama3_high_freq_factor", c->llama3_high_freq_factor, llama3, c))
         return -1;
+    if (c->rope_attention_factor > MAX_ROPE_ATTENTION_FACTOR)
+        return fail("rope_attention_factor %g must be at most %g (the attention scores are multiplied by its square)",
+                    c->rope_attention_factor, MAX_ROPE_ATTENTION_FACTOR);
     if (llama3 && llama3_high_freq(c) <= llama3_low_freq(c))
         return fail("llama3_high_freq_factor %g must be above llama3_low_freq_factor %g", llama3_high_freq(c),
                     llama3_low_freq(c));
+    // yarn keeps the pairs that turn more than beta_fast times over L and divides those
+    // below beta_slow: reversed, the rule would divide the fast pairs and keep the slow
+    if (yarn && yarn_beta_fast(c) < yarn_beta_slow(c))
+        return fail("yarn_beta_fast %g must not be below yarn_beta_slow %g", yarn_beta_fast(c), yarn_beta_slow(c));
+    return 0;
+}
+
+static float rope_frequency(const Config *c, int i);
+
+// The RoPE tables hold cos and sin of pos * omega_i for pos < seq_len. omega_i =
+// theta^(-2i/head_size) is at most 1 for theta >= 1, but a theta below 1 makes it
+// grow with i, and a tiny one (subnormal, say) makes it, or the angle at the last
+// position, infinite in float32, and then cos and sin NaN. The largest angle of pair
+// i is (seq_len - 1) * omega_i, computed as rope_build_tables computes it.
+static int check_rope_angles(const Config *c) {
+    int n_rotated = rope_angles_of(c);
+    for (int i = 0; i < n_rotated; i++) {
+        float omega = rope_frequency(c, i), angle = (float)(c->seq_len - 1) * omega;
+        if (!isfinite(omega) || !isfinite(angle))
+            return fail("rope_theta %g is too small: pair %d turns %g radians per token, and at position %d the "
+                        "angle is not finite in float32", c->rope_theta, i, omega, c->seq_len - 1);
+    }
     return 0;
 }
 
@@ -311,7 +343,7 @@ static int validate_config(const Config *c) {
         return fail("rope_theta %g must be finite and > 0", c->rope_theta);
     if (!(c->rope_fraction >= 0 && c->rope_fraction <= 1))
         return fail("rope_fraction %g must be in [0, 1]", c->rope_fraction);
-    if (validate_rope_scaling(c) != 0) return -1;
+    if (validate_rope_scaling(c) != 0 || check_rope_angles(c) != 0) return -1;
     return 0; // the KV cache is sized by the context in use, and checked there (check_context_fits)
 }
 
@@ -428,9 +460,10 @@ static void map_weights(TransformerWeights *w, const Config *c, CheckpointFormat
 }
 
 // Input files are opened and read by open_regular_file and read_whole_file
-// (Utilities, below).
+// (Utilities, below); check_tokenizer_start looks at a tokenizer's first bytes.
 static int open_regular_file(const char *path, const char *what, size_t *size);
 static char *read_whole_file(const char *path, const char *what, size_t *size);
+static int check_tokenizer_start(const char *path, int vocab_size);
 
 // Opens and maps a checkpoint. Nothing is allocated until the file size agrees
 // with the header.
@@ -1278,6 +1311,7 @@ static int build_tokenizer_from_memory(Tokenizer *t, const unsigned char *data, 
 static int build_tokenizer(Tokenizer *t, const char *path, int vocab_size) {
     memset(t, 0, sizeof(*t));
     size_t size = 0;
+    if (check_tokenizer_start(path, vocab_size) != 0) return -1;
     char *data = read_whole_file(path, "tokenizer ", &size);
     if (!data) return -1;
     int result = build_tokenizer_from_memory(t, (const unsigned char *)data, size, vocab_size, path);
@@ -1594,26 +1628,74 @@ static int open_regular_file(const char *path, const char *what, size_t *size) {
     return fd;
 }
 
+// Reads up to n bytes from fd into buffer; returns how many it read (fewer at the
+// end of the file), or -1 with errno set.
+static ssize_t read_fully(int fd, char *buffer, size_t n) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, buffer + got, n - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return -1;
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    return (ssize_t)got;
+}
+
+// Reads the first bytes of an input file (up to n, fewer when it is shorter) and
+// its size, so that a file of the wrong kind is refused before it is read whole.
+// Returns how many bytes it read, or -1 with an error.
+static ssize_t read_file_start(const char *path, const char *what, char *buffer, size_t n, size_t *size) {
+    int fd = open_regular_file(path, what, size);
+    if (fd < 0) return -1;
+    ssize_t got = read_fully(fd, buffer, n);
+    int error = errno;
+    close(fd);
+    if (got < 0) return fail("cannot read %s%s: %s", what, path, strerror(error));
+    return got;
+}
+
 // Reads a whole input file into memory, with a NUL after its last byte.
 static char *read_whole_file(const char *path, const char *what, size_t *size) {
     int fd = open_regular_file(path, what, size);
     if (fd < 0) return NULL;
-    char *data = malloc(*size + 1);
-    size_t got = 0;
-    while (data && got < *size) {
-        ssize_t n = read(fd, data + got, *size - got);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        got += (size_t)n;
+    char *data = *size < SIZE_MAX ? malloc(*size + 1) : NULL;
+    if (!data) {
+        close(fd);
+        fail("out of memory reading %s%s (%zu bytes)", what, path, *size);
+        return NULL;
     }
+    ssize_t got = read_fully(fd, data, *size);
+    int error = errno;
     close(fd);
-    if (!data || got != *size) {
+    if (got < 0 || (size_t)got != *size) {
         free(data);
-        fail("cannot read %s%s", what, path);
+        if (got < 0) fail("cannot read %s%s: %s", what, path, strerror(error));
+        else fail("cannot read %s%s: it has %zd bytes, not the %zu it had when opened", what, path, got, *size);
         return NULL;
     }
     data[*size] = '\0';
     return data;
+}
+
+// A tokenizer's first bytes, checked before it is read whole (a checkpoint of many
+// gigabytes given as -z is refused at once): llama2.c's tokenizer.bin starts with
+// max_token_length, 1..1024, and holds vocab_size records of a float32 score, an
+// int32 length and at most max_token_length bytes, so it is no larger than
+// 4 + vocab_size * (8 + max_token_length). The same messages as the full parse.
+static int check_tokenizer_start(const char *path, int vocab_size) {
+    unsigned char start[4];
+    size_t size = 0;
+    ssize_t got = read_file_start(path, "tokenizer ", (char *)start, sizeof(start), &size);
+    if (got < 0) return -1;
+    if (got < 4 || memcmp(start, "TOKN", 4) == 0) return 0; // too short, or the TOKN format: its parser checks
+    int max_len = read_i32(start);
+    if (max_len < 1 || max_len > 1024) return fail("tokenizer %s: max_token_length %d is out of range", path, max_len);
+    uint64_t largest = 4 + (uint64_t)vocab_size * (8 + (uint64_t)max_len);
+    if (size > largest)
+        return fail("tokenizer %s has more than the model's %d tokens (%zu bytes, where %d tokens of at most %d bytes "
+                    "take at most %llu)", path, vocab_size, size, vocab_size, max_len, (unsigned long long)largest);
+    return 0;
 }
 
 static double time_in_s(void) {
@@ -1633,12 +1715,15 @@ static int encode_prompt(const Tokenizer *tok, const char *text, int **tokens, i
     return 0;
 }
 
-// NaN or infinite weights in a checkpoint give non-finite logits: say so rather
-// than print garbage.
+// Non-finite logits: stop rather than print garbage. The RoPE tables are checked
+// finite when the settings are (check_rope_angles), so what is left is a NaN or an
+// infinity in the weights, or an activation beyond float32's range; which one, this
+// check does not know, and the message says so.
 static int check_logits(const float *logits, int vocab_size, int pos) {
     for (int i = 0; i < vocab_size; i++)
         if (!isfinite(logits[i]))
-            return fail("non-finite logits at position %d: the checkpoint's weights hold NaN or infinity", pos);
+            return fail("non-finite logits at position %d (logit %d is %g): the checkpoint's weights hold NaN or "
+                        "infinity, or the forward pass overflowed float32", pos, i, logits[i]);
     return 0;
 }
 
@@ -1804,7 +1889,10 @@ static int perplexity(Transformer *t, const Tokenizer *tok, const char *text, co
         result = score_window(t, window, len + 1, &total, csv);
         n_windows++;
     }
-    if (csv && fclose(csv) != 0 && result == 0) result = fail("cannot write %s", csv_path);
+    if (csv) {
+        int write_failed = ferror(csv); // a row that could not be written, before the last flush
+        if ((fclose(csv) != 0 || write_failed) && result == 0) result = fail("cannot write %s", csv_path);
+    }
     if (result == 0) {
         double seconds = time_in_s() - t0, nll = total / n_text;
         printf("tokens: %d\n", n_text);
@@ -1878,9 +1966,7 @@ static void print_inspect_report(const Config *c, const InspectStats *st) {
 // The CSV has two kinds of rows, told apart by the first column:
 //   chunk,layer,head,pair,frequency,q_norm,k_norm,rotated
 //   attention,layer,head,bos,current,previous
-static int write_inspect_csv(const char *path, const Config *c, const InspectStats *st) {
-    FILE *f = fopen(path, "w");
-    if (!f) return fail("cannot write %s: %s", path, strerror(errno));
+static int write_inspect_csv(FILE *f, const char *path, const Config *c, const InspectStats *st) {
     int pairs = head_size_of(c) / 2, rotated = rope_angles_of(c);
     double n = st->positions > 0 ? (double)st->positions : 1.0;
     double na = st->attn_positions > 0 ? (double)st->attn_positions : 1.0;
@@ -1897,7 +1983,22 @@ static int write_inspect_csv(const char *path, const Config *c, const InspectSta
             const double *a = st->attn + ((size_t)l * c->n_heads + h) * 3;
             fprintf(f, "attention,%d,%d,,,,,,%.9g,%.9g,%.9g\n", l, h, a[0] / na, a[1] / na, a[2] / na);
         }
-    if (fclose(f) != 0) return fail("cannot write %s", path);
+    return fflush(f) != 0 || ferror(f) ? fail("cannot write %s: %s", path, strerror(errno)) : 0;
+}
+
+// Every statistic is a sum of finite numbers unless the forward pass met a NaN or
+// an infinity: then inspect stops as generate and ppl do.
+static int check_inspect_stats(const Config *c, const InspectStats *st) {
+    size_t cells = (size_t)c->n_layers * c->n_heads, pairs = head_size_of(c) / 2;
+    for (size_t i = 0; i < cells * pairs; i++)
+        if (!isfinite(st->q_norm[i]) || !isfinite(st->k_norm[i]))
+            return fail("non-finite queries or keys in layer %zu, head %zu: the checkpoint's weights hold NaN or "
+                        "infinity, or the forward pass overflowed float32", i / pairs / c->n_heads,
+                        i / pairs % c->n_heads);
+    for (size_t i = 0; i < cells * 3; i++)
+        if (!isfinite(st->attn[i]))
+            return fail("non-finite attention weights in layer %zu, head %zu: the checkpoint's weights hold NaN or "
+                        "infinity, or the forward pass overflowed float32", i / 3 / c->n_heads, i / 3 % c->n_heads);
     return 0;
 }
 
@@ -1914,17 +2015,26 @@ static int inspect(Transformer *t, const Tokenizer *tok, const char *prompt, con
     st.q_norm = calloc(cells * (head_size_of(c) / 2), sizeof(double));
     st.k_norm = calloc(cells * (head_size_of(c) / 2), sizeof(double));
     st.attn = calloc(cells * 3, sizeof(double));
+    // the CSV is opened first, so that a path that cannot be written fails before the run
+    FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
     int result = 0;
-    if (!st.q_norm || !st.k_norm || !st.attn) {
+    if (csv_path && !csv) {
+        result = fail("cannot write %s: %s", csv_path, strerror(errno));
+    } else if (!st.q_norm || !st.k_norm || !st.attn) {
         result = fail("out of memory");
     } else {
         t->state.inspect = &st;
-        prefill(t, tokens, n, 0);
+        float *logits = prefill(t, tokens, n, 0);
         t->state.inspect = NULL;
-        printf("inspect: %d tokens\n", n);
-        print_inspect_report(c, &st);
-        if (csv_path) result = write_inspect_csv(csv_path, c, &st);
+        result = check_inspect_stats(c, &st);
+        if (result == 0) result = check_logits(logits, c->vocab_size, n - 1);
+        if (result == 0) {
+            printf("inspect: %d tokens\n", n);
+            print_inspect_report(c, &st);
+            if (csv) result = write_inspect_csv(csv, csv_path, c, &st);
+        }
     }
+    if (csv && fclose(csv) != 0 && result == 0) result = fail("cannot write %s: %s", csv_path, strerror(errno));
     free(st.q_norm);
     free(st.k_norm);
     free(st.attn);
@@ -1982,10 +2092,18 @@ typedef struct {
     int n_turns;
 } Conversation;
 
-// Reads one line from stdin without its line ending; NULL at end of input.
-static char *read_line(char **buffer, size_t *capacity) {
+// Reads one line from stdin without its line ending; NULL at end of input, and
+// NULL with *failed set for a line holding a NUL byte (a C string would end there,
+// cutting the line; -f refuses such text too).
+static char *read_line(char **buffer, size_t *capacity, int *failed) {
     ssize_t n = getline(buffer, capacity, stdin);
     if (n < 0) return NULL;
+    const char *nul = memchr(*buffer, '\0', (size_t)n);
+    if (nul) {
+        *failed = 1;
+        fail("a line of standard input contains a NUL byte at offset %zu of the line: not text", (size_t)(nul - *buffer));
+        return NULL;
+    }
     while (n > 0 && ((*buffer)[n - 1] == '\n' || (*buffer)[n - 1] == '\r')) (*buffer)[--n] = '\0';
     return *buffer;
 }
@@ -2178,8 +2296,8 @@ static int stream_reply(Transformer *t, const Tokenizer *tok, Sampler *sampler, 
 }
 
 // Reads the next user turn: -p first, then one line of stdin each, skipping empty
-// lines. NULL at end of input.
-static const char *next_user_turn(const ChatOptions *opt, int turn, char **line, size_t *line_cap) {
+// lines. NULL at end of input, or with *failed set on a line read_line refuses.
+static const char *next_user_turn(const ChatOptions *opt, int turn, char **line, size_t *line_cap, int *failed) {
     if (turn == 0 && opt->first_user && opt->first_user[0] != '\0') {
         if (opt->interactive) printf("User: %s\n", opt->first_user);
         return opt->first_user;
@@ -2189,7 +2307,7 @@ static const char *next_user_turn(const ChatOptions *opt, int turn, char **line,
             printf("User: ");
             fflush(stdout);
         }
-        const char *user = read_line(line, line_cap);
+        const char *user = read_line(line, line_cap, failed);
         if (!user || user[0] != '\0') return user;
     }
 }
@@ -2207,7 +2325,7 @@ static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOpti
     Conversation conv = {malloc((size_t)seq_len * sizeof(int)), 0, malloc((size_t)seq_len * sizeof(ChatTurn)), 0};
     char *line = NULL, *system_line = NULL;
     size_t line_cap = 0, system_cap = 0;
-    int turn = 0, result = 0;
+    int turn = 0, result = 0, failed = 0;
     if (!conv.tokens || !conv.turns) {
         free_conversation(&conv);
         return fail("out of memory");
@@ -2216,12 +2334,12 @@ static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOpti
     if (!opt.system_prompt && opt.interactive) {
         printf("System prompt (optional): ");
         fflush(stdout);
-        opt.system_prompt = read_line(&system_line, &system_cap);
+        opt.system_prompt = read_line(&system_line, &system_cap, &failed);
     }
-    while (1) {
+    while (!failed) {
         // 1. the user's turn
-        const char *user = next_user_turn(&opt, turn, &line, &line_cap);
-        if (!user) break; // end of input: the session ends cleanly
+        const char *user = next_user_turn(&opt, turn, &line, &line_cap, &failed);
+        if (!user) break; // end of input: the session ends cleanly (unless the line was refused)
 
         // 2. refuse a turn that leaves no room for a reply token even in an empty
         // context (where it would carry the system prompt)
@@ -2303,7 +2421,7 @@ static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOpti
     free(line);
     free(system_line);
     free_conversation(&conv);
-    return result;
+    return failed ? -1 : result;
 }
 
 // ----------------------------------------------------------------------------
@@ -3129,18 +3247,37 @@ static void usage(FILE *out) {
             DEFAULT_CONTEXT);
 }
 
+// Writes s with its control characters escaped (\n, \r, \t, \xNN), so that a path
+// or an argument that holds a newline cannot split the one line an error is.
+static void fputs_visible(const char *s, FILE *f) {
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '\n') fputs("\\n", f);
+        else if (*p == '\r') fputs("\\r", f);
+        else if (*p == '\t') fputs("\\t", f);
+        else if (*p < 0x20 || *p == 0x7f) fprintf(f, "\\x%02x", *p);
+        else fputc(*p, f);
+    }
+}
+
+// "run: error: MESSAGE SUFFIX" on stderr, one line whatever the message holds.
+static void print_error_line(const char *message, const char *suffix) {
+    fputs("run: error: ", stderr);
+    fputs_visible(message, stderr);
+    fprintf(stderr, "%s\n", suffix);
+}
+
 static void usage_error(const char *fmt, ...) {
+    char message[2 * sizeof(error_message)]; // its arguments may include error_message
     va_list args;
     va_start(args, fmt);
-    fprintf(stderr, "run: error: ");
-    vfprintf(stderr, fmt, args);
-    fprintf(stderr, " (run -h for usage)\n");
+    vsnprintf(message, sizeof(message), fmt, args);
     va_end(args);
+    print_error_line(message, " (run -h for usage)");
     exit(EXIT_BAD_USAGE);
 }
 
 static void runtime_error(void) {
-    fprintf(stderr, "run: error: %s\n", error_message);
+    print_error_line(error_message, "");
     exit(EXIT_BAD_INPUT);
 }
 
@@ -3148,20 +3285,68 @@ static void runtime_error(void) {
 // not exist, the line also says where to get one.
 static void file_error(void) {
     if (errno == ENOENT) {
-        fprintf(stderr, "run: error: %s (%s)\n", error_message, WHERE_TO_GET_MODELS);
+        print_error_line(error_message, " (" WHERE_TO_GET_MODELS ")");
         exit(EXIT_BAD_INPUT);
     }
     runtime_error();
 }
 
-// Parses a whole string as a finite float or exits with a usage error.
+// Every mode ends here: what it printed must have reached standard output (a full
+// disk, a closed pipe, /dev/full). fflush writes what is buffered; ferror remembers
+// an earlier write that failed.
+static void check_stdout(void) {
+    int flushed = fflush(stdout) == 0, error = errno;
+    if (!flushed || ferror(stdout)) {
+        fail("cannot write to standard output%s%s", flushed ? "" : ": ", flushed ? "" : strerror(error));
+        runtime_error();
+    }
+}
+
+// Parses a whole string as a finite float or exits with a usage error. strtof sets
+// ERANGE for a result too small to be normal too: a subnormal number (or one that
+// rounds to 0) is still the number the user wrote; only overflow is not.
 static float parse_float(const char *flag, const char *value) {
     char *end;
     errno = 0;
     float f = strtof(value, &end);
-    if (end == value || *end != '\0' || errno == ERANGE || !isfinite(f))
+    int overflow = errno == ERANGE && fabsf(f) >= FLT_MIN;
+    if (end == value || *end != '\0' || overflow || !isfinite(f))
         usage_error("%s expects a number, got '%s'", flag, value);
     return f;
+}
+
+// OMP_NUM_THREADS, as the OpenMP runtime reads it (a list for nested levels: the
+// first entry), under the same bounds as -T. 0 when it is not set.
+static long threads_from_environment(void) {
+    const char *value = getenv("OMP_NUM_THREADS");
+    if (!value || value[0] == '\0') return 0;
+    char *end;
+    errno = 0;
+    long n = strtol(value, &end, 10);
+    while (*end == ' ') end++;
+    if (end == value || (*end != '\0' && *end != ',') || errno == ERANGE)
+        usage_error("OMP_NUM_THREADS expects an integer, got '%s'", value);
+    if (n < 1 || n > MAX_THREADS) usage_error("OMP_NUM_THREADS must be in [1, %d], got %ld", MAX_THREADS, n);
+    return n;
+}
+
+// The threads to run on: -T, else OMP_NUM_THREADS, else the runtime's default (all
+// cores). More threads than the cores this process may use is allowed (they share
+// the cores, and run slower), but said.
+static void set_threads(long threads) {
+    long from_env = threads_from_environment(); // checked even where -T overrides it, or without OpenMP
+#ifdef _OPENMP
+    const char *source = threads > 0 ? "-T" : "OMP_NUM_THREADS";
+    if (threads == 0) threads = from_env;
+    if (threads == 0) return;
+    omp_set_num_threads((int)threads);
+    cpu_set_t allowed;
+    if (sched_getaffinity(0, sizeof(allowed), &allowed) == 0 && threads > CPU_COUNT(&allowed))
+        fprintf(stderr, "run: warning: %s asks for %ld threads, but this process may use %d cores\n", source,
+                threads, CPU_COUNT(&allowed));
+#else
+    (void)threads, (void)from_env; // a build without OpenMP runs on one thread
+#endif
 }
 
 static long parse_int(const char *flag, const char *value, long lo, long hi) {
@@ -3173,9 +3358,22 @@ static long parse_int(const char *flag, const char *value, long lo, long hi) {
     return v;
 }
 
-// Reads a text file whole. Text may not contain NUL bytes (they would end it early).
+// Reads a text file whole. Text may not contain NUL bytes (they would end it early);
+// its first TEXT_START_BYTES are checked before the whole is read, so that a binary
+// file of many gigabytes (a checkpoint, an image) is refused at once.
+#define TEXT_START_BYTES 65536
 static char *read_text_file(const char *path) {
     size_t size = 0;
+    char *start = malloc(TEXT_START_BYTES);
+    if (!start) {
+        fail("out of memory");
+        return NULL;
+    }
+    ssize_t got = read_file_start(path, "", start, TEXT_START_BYTES, &size);
+    const char *nul = got > 0 ? memchr(start, '\0', (size_t)got) : NULL;
+    if (nul) fail("%s contains a NUL byte at offset %zu: not a text file", path, (size_t)(nul - start));
+    free(start);
+    if (got < 0 || nul) return NULL;
     char *text = read_whole_file(path, "", &size);
     if (!text) return NULL;
     if (strlen(text) != size) {
@@ -3243,6 +3441,7 @@ int main(int argc, char *argv[]) {
         const char *arg = argv[i];
         if (strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0) {
             usage(stdout);
+            check_stdout();
             return EXIT_OK;
         }
         if (arg[0] != '-' || arg[1] == '\0') {
@@ -3289,7 +3488,7 @@ int main(int argc, char *argv[]) {
             if (!(rope_fraction >= 0 && rope_fraction <= 1)) usage_error("--rope-fraction must be in [0, 1], got %s", value);
         } else if (strcmp(arg, "-s") == 0) seed = parse_int(arg, value, 0, UINT_MAX);
         else if (strcmp(arg, "-n") == 0) { steps = parse_int(arg, value, 0, INT_MAX); steps_given = 1; }
-        else if (strcmp(arg, "-T") == 0) threads = parse_int(arg, value, 1, 1024);
+        else if (strcmp(arg, "-T") == 0) threads = parse_int(arg, value, 1, MAX_THREADS);
     }
     if (!checkpoint_path) usage_error("no checkpoint given");
     int is_generate = strcmp(mode, "generate") == 0, is_tokenize = strcmp(mode, "tokenize") == 0;
@@ -3311,11 +3510,7 @@ int main(int argc, char *argv[]) {
         usage_error("unknown --shift '%s' (recompute, rotate)", shift);
     int shift_rotate = shift && strcmp(shift, "rotate") == 0;
     if (shift_rotate && no_cache) usage_error("--shift rotate moves the cache, and --no-cache keeps none");
-#ifdef _OPENMP
-    if (threads > 0) omp_set_num_threads((int)threads);
-#else
-    (void)threads; // a build without OpenMP runs on one thread
-#endif
+    set_threads(threads);
 
     // 2. load the model; apply the rotary overrides before the RoPE tables are built
     Transformer transformer;
@@ -3324,11 +3519,15 @@ int main(int argc, char *argv[]) {
     if (rope_theta > 0) c->rope_theta = rope_theta;
     if (rope_fraction >= 0) c->rope_fraction = rope_fraction;
     apply_rope_scaling_flags(c, scaling, rope_factor, (int)rope_original_len);
+    // the header's settings passed: a failure now is the flags' (a smaller theta, or
+    // with --rope-fraction more pairs that rotate)
+    if (check_rope_angles(c) != 0) usage_error("%s: %s", rope_theta > 0 ? "--rope-theta" : "--rope-fraction", error_message);
     // the context in use: -c, else the file's seq_len up to DEFAULT_CONTEXT. It sizes
     // the KV cache, the scores and the RoPE tables; the scaling rule stays relative to
     // the trained length (rope_original_len), which the header's seq_len gave
     int file_seq_len = c->seq_len;
     c->seq_len = context > 0 ? (int)context : file_seq_len < DEFAULT_CONTEXT ? file_seq_len : DEFAULT_CONTEXT;
+    if (context > 0 && check_rope_angles(c) != 0) usage_error("-c %ld: %s", context, error_message);
     // before anything is allocated: a context that does not fit is refused, as a bad
     // command line when -c asked for it (exit 2), else as the file's (exit 1). -m rope
     // and -m tokenize run no model: they allocate no run state and check nothing.
@@ -3337,16 +3536,19 @@ int main(int argc, char *argv[]) {
         if (context > 0) usage_error("-c %ld: %s", context, error_message);
         runtime_error();
     }
+    fputs("run: ", stderr);
+    fputs_visible(checkpoint_path, stderr);
     fprintf(stderr,
-            "run: %s (%s): dim %d, hidden %d, layers %d, heads %d/%d, vocab %d, context %d%s | rope theta %g%s, "
+            " (%s): dim %d, hidden %d, layers %d, heads %d/%d, vocab %d, context %d%s | rope theta %g%s, "
             "fraction %g%s (%d of %d pairs rotate), scaling %s, eps %g\n",
-            checkpoint_path, format_name(transformer.format), c->dim, c->hidden_dim, c->n_layers, c->n_heads,
+            format_name(transformer.format), c->dim, c->hidden_dim, c->n_layers, c->n_heads,
             c->n_kv_heads, c->vocab_size, c->seq_len, context_text(context > 0, file_seq_len), c->rope_theta,
             rope_theta > 0 ? " (command line)" : "", c->rope_fraction, rope_fraction >= 0 ? " (command line)" : "",
             rope_angles_of(c), head_size_of(c) / 2, rope_scaling_text(c), c->norm_eps);
     if (needs_run_state && build_run_state(&transformer.state, c) != 0) runtime_error();
     if (is_rope) {
         print_rope(c);
+        check_stdout();
         free_transformer(&transformer);
         return EXIT_OK;
     }
@@ -3382,6 +3584,7 @@ int main(int argc, char *argv[]) {
         result = chat(&transformer, &tokenizer, &sampler, opt);
     }
     if (result != 0) runtime_error();
+    check_stdout();
 
     free_sampler(&sampler);
     free_tokenizer(&tokenizer);

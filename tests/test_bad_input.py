@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LLAMA_TOKENIZER, MODELS, RUN_BIN, STORIES, STORIES_V1, TOK512, run
+from conftest import LLAMA_TOKENIZER, MODELS, RUN_BIN, RUN_PREFIX, STORIES, STORIES_V1, TOK512, run
 from ropefile import header_bytes, write_random_checkpoint
 
 STARTUP = re.compile(r"^run: .+ \((llama2\.c legacy|llama2\.c v1|ROPE v1)\): dim \d+")
@@ -411,7 +411,7 @@ ROWS = [
     ("tokenizer-too-many-tokens", lambda tmp: gen(STORIES, tokenizer=LLAMA_TOKENIZER), 1,
      "has more than the model's 512 tokens"),
     ("tokenizer-too-few-tokens", vocab_1000_with_tok512, 1, "ends at token 512, but the model has 1000 tokens"),
-    ("tokenizer-is-a-checkpoint", lambda tmp: gen(STORIES, tokenizer=STORIES), 1, "token 2 has a bad length"),
+    ("tokenizer-is-a-checkpoint", lambda tmp: gen(STORIES, tokenizer=STORIES), 1, "has more than the model's 512 tokens"),
 
     # --- -f text file --------------------------------------------------------------------
     ("text-file-missing", lambda tmp: [STORIES, "-z", TOK512, "-m", "ppl", "-f", Path(tmp) / "nope.txt"], 1,
@@ -468,6 +468,113 @@ ROWS = [
     ("uniform-probabilities-top-p", story("-t", "1e30", "--top-p", "0.001", "-s", "1", "-n", "8"), 0, None),
 ]
 
+
+# ----------------------------------------------------------------------------
+# Seams between the parts (issue 32): values run accepted and then overflowed,
+# modes that printed NaN, lines split by what they echoed.
+
+def wide_head(*extra, **header):
+    """A random ROPE model with one 64-wide head (32 pairs: theta^(-62/64) overflows for a tiny theta)."""
+    def build(tmp):
+        model = write_random_checkpoint(Path(tmp) / "wide.bin", dim=64, hidden_dim=16, n_layers=1, n_heads=1,
+                                        n_kv_heads=1, vocab_size=512, seq_len=header.pop("seq_len", 64), **header)
+        return [model, "-z", TOK512, "-t", "0", "-n", "4", "-p", "Once", *extra]
+    return build
+
+
+def rope_float_at(tensor_offset, value, *extra):
+    """stories260K as ROPE with one weight replaced (tensor_offset: floats after the header)."""
+    def build(tmp):
+        argv = rope()(tmp)
+        data = bytearray(Path(argv[0]).read_bytes())
+        struct.pack_into("<f", data, 256 + 4 * tensor_offset, value)
+        Path(argv[0]).write_bytes(data)
+        return [argv[0], "-z", TOK512, *extra]
+    return build
+
+
+def sparse_file(name, size, start=b""):
+    """A file of `size` bytes that takes no disk: `start`, then a hole (zeros)."""
+    def make(tmp):
+        path = Path(tmp) / name
+        with open(path, "wb") as f:
+            f.write(start)
+            f.truncate(size)
+        return path
+    return make
+
+
+def sparse_tokenizer(size, start):
+    return lambda tmp: gen(STORIES, tokenizer=sparse_file("huge.tok", size, start)(tmp))
+
+
+def sparse_text(size, start):
+    return lambda tmp: [STORIES, "-z", TOK512, "-m", "ppl", "-f", sparse_file("huge.txt", size, start)(tmp)]
+
+
+STORIES_WQ = 512 * 64 + 5 * 64  # float offset of stories260K's wq in ROPE order (after the embedding, rms_att)
+STORIES_RMS_FINAL = 198112      # ... of rms_final (the last tensor: the file has 198176 floats)
+YARN = dict(rope_scaling=3, rope_scale=4.0)
+SEAM_ROWS = [
+    # seam 2: theta so small that the RoPE angles overflow float32, named where it comes from
+    ("rope-theta-subnormal-in-header", wide_head(rope_theta=1e-40), 1, "rope_theta 9.99995e-41 is too small: pair"),
+    ("rope-theta-smallest-subnormal-in-header", wide_head(rope_theta=1.4e-45), 1, "is too small: pair"),
+    ("rope-theta-normal-but-angle-overflows", wide_head(rope_theta=1e-37, seq_len=2**20), 1,
+     "at position 1048575 the angle is not finite"),
+    ("rope-theta-subnormal-in-header-rope-mode", wide_head("-m", "rope", rope_theta=1e-40), 1, "is too small"),
+    ("rope-theta-subnormal-flag", wide_head("--rope-theta", "1e-40"), 2, "--rope-theta: rope_theta 9.99995e-41 is too"),
+    ("rope-theta-subnormal-flag-rope-mode", wide_head("-m", "rope", "--rope-theta", "1e-41"), 2, "--rope-theta: "),
+    ("rope-fraction-flag-rotates-a-subnormal-theta", wide_head("--rope-fraction", "1", rope_theta=1e-40,
+                                                               rope_fraction=0.0), 2, "--rope-fraction: rope_theta"),
+    ("context-flag-overflows-the-angles", wide_head("-c", str(2**20), rope_theta=1e-37), 2, "-c 1048576: rope_theta"),
+    ("rope-attention-factor-huge", rope(**YARN, rope_attention_factor=1e30), 1,
+     "rope_attention_factor 1e+30 must be at most 100"),
+    ("rope-attention-factor-above-bound-linear", rope(rope_scaling=1, rope_scale=2.0, rope_attention_factor=101.0), 1,
+     "rope_attention_factor 101 must be at most 100"),
+    ("rope-attention-factor-huge-ppl", lambda tmp: [rope(**YARN, rope_attention_factor=3e38)(tmp)[0], "-z", TOK512,
+                                                     "-m", "ppl", "-p", "Once upon a time"], 1, "rope_attention_factor"),
+    # seam 3: NaN weights stop inspect (exit 1) as they stop generate and ppl
+    ("inspect-nan-in-wq", rope_float_at(STORIES_WQ + 7, float("nan"), "-m", "inspect", "-p", "Once upon"), 1,
+     "non-finite queries or keys in layer 0"),
+    ("inspect-inf-in-rms-final", rope_float_at(STORIES_RMS_FINAL + 3, float("inf"), "-m", "inspect", "-p", "Once"), 1,
+     "non-finite logits at position"),
+    ("generate-nan-in-wq", rope_float_at(STORIES_WQ, float("nan"), "-t", "0", "-n", "4", "-p", "Once"), 1,
+     "non-finite logits at position"),
+    ("ppl-inf-in-rms-final", rope_float_at(STORIES_RMS_FINAL, float("-inf"), "-m", "ppl", "-p", "Once upon"), 1,
+     "or the forward pass overflowed float32"),
+    # seam 4 (--csv): a file that cannot take the rows
+    ("ppl-csv-on-a-full-disk", story("-m", "ppl", "-p", "Once upon a time", "--csv", "/dev/full"), 1,
+     "cannot write /dev/full"),
+    ("inspect-csv-on-a-full-disk", story("-m", "inspect", "-p", "Once upon a time", "--csv", "/dev/full"), 1,
+     "cannot write /dev/full"),
+    # seam 6: yarn with beta_fast below beta_slow
+    ("yarn-beta-fast-below-beta-slow", rope(**YARN, yarn_beta_fast=1.0, yarn_beta_slow=2.0), 1,
+     "yarn_beta_fast 1 must not be below yarn_beta_slow 2"),
+    ("yarn-default-beta-fast-below-beta-slow", rope(**YARN, yarn_beta_slow=40.0), 1,
+     "yarn_beta_fast 32 must not be below yarn_beta_slow 40"),
+    ("yarn-beta-slow-above-default-fast-rope-mode", lambda tmp: [rope(**YARN, yarn_beta_slow=33.0)(tmp)[0], "-m", "rope"],
+     1, "must not be below yarn_beta_slow 33"),
+    ("yarn-equal-betas-allowed", rope(**YARN, yarn_beta_fast=4.0, yarn_beta_slow=4.0), 0, None),
+    # seam 8: a huge file of the wrong kind as -z or -f is refused from its first bytes
+    ("tokenizer-huge-checkpoint-magic", sparse_tokenizer(64 << 30, b"ROPE"), 1,
+     "max_token_length 1162891090 is out of range"),
+    ("tokenizer-huge-with-plausible-start", sparse_tokenizer(64 << 30, struct.pack("<i", 16)), 1,
+     "has more than the model's 512 tokens (68719476736 bytes"),
+    ("text-file-huge-binary", sparse_text(64 << 30, b""), 1, "contains a NUL byte at offset 0"),
+    ("text-file-huge-with-text-start", sparse_text(64 << 30, b"Once upon a time" * 100), 1,
+     "contains a NUL byte at offset 1600"),
+    # seam 12: control characters echoed in an error stay escaped in its one line
+    ("unknown-flag-with-newline", story("-x\nrun: error: forged"), 2, "unknown option '-x\\nrun: error: forged'"),
+    ("unknown-mode-with-escape", story("-m", "gen\x1b[31mred"), 2, "unknown mode 'gen\\x1b[31mred'"),
+    ("checkpoint-path-with-newline", lambda tmp: gen(Path(tmp) / "a\nb.bin"), 1, "a\\nb.bin"),
+    ("rope-scaling-with-tab", story("--rope-scaling", "ya\trn"), 2, "unknown --rope-scaling 'ya\\trn'"),
+    # seam 12: a subnormal number is a number
+    ("subnormal-rope-theta-flag-on-a-small-head", story("-m", "rope", "--rope-theta", "1e-40"), 0, None),
+    ("subnormal-temperature", story("-t", "1e-40", "-n", "4", "-p", "Once"), 0, None),
+    ("subnormal-top-p", story("--top-p", "1e-44", "-s", "3", "-n", "4", "-p", "Once"), 0, None),
+    ("underflow-to-zero-rope-theta", story("--rope-theta", "1e-50"), 2, "--rope-theta must be > 0, got 1e-50"),
+]
+ROWS += SEAM_ROWS
 
 PARAMS = [row if hasattr(row, "marks") else pytest.param(*row, id=row[0]) for row in ROWS]
 
@@ -556,3 +663,111 @@ def test_tiny_temperature_is_greedy_not_garbage():
     assert tiny.returncode in (0, 2)
     if tiny.returncode == 0:
         assert tiny.stdout == greedy.stdout
+
+
+# ----------------------------------------------------------------------------
+# Seams that need more than a command line: stdout, the environment, stdin
+
+
+FULL_DISK_MODES = {
+    "generate": story("-t", "0", "-n", "8", "-p", "Once"),
+    "tokenize": story("-m", "tokenize", "-p", "Once upon a time"),
+    "ppl": story("-m", "ppl", "-p", "Once upon a time"),
+    "inspect": story("-m", "inspect", "-p", "Once upon a time"),
+    "chat": story("-m", "chat", "-t", "0", "-n", "4", "-p", "Hello"),
+    "rope": args(STORIES, "-m", "rope"),
+    "help": args("-h"),
+}
+
+
+@pytest.mark.parametrize("mode", sorted(FULL_DISK_MODES))
+def test_every_mode_fails_when_stdout_is_a_full_disk(tmp_path, mode):
+    """/dev/full takes no byte: each mode says so in one line and exits 1, not 0 with an empty file."""
+    argv = [str(a) for a in FULL_DISK_MODES[mode](tmp_path)]
+    with open("/dev/full", "wb") as full:
+        r = subprocess.run(RUN_PREFIX + [RUN_BIN] + argv, stdout=full, stderr=subprocess.PIPE,
+                           stdin=subprocess.DEVNULL, timeout=120)
+    r.stdout = b""
+    # the modes' timing lines come before the end, where stdout is checked
+    r.stderr = b"".join(line for line in r.stderr.splitlines(keepends=True) if not line.startswith(b"timing: "))
+    check(r, 1, "cannot write to standard output", argv)
+
+
+def run_with_threads(value, *argv):
+    argv = [str(a) for a in argv]
+    return subprocess.run(RUN_PREFIX + [RUN_BIN] + argv, capture_output=True, stdin=subprocess.DEVNULL, timeout=60,
+                          env=dict(os.environ, OMP_NUM_THREADS=value)), argv
+
+
+@pytest.mark.parametrize("value, message", [("1025", "OMP_NUM_THREADS must be in [1, 1024], got 1025"),
+                                            ("100000", "OMP_NUM_THREADS must be in [1, 1024], got 100000"),
+                                            ("2000,1", "OMP_NUM_THREADS must be in [1, 1024], got 2000")])
+def test_omp_num_threads_is_capped_as_t_is(value, message):
+    """A huge OMP_NUM_THREADS crashed inside the OpenMP runtime; now it meets -T's bound and message."""
+    r, argv = run_with_threads(value, STORIES, "-z", TOK512, "-t", "0", "-n", "4", "-p", "Once")
+    check(r, 2, message, argv)
+    t = run(STORIES, "-z", TOK512, "-T", value.split(",")[0], "-p", "Once")
+    assert t.returncode == 2 and b"-T must be in [1, 1024]" in t.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "two"])
+def test_omp_num_threads_that_the_runtime_refuses_too(value):
+    """Values libgomp itself calls invalid (it prints its own line first, before main runs): exit 2 and our line."""
+    r, argv = run_with_threads(value, STORIES, "-z", TOK512, "-t", "0", "-n", "4", "-p", "Once")
+    assert r.returncode == 2, r.stderr
+    errors = [line for line in r.stderr.decode().splitlines() if line.startswith("run: error:")]
+    assert len(errors) == 1 and "OMP_NUM_THREADS" in errors[0], r.stderr
+    assert r.stdout == b""
+
+
+def test_more_threads_than_cores_runs_and_says_so():
+    cores = len(os.sched_getaffinity(0))
+    plain = run(STORIES, "-z", TOK512, "-t", "0", "-n", "12", "-p", "Once")
+    r, _ = run_with_threads(str(cores + 1), STORIES, "-z", TOK512, "-t", "0", "-n", "12", "-p", "Once")
+    assert r.returncode == 0 and r.stdout == plain.stdout
+    if "asan" not in Path(RUN_BIN).name:  # the sanitizer builds have no OpenMP: no threads to warn about
+        assert f"asks for {cores + 1} threads, but this process may use {cores} cores".encode() in r.stderr
+
+
+@pytest.mark.parametrize("stdin", [b"hello\0there\n", b"\0\0\0\n", b"Hi\nonce\0more\n", b"\0"],
+                         ids=["nul-inside", "line-of-nuls", "second-line", "nul-without-newline"])
+def test_chat_refuses_nul_bytes_as_f_does(stdin):
+    """Chat cut a line at a NUL byte and skipped a line of NULs; -f refuses NUL bytes, and so does chat."""
+    argv = [STORIES, "-z", TOK512, "-m", "chat", "-t", "0", "-n", "4"]
+    r = run(*argv, input=stdin)
+    check(r, 1, "a line of standard input contains a NUL byte at offset", argv)
+
+
+def test_inspect_refuses_an_unwritable_csv_before_the_run(tmp_path):
+    """The --csv path is opened first: nothing is computed or printed for a run that cannot be saved."""
+    argv = [STORIES, "-z", TOK512, "-m", "inspect", "-p", "Once upon a time", "--csv", tmp_path / "no" / "x.csv"]
+    r = run(*argv)
+    check(r, 1, "cannot write", argv)
+    assert r.stdout == b""
+
+
+@pytest.mark.skipif(SANITIZED, reason="sanitizers reserve terabytes of address space")
+def test_text_too_large_for_memory_says_out_of_memory(tmp_path):
+    """A text file that passes its first-bytes check but does not fit: "out of memory", not "cannot read"."""
+    path = sparse_file("big.txt", 1 << 30, b"Once upon a time " * 4096)(tmp_path)
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (512 << 20, 512 << 20))
+    argv = [str(a) for a in (STORIES, "-z", TOK512, "-m", "ppl", "-f", path)]
+    r = subprocess.run([RUN_BIN] + argv, capture_output=True, timeout=30, preexec_fn=limit,
+                       stdin=subprocess.DEVNULL, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    check(r, 1, f"out of memory reading {path} (1073741824 bytes)", argv)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_error_lines_stay_one_line_whatever_is_echoed(tmp_path, seed):
+    """Random control characters in a flag, a mode and a path: every error is one line, the bytes escaped."""
+    import random
+    rng = random.Random(seed)
+    junk = "".join(chr(rng.choice([*range(1, 32), 127, ord("x")])) for _ in range(12))
+    for argv, code in [([STORIES, "--" + junk], 2), ([STORIES, "-m", junk], 2),
+                       ([tmp_path / junk, "-z", TOK512], 1), ([STORIES, "-z", tmp_path / junk, "-p", "x"], 1)]:
+        r = run(*argv)
+        check(r, code, "", argv)
+        line = [x for x in r.stderr.decode().split("\n") if x.startswith("run: error:")][0]
+        assert not any(ord(ch) < 32 or ord(ch) == 127 for ch in line), line

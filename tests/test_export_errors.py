@@ -9,6 +9,7 @@ safetensors file is a u64 header length, a JSON header, then the raw data),
 with tiny sizes: dim 8, 2 heads of 4, 1 kv head, hidden 12, 1 layer, vocab 16.
 """
 
+import importlib.util
 import json
 import math
 import os
@@ -524,3 +525,293 @@ def test_rope_fraction_is_exact_in_float32(tmp_path):
     p = np.float32(header["rope_fraction"])
     assert math.floor(float(p) * 20 / 2) == 7 and math.floor(p * np.float32(10)) == 7
     assert p == np.nextafter(np.float32(0.7), np.float32(1))
+
+
+# ----------------------------------------------------------------------------
+# Seams between export.py and run (issue 32): what export.py writes, run loads
+
+
+_spec = importlib.util.spec_from_file_location("export_under_test", EXPORT)
+export_module = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(export_module)
+
+
+@pytest.fixture
+def export_run(capsys):
+    """export.py's main() in this process (no interpreter start per case), as a CompletedProcess."""
+    def call(*args):
+        try:
+            code = export_module.main([str(a) for a in args])
+        except SystemExit as e:  # a bad command line
+            code = e.code
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out, err)
+    return call
+
+
+def varint(n):
+    """Protobuf base-128 varint."""
+    out = b""
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out += bytes([byte | (0x80 if n else 0)])
+        if not n:
+            return out
+
+
+def sentencepiece_model(pieces, bos_id=None, eos_id=None):
+    """A SentencePiece ModelProto: field 1 {1: piece, 2: float32 score} per piece, and a TrainerSpec
+    (field 2) with bos_id (41) and eos_id (42) when given (negative ids as 10-byte varints)."""
+    spec = b"".join(bytes([0xc8 + 8 * (field - 41), 0x02]) + varint(value % 2**64)
+                    for field, value in ((41, bos_id), (42, eos_id)) if value is not None)
+    out = b"\x12" + varint(len(spec)) + spec if spec else b""
+    for text, score in pieces:
+        raw = text.encode() if isinstance(text, str) else text
+        piece = b"\x0a" + varint(len(raw)) + raw + b"\x15" + struct.pack("<f", score)
+        out += b"\x0a" + varint(len(piece)) + piece
+    return out
+
+
+WIDE_HEAD = {"hidden_size": 64, "num_attention_heads": 1, "num_key_value_heads": 1}
+
+
+def yarn(**keys):
+    return {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 8, **keys}}
+
+
+@pytest.mark.parametrize("change, words", [
+    # values that are fine as Python doubles but not as the float32 the header stores
+    ({"rms_norm_eps": 1e-50}, ["norm_eps 1e-50", "in float32"]),
+    ({"rope_theta": 1e-50}, ["rope_theta", "in float32"]),
+    (yarn(attention_factor=1e-50), ["rope_attention_factor 1e-50 is 0 in float32", "default"]),
+    (yarn(beta_fast=1e-50, beta_slow=1e-60), ["yarn_beta_fast 1e-50 is 0 in float32"]),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1e-300, "high_freq_factor": 4.0}},
+     ["llama3_low_freq_factor 1e-300 is 0 in float32"]),
+    # run.c's limits on the header
+    ({"max_position_embeddings": 2**21}, ["seq_len 2097152 is above run.c's limit of 1048576"]),
+    ({"hidden_size": 2**17, "num_attention_heads": 2**14, "num_key_value_heads": 2**14}, ["dim 131072", "limit"]),
+    ({"intermediate_size": 2**20 + 1}, ["hidden_dim 1048577 is above run.c's limit"]),
+    ({"vocab_size": 2}, ["vocab_size 2 is below 3"]),
+    ({"rope_scaling": {"rope_type": "linear", "factor": 2.0, "original_max_position_embeddings": 2**21}},
+     ["rope_original_len 2097152", "run.c's limit"]),
+    # a theta whose rotary angles overflow run.c's float32 tables (one 64-wide head: pair 31)
+    (dict(WIDE_HEAD, rope_theta=1e-40), ["rope_theta 9.99995e-41 is too small", "pair 31"]),
+    (dict(WIDE_HEAD, rope_theta=1e-37, max_position_embeddings=2**20), ["rope_theta 1e-37 is too small"]),
+    # an attention factor so large that the scores (scaled by its square) overflow
+    (yarn(attention_factor=1e30), ["rope_attention_factor 1e+30 must be at most 100"]),
+    (yarn(attention_factor=100.5), ["rope_attention_factor 100.5 must be at most 100"]),
+    (yarn(mscale=1e6, mscale_all_dim=1.0), ["rope_attention_factor", "must be at most 100"]),
+])
+def test_values_are_checked_as_stored_against_runs_limits(tmp_path, export_run, change, words):
+    """Seam 1: every value is checked as the float32 or int32 it is stored as, against the limits run applies."""
+    wide = change.get("hidden_size") == 64
+    model = write_hf(tmp_path / "m", config=hf_config(**change),
+                     weights=hf_weights(dim=64, heads=1, kv_heads=1) if wide else None)
+    r = export_run(model, tmp_path / "out.bin")
+    assert_fails(r, EXIT_BAD_INPUT, *words)
+    assert "wrote" not in r.stdout and not os.path.exists(tmp_path / "out.bin")
+
+
+@pytest.mark.parametrize("pieces, words", [
+    ([("<unk>", 0.0), ("<s>", 0.0), ("</s>", 0.0), ("a" * 1025, -1.0)], ["piece 3 has 1025 bytes", "limit of 1024"]),
+    ([("<unk>", 0.0), ("<s>", 0.0), ("</s>", 0.0), ("\u00e9" * 513, -1.0)], ["piece 3 has 1026 bytes"]),
+    ([("<unk>", 0.0), ("<s>", 0.0), ("</s>", 0.0), ("a", float("nan"))], ["piece 3 has the score nan"]),
+    ([("<unk>", 0.0), ("<s>", 0.0), ("</s>", 0.0), ("a", float("-inf"))], ["piece 3 has the score -inf"]),
+    ([("", 0.0), ("", 0.0), ("", 0.0), ("", 0.0)], ["every piece is empty"]),
+])
+def test_tokenizer_pieces_are_checked_as_run_reads_them(tmp_path, export_run, pieces, words):
+    """Seam 1: pieces longer than run accepts, and NaN or infinite scores, are refused, not written."""
+    model = tmp_path / "sp.model"
+    # no bos or eos (ids -1): none of the pieces becomes "\n<s>\n" or "\n</s>\n"
+    model.write_bytes(sentencepiece_model(pieces, bos_id=-1, eos_id=-1))
+    r = export_run("--tokenizer", model, "-o", tmp_path / "tok.bin")
+    assert_fails(r, EXIT_BAD_INPUT, *words)
+    assert not os.path.exists(tmp_path / "tok.bin")
+
+
+def test_longest_piece_run_accepts_is_written(tmp_path, export_run):
+    model = tmp_path / "sp.model"
+    model.write_bytes(sentencepiece_model([("<unk>", 0.0), ("<s>", 0.0), ("</s>", 0.0), ("a" * 1024, -1.0)]))
+    r = export_run("--tokenizer", model, "-o", tmp_path / "tok.bin")
+    assert r.returncode == 0, r.stderr
+    assert struct.unpack_from("<i", (tmp_path / "tok.bin").read_bytes())[0] == 1024
+
+
+@pytest.mark.parametrize("change, words", [
+    (yarn(beta_fast=1.0, beta_slow=2.0), ["yarn beta_fast 1 is below beta_slow 2"]),
+    (yarn(beta_slow=40.0), ["yarn beta_fast 32 is below beta_slow 40"]),
+    (yarn(beta_fast=0.5), ["yarn beta_fast 0.5 is below beta_slow 1"]),
+])
+def test_yarn_betas_in_the_wrong_order_are_refused(tmp_path, export_run, change, words):
+    """Seam 6: beta_fast below beta_slow inverts yarn's rule; refused as run refuses it (transformers only warns)."""
+    model = write_hf(tmp_path / "m", config=hf_config(**change))
+    assert_fails(export_run(model, tmp_path / "out.bin"), EXIT_BAD_INPUT, *words)
+
+
+def test_rope_file_with_reversed_yarn_betas_is_refused(tmp_path, export_run):
+    model = write_hf(tmp_path / "m", config=hf_config(**yarn(beta_fast=8.0, beta_slow=2.0)))
+    assert export_run(model, tmp_path / "ok.bin").returncode == 0
+    data = bytearray((tmp_path / "ok.bin").read_bytes())
+    struct.pack_into("<2f", data, 64, 2.0, 8.0)  # yarn_beta_fast, yarn_beta_slow swapped
+    (tmp_path / "bad.bin").write_bytes(data)
+    assert_fails(export_run(tmp_path / "bad.bin", tmp_path / "out.bin"), EXIT_BAD_INPUT,
+                 "yarn_beta_fast 2 is below yarn_beta_slow 8")
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"tie_word_embeddings": "false"}, ['tie_word_embeddings "false" must be true or false']),
+    ({"tie_word_embeddings": 0}, ["tie_word_embeddings 0 must be true or false"]),
+    ({"attention_bias": "no"}, ['attention_bias "no" must be true or false']),
+    ({"mlp_bias": []}, ["mlp_bias [] must be true or false"]),
+    ({"architectures": "LlamaForCausalLM"}, ['architectures "LlamaForCausalLM" must be a list of strings']),
+    ({"architectures": [["LlamaForCausalLM"]]}, ["architectures", "must be a list of strings"]),
+    ({"model_type": ["llama"]}, ['model_type ["llama"] must be a string']),
+    ({"hidden_act": 1}, ["hidden_act 1 must be a string"]),
+    ({"hidden_act": ""}, ["hidden_act '' is not supported"]),
+    ({"head_dim": "4"}, ['head_dim "4" must be an integer or null']),
+    ({"sliding_window": "4096"}, ['sliding_window "4096" must be an integer or null']),
+    ({"rope_scaling": "yarn"}, ['rope_scaling "yarn" must be an object or null']),
+    ({"rope_scaling": [], "rope_parameters": {"rope_type": "default"}}, ["rope_scaling [] must be an object"]),
+    ({"rope_parameters": 10000.0}, ["rope_parameters 10000.0 must be an object or null"]),
+    ({"rope_scaling": {"rope_type": 3, "factor": 2.0}}, ["rope_type 3 must be a string"]),
+    (yarn(truncate="true"), ['truncate "true" must be true or false']),
+    (yarn(beta_fast=False), ["beta_fast False is not a number"]),
+    (yarn(mscale="1", mscale_all_dim=1.0), ["mscale '1' is not a number"]),
+])
+def test_json_values_must_have_their_type(tmp_path, export_run, change, words):
+    """Seam 9: booleans are JSON booleans, lists lists, numbers numbers; anything else names the key."""
+    model = write_hf(tmp_path / "m", config=hf_config(**change), weights=hf_weights(tied=False))
+    r = export_run(model, tmp_path / "out.bin")
+    assert_fails(r, EXIT_BAD_INPUT, *words)
+
+
+def test_string_false_no_longer_ties_and_drops_lm_head(tmp_path, export_run):
+    """The reported case: "false" (truthy) exported as tied and dropped lm_head; a real false keeps it."""
+    weights = hf_weights(tied=False)
+    good = write_hf(tmp_path / "good", config=hf_config(tie_word_embeddings=False), weights=weights)
+    assert export_run(good, tmp_path / "good.bin").returncode == 0
+    assert read_rope_file(tmp_path / "good.bin")[0]["shared_classifier"] == 0
+
+
+def tensors_with_offsets(layout):
+    """A safetensors file of hf_weights() with each tensor's data_offsets changed by layout(entries, data)."""
+    weights = hf_weights()
+    header, data = {}, b""
+    for name, w in weights.items():
+        raw = w.astype("<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(w.shape), "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    data = layout(header, data)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def overlap(header, data):
+    """The last tensor's offsets moved onto its neighbour (same size): a silent copy of another tensor."""
+    names = sorted(header, key=lambda n: header[n]["data_offsets"])
+    a, b = header[names[-2]]["data_offsets"], header[names[-1]]["data_offsets"]
+    size = b[1] - b[0]
+    header[names[-1]]["data_offsets"] = [b[0] - 4, b[0] - 4 + size]
+    return data[:-4]
+
+
+def gap(header, data):
+    """Every tensor after the first moved 8 bytes on: 8 bytes no tensor names."""
+    first = min(header, key=lambda n: header[n]["data_offsets"])
+    begin = header[first]["data_offsets"][1]
+    for entry in header.values():
+        if entry["data_offsets"][0] >= begin:
+            entry["data_offsets"] = [o + 8 for o in entry["data_offsets"]]
+    return data[:begin] + bytes(8) + data[begin:]
+
+
+def trailing(header, data):
+    return data + bytes(16)
+
+
+@pytest.mark.parametrize("layout, words", [
+    (overlap, ["overlap"]),
+    (gap, ["8 bytes before tensor", "belong to no tensor"]),
+    (trailing, ["16 bytes after the last tensor's data belong to no tensor"]),
+])
+def test_safetensors_data_must_be_tiled_exactly(tmp_path, export_run, layout, words):
+    """Seam 10: overlapping or gapped data_offsets and trailing bytes are refused, as the format requires."""
+    model = write_hf(tmp_path / "m")
+    (model / "model.safetensors").write_bytes(tensors_with_offsets(layout))
+    assert_fails(export_run(model, tmp_path / "out.bin"), EXIT_BAD_INPUT, *words)
+
+
+def test_safetensors_header_order_does_not_matter(tmp_path, export_run):
+    """Tiling is checked by offset, not by the header's key order."""
+    model = write_hf(tmp_path / "m")
+
+    def reversed_keys(header, data):
+        items = list(header.items())[::-1]
+        header.clear()
+        header.update(items)
+        return data
+    (model / "model.safetensors").write_bytes(tensors_with_offsets(reversed_keys))
+    assert export_run(model, tmp_path / "out.bin").returncode == 0
+
+
+@pytest.fixture
+def small_model(tmp_path):
+    return write_hf(tmp_path / "m")
+
+
+def test_output_fifo_is_refused_not_replaced(tmp_path, export_run, small_model):
+    """Seam 11: a FIFO given as output was replaced by a regular file."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    assert_fails(export_run(small_model, fifo), EXIT_BAD_INPUT, f"{fifo}: is not a regular file")
+    assert os.path.exists(fifo) and not os.path.isfile(fifo)
+
+
+@pytest.mark.parametrize("device", ["/dev/null", "/dev/full"])
+def test_output_device_is_refused(tmp_path, export_run, small_model, device):
+    assert_fails(export_run(small_model, device), EXIT_BAD_INPUT, f"{device}: is not a regular file")
+
+
+def test_output_symlink_is_written_through(tmp_path, export_run, small_model):
+    """Seam 11: a symlink given as output stays a symlink; the file it names gets the checkpoint."""
+    direct = tmp_path / "direct.bin"
+    assert export_run(small_model, direct).returncode == 0
+    target, link = tmp_path / "target.bin", tmp_path / "link.bin"
+    target.write_bytes(b"old")
+    os.symlink(target.name, link)
+    r = export_run(small_model, link)
+    assert r.returncode == 0, r.stderr
+    assert os.path.islink(link) and target.read_bytes() == direct.read_bytes()
+    dangling = tmp_path / "dangling.bin"
+    os.symlink("new.bin", dangling)
+    assert export_run(small_model, dangling).returncode == 0
+    assert os.path.islink(dangling) and (tmp_path / "new.bin").read_bytes() == direct.read_bytes()
+
+
+def test_empty_output_path_is_named(tmp_path, export_run, small_model):
+    """Seam 11: an empty path gave an error naming a temporary file."""
+    (tmp_path / "sp.model").write_bytes(sentencepiece_model([("<unk>", 0.0), ("<s>", 0.0), ("</s>", 0.0)]))
+    for args in ([small_model, ""], ["--tokenizer", tmp_path / "sp.model", "-o", ""]):
+        r = export_run(*args)
+        assert_fails(r, EXIT_BAD_INPUT, "the output path is empty")
+        assert ".tmp" not in r.stderr
+
+
+def test_unwritable_output_names_the_path_given(tmp_path, export_run, small_model):
+    out = tmp_path / "no" / "such" / "dir" / "out.bin"
+    r = export_run(small_model, out)
+    assert_fails(r, EXIT_BAD_INPUT, f"{out}: cannot write")
+    assert ".tmp" not in r.stderr
+
+
+def test_rope_theta_flag_is_checked_against_the_model(tmp_path, export_run):
+    """Seam 1: --rope-theta was stored unchecked; a theta whose angles overflow run's tables is a flag error."""
+    model = write_hf(tmp_path / "m", config=hf_config(**WIDE_HEAD), weights=hf_weights(dim=64, heads=1, kv_heads=1))
+    assert export_run(model, tmp_path / "ok.bin").returncode == 0
+    r = export_run(tmp_path / "ok.bin", tmp_path / "out.bin", "--rope-theta", "1e-40")
+    assert_fails(r, EXIT_BAD_USAGE, "--rope-theta / --rope-fraction: rope_theta 9.99995e-41 is too small")
+    assert not os.path.exists(tmp_path / "out.bin")
+    # the same theta with no rotating pair is fine, and run loads it
+    r = export_run(tmp_path / "ok.bin", tmp_path / "p0.bin", "--rope-theta", "1e-40", "--rope-fraction", "0")
+    assert r.returncode == 0, r.stderr
