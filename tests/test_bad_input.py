@@ -27,7 +27,7 @@ import pytest
 from conftest import LLAMA_TOKENIZER, MODELS, RUN_BIN, STORIES, STORIES_V1, TOK512, run
 from ropefile import header_bytes, write_random_checkpoint
 
-STARTUP = re.compile(r"^run: .+ \((llama2\.c legacy|llama2\.c v1|ROPE v1)\): dim \d+")
+STARTUP = re.compile(r"^run: .+ \((llama2\.c legacy|llama2\.c v1|ROPE v1|ROPE v2 (f32|bf16|f16))\): dim \d+")
 SANITIZED = "san" in Path(RUN_BIN).name  # run-asan, run-ubsan: slower, and no RLIMIT_AS
 HANG_TIMEOUT = 1.0  # seconds (x3 under sanitizers) for the rows that used to hang
 HANG_ROWS = {"checkpoint-is-fifo", "tokenizer-is-fifo", "text-file-is-fifo",
@@ -312,7 +312,7 @@ ROWS = [
      "out of range"),
     ("v1-version-2", v1([(4, "<i", 2)]), 1, "llama2.c checkpoint version 2 is not supported"),
     ("v1-version-0", v1([(4, "<i", 0)]), 1, "version 0 is not supported"),
-    ("rope-version-2", rope([(4, "<i", 2)]), 1, "ROPE checkpoint version 2 is not supported"),
+    ("rope-version-3", rope([(4, "<i", 3)]), 1, "ROPE checkpoint version 3 is not supported (only 1 and 2)"),
     ("rope-version-negative", rope([(4, "<i", -1)]), 1, "ROPE checkpoint version -1 is not supported"),
 
     # --- header fields: zero, negative, absurdly large, inconsistent -----------------------

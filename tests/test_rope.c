@@ -207,8 +207,8 @@ static void test_matmul_kernels_agree(int n, int d, const char *close_name, cons
     unsigned long long rng = 5;
     random_vector(w, n * d, &rng);
     random_vector(x, n * B, &rng);
-    for (int b = 0; b < B; b++) matmul(one + b * d, x + b * n, w, n, d);
-    matmul_tiled(block, x, w, B, n, d, scratch);
+    for (int b = 0; b < B; b++) matmul(one + b * d, x + b * n, f32_matrix(w), n, d);
+    matmul_tiled(block, x, f32_matrix(w), B, n, d, scratch);
     double worst = 0;
     for (int b = 0; b < B; b++)
         for (int i = 0; i < d; i++) {
@@ -231,6 +231,122 @@ static void test_matmul_kernels_agree(int n, int d, const char *close_name, cons
     free(one);
     free(block);
     free(scratch);
+}
+
+// The 16-bit weight types, widened by the definitions (IEEE 754 binary16; bf16 the
+// top half of a binary32), in double arithmetic, independently of run.c's widen():
+// sign s, exponent field e, fraction f of `fraction_bits` bits, exponent bias `bias`.
+static double widened_by_definition(unsigned s, unsigned e, unsigned f, int fraction_bits, int bias) {
+    double magnitude = e == 0 ? ldexp(f, 1 - bias - fraction_bits)                           // subnormal
+                              : ldexp((double)f + ldexp(1, fraction_bits), (int)e - bias - fraction_bits);
+    return s ? -magnitude : magnitude;
+}
+
+// every one of the 65536 f16 values: f16_to_f32 (the plain path) gives the value of
+// the definition (inf as inf; NaN as a quiet NaN), and the SIMD widening gives the
+// same bits
+static void test_f16_widening_is_exact_for_every_half(void) {
+    int exact = 1, lanes_agree = 1;
+    for (unsigned h = 0; h < 65536; h++) {
+        unsigned s = h >> 15, e = (h >> 10) & 31, f = h & 1023;
+        float got = f16_to_f32((uint16_t)h);
+        uint32_t bits;
+        memcpy(&bits, &got, sizeof(bits));
+        if (e == 31 && f != 0) exact &= isnan(got) && (bits & 0x400000u) && (bits >> 31) == s;
+        else if (e == 31) exact &= isinf(got) && (got < 0) == (s == 1);
+        else exact &= (double)got == widened_by_definition(s, e, f, 10, 15) && (bits >> 31) == s; // -0 keeps its sign
+    }
+#ifdef USE_SIMD
+    uint16_t halves[8];
+    float lanes[8];
+    for (unsigned h = 0; h < 65536; h += 8) {
+        for (unsigned l = 0; l < 8; l++) halves[l] = (uint16_t)(h + l);
+        lanes_store(lanes, lanes_load_weights(halves, 0, WEIGHT_F16));
+        for (unsigned l = 0; l < 8; l++) {
+            float plain = f16_to_f32(halves[l]);
+            lanes_agree &= memcmp(&plain, &lanes[l], sizeof(float)) == 0;
+        }
+    }
+#endif
+    check(exact, "f16_widening_equals_the_ieee_definition_for_every_half", "a value differs");
+    check(lanes_agree, "f16_simd_widening_equals_plain_widening_bitwise_for_every_half", "a lane differs");
+}
+
+// every bf16 value: the plain and the SIMD widening give its float32 (the bits
+// shifted up), by the definition for the finite ones
+static void test_bf16_widening_is_exact_for_every_value(void) {
+    int exact = 1, lanes_agree = 1;
+    for (unsigned h = 0; h < 65536; h++) {
+        unsigned s = h >> 15, e = (h >> 7) & 255, f = h & 127;
+        float got = bf16_to_f32((uint16_t)h);
+        if (e != 255) exact &= (double)got == widened_by_definition(s, e, f, 7, 127);
+        else exact &= f ? isnan(got) : isinf(got);
+    }
+#ifdef USE_SIMD
+    uint16_t values[8];
+    float lanes[8];
+    for (unsigned h = 0; h < 65536; h += 8) {
+        for (unsigned l = 0; l < 8; l++) values[l] = (uint16_t)(h + l);
+        lanes_store(lanes, lanes_load_weights(values, 0, WEIGHT_BF16));
+        for (unsigned l = 0; l < 8; l++) {
+            float plain = bf16_to_f32(values[l]);
+            lanes_agree &= memcmp(&plain, &lanes[l], sizeof(float)) == 0;
+        }
+    }
+#endif
+    check(exact, "bf16_widening_equals_the_definition_for_every_value", "a value differs");
+    check(lanes_agree, "bf16_simd_widening_equals_plain_widening_bitwise_for_every_value", "a lane differs");
+}
+
+// Random finite 16-bit weights of `type` and their values by the definition, as
+// float32 (exact: every such value is a float32). f16 exponents 0..16 (subnormals
+// included, magnitudes below 4); bf16 exponents 0 (subnormal) and 112..128.
+static void random_16bit_weights(uint16_t *h, float *widened, size_t count, WeightType type, unsigned long long *rng) {
+    for (size_t i = 0; i < count; i++) {
+        unsigned r = random_u32(rng), s = r & 1, e, f;
+        if (type == WEIGHT_F16) {
+            e = (r >> 1) % 17, f = (r >> 6) & 1023;
+            h[i] = (uint16_t)(s << 15 | e << 10 | f);
+            widened[i] = (float)widened_by_definition(s, e, f, 10, 15);
+        } else {
+            e = (r >> 1) % 18, f = (r >> 6) & 127;
+            e = e == 0 ? 0 : e + 111;
+            h[i] = (uint16_t)(s << 15 | e << 7 | f);
+            widened[i] = (float)widened_by_definition(s, e, f, 7, 127);
+        }
+    }
+}
+
+// A 16-bit matrix computes the bits of the float32 matrix holding its widened
+// weights: matmul (decode rows, threads), matmul_tiled (prefill tiles) and the plain
+// loops (use_fast_kernels = 0), against matmul on the float32 matrix.
+static void test_16bit_matmul_equals_widened_f32(WeightType type, int n, int d, const char *what) {
+    int B = 19;
+    uint16_t *h = malloc(sizeof(uint16_t) * n * d);
+    float *w = malloc(sizeof(float) * n * d), *x = malloc(sizeof(float) * n * B);
+    float *ref = malloc(sizeof(float) * d * B), *one = malloc(sizeof(float) * d * B);
+    float *block = malloc(sizeof(float) * d * B), *plain = malloc(sizeof(float) * d * B);
+    float *scratch = malloc(sizeof(float) * n * (B + TILE_TOKENS));
+    unsigned long long rng = 17;
+    random_16bit_weights(h, w, (size_t)n * d, type, &rng);
+    random_vector(x, n * B, &rng);
+    Matrix m = {h, type};
+    for (int b = 0; b < B; b++) matmul(ref + b * d, x + b * n, f32_matrix(w), n, d);
+    for (int b = 0; b < B; b++) matmul(one + b * d, x + b * n, m, n, d);
+    matmul_tiled(block, x, m, B, n, d, scratch);
+    use_fast_kernels = 0;
+    for (int b = 0; b < B; b++) matmul(plain + b * d, x + b * n, m, n, d);
+    use_fast_kernels = 1;
+    size_t bytes = sizeof(float) * d * B;
+    int decode = memcmp(ref, one, bytes) == 0, prefill = memcmp(ref, block, bytes) == 0;
+    int plain_same = memcmp(ref, plain, bytes) == 0;
+    char name[160], detail[96];
+    snprintf(name, sizeof(name), "%s_matmul_decode_prefill_and_plain_equal_float32_of_widened_weights_bitwise_%s",
+             weight_type_names[type], what);
+    snprintf(detail, sizeof(detail), "n %d d %d: decode %d, prefill tiles %d, plain loops %d", n, d, decode, prefill,
+             plain_same);
+    check(decode && prefill && plain_same, name, detail);
+    free(h), free(w), free(x), free(ref), free(one), free(block), free(plain), free(scratch);
 }
 
 // the decode split: for any shares (uneven, one of them zero, summing to 1 only up
@@ -286,11 +402,11 @@ static void test_uneven_split_keeps_matmul_bitwise(int n, int d, const char *nam
     random_vector(x, n, &rng);
     RowSplit saved = row_split;
     memset(&row_split, 0, sizeof(row_split));
-    matmul(out, x, w, n, d); // sets equal shares for this run's threads
+    matmul(out, x, f32_matrix(w), n, d); // sets equal shares for this run's threads
     int threads = row_split.n_threads > 0 ? row_split.n_threads : 1, plain = 1;
     for (int k = 0; k < threads; k++) row_split.share[k] = threads == 1 ? 1.0 : k == threads - 1 ? 0.8 : 0.2 / (threads - 1);
     memset(out, 0, sizeof(float) * d);
-    matmul(out, x, w, n, d);
+    matmul(out, x, f32_matrix(w), n, d);
     for (int i = 0; i < d; i++) plain &= out[i] == dot(w + (size_t)i * n, x, n);
     row_split = saved;
     char detail[64];
@@ -482,6 +598,22 @@ int main(int argc, char **argv) {
     test_matmul_kernels_agree(PREFETCH_MIN_ROW + 13, 251, "threaded_long_row_matmul_equals_double_precision_plain_loop",
                               "matmul_tiled_equals_threaded_prefetching_matmul_bitwise_with_tail",
                               "threaded_prefetching_matmul_equals_one_dot_per_row_bitwise_with_tail");
+    test_f16_widening_is_exact_for_every_half();
+    test_bf16_widening_is_exact_for_every_value();
+    // (a table the compiler does not fold into constant sizes: gcc's clones for a
+    // constant n warn that a tail loop could run past eight lanes, which it cannot)
+    static struct {
+        int n, d;
+        const char *what;
+    } sizes[] = {{37 * 8, 23, "whole_vectors"},
+                 {37 * 8 + 5, 23, "with_tail"},
+                 {13, 5, "odd_sizes"},
+                 {3, 7, "rows_shorter_than_a_vector"},
+                 {37 * 8, 251, "threaded"},
+                 {PREFETCH_MIN_ROW + 13, 251, "threaded_prefetching_with_tail"}};
+    for (WeightType type = WEIGHT_BF16; type <= WEIGHT_F16; type++)
+        for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
+            test_16bit_matmul_equals_widened_f32(type, sizes[i].n, sizes[i].d, sizes[i].what);
     test_thread_bands_cover_every_row_once();
     test_row_split_follows_thread_speeds();
     test_uneven_split_keeps_matmul_bitwise(37 * 8, 251, "matmul_under_uneven_thread_split_equals_one_dot_per_row_bitwise");
