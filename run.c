@@ -134,8 +134,8 @@ typedef struct {
     int vocab_size;        // vocabulary size
     int seq_len;           // maximum sequence length
     int shared_classifier; // 1: the classifier reuses the token embedding
-    int version;           // the header's version (ROPE and llama2.c v1: 1, ROPE: 2); 0 for legacy
-    WeightType weight_type; // how the matrices and the embedding are stored (version 2; else f32)
+    int version;           // the header's version: ROPE 1 or 2, llama2.c v1 1, legacy 0
+    WeightType weight_type; // the matrices' and the embedding's type (f32 but in ROPE version 2)
     float norm_eps;        // RMSNorm epsilon
     float rope_theta;      // base wavelength theta of the rotary frequencies
     float rope_fraction;   // p: the fraction of rotary pairs that rotate (p-RoPE)
@@ -425,9 +425,9 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
 }
 
 // Walks the tensors in file order: `at` is where the next one starts, in bytes from
-// the start of the file. Version 2 starts each tensor at a multiple of 64 bytes
-// (SIMD loads of a row never straddle more cache lines than they must, and the
-// 16-bit types keep every tensor aligned); the others store them back to back.
+// the start of the file. Version 2 starts each tensor at a multiple of 64 bytes: on
+// a cache line, and a float32 norm after a 16-bit matrix of an odd number of weights
+// still on a multiple of 4. The other versions store them back to back.
 typedef struct {
     uintptr_t base;  // the file's first byte in memory (0 when only sizes are wanted)
     uint64_t at;     // offset of the next tensor
