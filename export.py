@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """export.py: write checkpoints in this project's "ROPE" format (see docs/format.md).
 
-    export.py MODEL_DIR out.bin [--rope-theta F] [--rope-fraction F] [--legacy]
+    export.py MODEL_DIR out.bin [--rope-theta F] [--rope-fraction F] [--dtype T] [--legacy]
         a Hugging Face Llama (or Mistral) directory: config.json plus
         model.safetensors or a sharded model.safetensors.index.json
-    export.py CHECKPOINT.bin out.bin [--rope-theta F] [--rope-fraction F] [--legacy]
-        a llama2.c checkpoint (legacy or "version 1") or a ROPE file
+    export.py CHECKPOINT.bin out.bin [--rope-theta F] [--rope-fraction F] [--dtype T] [--legacy]
+        a llama2.c checkpoint (legacy or "version 1") or a ROPE file (version 1 or 2)
     export.py --tokenizer tokenizer.model -o tokenizer.bin
         a SentencePiece model to llama2.c's tokenizer.bin
 
