@@ -2317,7 +2317,9 @@ static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOpti
 // hardware prefetchers follow. A prompt goes through in blocks of tokens, and each
 // weight loaded feeds every token of the block, so prefill is bound by arithmetic:
 // its kernel keeps the multiply-add units busy. docs/performance.md has the
-// measurements behind each choice.
+// measurements behind each choice. Weights stored in 16 bits are widened in the
+// registers as they are loaded (lanes_load_weights), and the arithmetic after the
+// load is the float32 kernels': the same bits from half the bytes.
 //   1. dot() in SIMD registers
 //   2. decode: four rows at a time, the rows split across threads
 //   3. prefill: tiles of rows x tokens
