@@ -1015,10 +1015,14 @@ def write_tensor(f, pieces, progress, weight_type="f32", name=""):
         progress.add(len(data), tensor_done=i == len(pieces) - 1)
 
 
-def rope_header(c, weight_type="f32"):
-    """The 256-byte ROPE header (docs/format.md): version 1 for float32 weights, else
-    version 2 with the weight_type field (head_size 0, no tokenizer section)."""
-    version = ROPE_VERSION if weight_type == "f32" else ROPE_VERSION_16BIT
+def rope_version(weight_type):
+    """The version a file needs: 1 (exactly as before) for float32 weights, else 2."""
+    return ROPE_VERSION if weight_type == "f32" else ROPE_VERSION_16BIT
+
+
+def rope_header(c, weight_type="f32", version=ROPE_VERSION):
+    """The 256-byte ROPE header (docs/format.md); version 2 adds head_size (0), the
+    weight_type field and a reserved field (no tokenizer section: bytes 96..111 zero)."""
     fields = ROPE_HEADER.pack(ROPE_MAGIC, version, c.dim, c.hidden_dim, c.n_layers, c.n_heads,
                               c.n_kv_heads, c.vocab_size, c.seq_len, int(c.shared_classifier),
                               c.norm_eps, c.rope_theta, c.rope_fraction, c.rope_factor,
@@ -1028,10 +1032,10 @@ def rope_header(c, weight_type="f32"):
     return fields + bytes(HEADER_BYTES - len(fields))
 
 
-def rope_layout(c, weight_type):
+def rope_layout(c, weight_type, version):
     """[(name, shape, type, offset)] of a ROPE file's tensors and the file's size: back to back
     in version 1 (float32), each at a multiple of 64 bytes in version 2."""
-    alignment = 1 if weight_type == "f32" else TENSOR_ALIGNMENT
+    alignment = 1 if version == ROPE_VERSION else TENSOR_ALIGNMENT
     layout, at = [], HEADER_BYTES
     for name, shape in tensor_shapes(c):
         kind = weight_type if name in MATRIX_TENSORS else "f32"
@@ -1044,10 +1048,11 @@ def rope_layout(c, weight_type):
 def write_rope(f, c, tensors, path="-", weight_type="f32"):
     """Write a ROPE file: header, then the tensors in the README's order, the matrices and
     the embedding as weight_type."""
-    layout, size = rope_layout(c, weight_type)
+    version = rope_version(weight_type)
+    layout, size = rope_layout(c, weight_type, version)
     progress = Progress(path, size, len(layout))
     try:
-        f.write(rope_header(c, weight_type))
+        f.write(rope_header(c, weight_type, version))
         progress.add(HEADER_BYTES)
         written = HEADER_BYTES
         for name, shape, kind, offset in layout:
