@@ -521,8 +521,8 @@ def narrow(wide, target):
     if target == "f16":
         with np.errstate(over="ignore"):
             return wide.astype(np.float16)
-    u = wide.view(np.uint32).astype(np.uint64)
-    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    u = np.ascontiguousarray(wide).view(np.uint32)
+    rounded = ((u + np.uint32(0x7FFF) + ((u >> 16) & 1)) >> 16).astype(np.uint16)  # wraps only for NaNs
     return np.where(np.isnan(wide), (u >> 16).astype(np.uint16) | np.uint16(0x40), rounded)
 
 
