@@ -9,12 +9,12 @@ the format's description, the 16-bit values rounded by NumPy. Then export.py's r
 (the 16-bit values kept, --dtype f32 their widened values, narrowing only when asked) and
 the files run must refuse.
 """
+import json
 import os
 import platform
 import shutil
 import struct
 import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -120,8 +120,8 @@ def test_startup_line_names_version_2_and_the_weight_type(files):
         assert f"(ROPE v2 {weight_type})".encode() in r.stderr.splitlines()[0]
 
 
-def test_16bit_file_is_half_the_float32_file_up_to_norms_and_padding(files):
-    """The layout: 64-byte aligned tensors, matrices 2 bytes a weight, norms 4."""
+def test_16bit_file_size_is_its_64_byte_aligned_layout(files):
+    """The layout: every tensor at a multiple of 64 bytes, matrices 2 bytes a weight, norms 4."""
     dims = DIMS
     hd, L = dims["dim"] // dims["n_heads"], dims["n_layers"]
     sizes = [(True, dims["vocab_size"] * dims["dim"]), (False, L * dims["dim"]), (True, L * dims["dim"] ** 2),
@@ -159,14 +159,9 @@ def assert_refused(path, *words):
 
 
 @pytest.mark.parametrize("code, words", [(3, "weight_type 3 is not a type"), (-1, "weight_type -1 is not a type"),
-                                          (0, "weight_type f32) implies"), (2, None)])
+                                          (0, "weight_type f32) implies")])
 def test_weight_type_unknown_or_disagreeing_with_the_size_is_refused(files, tmp_path, code, words):
-    path = bad_file(files, tmp_path, lambda d: struct.pack_into("<i", d, 88, code))
-    if code == 2:  # bf16 data read as f16 has the same size: not detectable, and not an error
-        r = run(path, "-z", LLAMA_TOKENIZER, "-m", "rope")
-        assert r.returncode == 0
-        return
-    assert_refused(path, words)
+    assert_refused(bad_file(files, tmp_path, lambda d: struct.pack_into("<i", d, 88, code)), words)
 
 
 @pytest.mark.parametrize("offset, value, words", [
@@ -270,7 +265,6 @@ def test_export_refuses_an_f16_narrowing_that_overflows(tmp_path):
     path = tmp_path / "m" / "model.safetensors"
     data = bytearray(path.read_bytes())
     header_len = struct.unpack_from("<Q", data)[0]
-    import json
     entry = json.loads(data[8:8 + header_len])["model.layers.0.mlp.up_proj.weight"]
     struct.pack_into("<f", data, 8 + header_len + entry["data_offsets"][0], 1e5)
     path.write_bytes(bytes(data))
