@@ -477,6 +477,96 @@ static void test_fast_forward_equals_plain_forward(const char *checkpoint) {
     free_transformer(&b);
 }
 
+// x rounded to the nearest bf16 / f16, ties to even (the test's own conversions;
+// f16: finite |x| below 65504). bf16: add 0x7FFF plus the lowest kept bit, keep the
+// top half. f16: |x| = m 2^(e-10) with m in [1024, 2048) rounded to an integer (the
+// current rounding mode is to nearest even), or a multiple of 2^-24 below 2^-14.
+static uint16_t bf16_nearest(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof(u));
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1)) >> 16);
+}
+
+static uint16_t f16_nearest(float x) {
+    double a = fabs((double)x);
+    unsigned sign = signbit(x) ? 1 : 0, bits;
+    if (a < ldexp(1, -14)) {
+        bits = (unsigned)nearbyint(ldexp(a, 24)); // 1024 (rounded up to the smallest normal) encodes right
+    } else {
+        int e = ilogb(a);
+        unsigned m = (unsigned)nearbyint(ldexp(a, 10 - e));
+        if (m == 2048) m = 1024, e++;
+        bits = (unsigned)(e + 15) << 10 | (m - 1024);
+    }
+    return (uint16_t)(sign << 15 | bits);
+}
+
+// One of the model's matrices (count float32 weights) rounded to `type`; *widened
+// gets the float32 copy of the rounded values, by the definition.
+static Matrix rounded_matrix(Matrix m, size_t count, WeightType type, Matrix *widened) {
+    uint16_t *h = malloc(sizeof(uint16_t) * count);
+    float *w = malloc(sizeof(float) * count);
+    for (size_t i = 0; i < count; i++) {
+        float x = ((const float *)m.data)[i];
+        h[i] = type == WEIGHT_BF16 ? bf16_nearest(x) : f16_nearest(x);
+        unsigned s = h[i] >> 15;
+        w[i] = (float)(type == WEIGHT_BF16 ? widened_by_definition(s, (h[i] >> 7) & 255, h[i] & 127, 7, 127)
+                                           : widened_by_definition(s, (h[i] >> 10) & 31, h[i] & 1023, 10, 15));
+    }
+    *widened = f32_matrix(w);
+    return (Matrix){h, type};
+}
+
+// A whole forward pass (a prompt in blocks, then decoding steps) of stories260K with
+// its matrices and embedding rounded to bf16 (or f16) gives, bit for bit, the logits of
+// the same model holding the widened values as float32: the fast kernels, and the plain
+// loops (use_fast_kernels = 0) on the 16-bit weights.
+static void test_16bit_forward_equals_widened_float32_forward(const char *checkpoint, WeightType type) {
+    Transformer a, b, c;
+    char name[96];
+    snprintf(name, sizeof(name), "%s_forward_fast_and_plain_equals_float32_forward_of_widened_weights_bitwise",
+             weight_type_names[type]);
+    if (load_model(&a, checkpoint) || load_model(&b, checkpoint) || load_model(&c, checkpoint)) {
+        check(0, name, error_message);
+        return;
+    }
+    const Config *cf = &a.config;
+    size_t dim = cf->dim, hidden = cf->hidden_dim, layers = cf->n_layers, kv = kv_dim_of(cf);
+    Matrix *narrow[] = {&a.weights.token_embedding, &a.weights.wq, &a.weights.wk, &a.weights.wv, &a.weights.wo,
+                        &a.weights.w1, &a.weights.w2, &a.weights.w3};
+    Matrix *wide[] = {&b.weights.token_embedding, &b.weights.wq, &b.weights.wk, &b.weights.wv, &b.weights.wo,
+                      &b.weights.w1, &b.weights.w2, &b.weights.w3};
+    size_t counts[] = {cf->vocab_size * dim, layers * dim * dim, layers * kv * dim, layers * kv * dim,
+                       layers * dim * dim, layers * hidden * dim, layers * dim * hidden, layers * hidden * dim};
+    for (int i = 0; i < 8; i++) *narrow[i] = rounded_matrix(*narrow[i], counts[i], type, wide[i]);
+    a.weights.wcls = a.weights.token_embedding; // stories260K shares its classifier
+    b.weights.wcls = b.weights.token_embedding;
+    c.weights = a.weights;
+    int V = cf->vocab_size, n = PREFILL_BLOCK + 9, same = 1;
+    int tokens[PREFILL_BLOCK + 9];
+    for (int i = 0; i < n; i++) tokens[i] = (i * 53 + 7) % V;
+    float *fast16 = malloc(sizeof(float) * V), *plain16 = malloc(sizeof(float) * V);
+    for (int step = 0; step < 6; step++) { // a prefill of n tokens, then 5 decoding steps
+        int pos = step == 0 ? 0 : n + step - 1, token = (pos * 31 + 3) % V;
+        memcpy(fast16, step == 0 ? prefill(&a, tokens, n, 0) : forward(&a, token, pos), sizeof(float) * V);
+        use_fast_kernels = 0;
+        memcpy(plain16, step == 0 ? prefill(&c, tokens, n, 0) : forward(&c, token, pos), sizeof(float) * V);
+        use_fast_kernels = 1;
+        const float *f32 = step == 0 ? prefill(&b, tokens, n, 0) : forward(&b, token, pos);
+        same &= memcmp(fast16, f32, sizeof(float) * V) == 0 && memcmp(plain16, f32, sizeof(float) * V) == 0;
+    }
+    check(same, name, "logits differ");
+    for (int i = 0; i < 8; i++) {
+        free((void *)narrow[i]->data);
+        free((void *)wide[i]->data);
+    }
+    free(fast16);
+    free(plain16);
+    free_transformer(&a);
+    free_transformer(&b);
+    free_transformer(&c);
+}
+
 // The KV cache starts on a 2 MB boundary (where Linux can back it with huge pages)
 // and holds every position of every layer: its last float can be written (an
 // allocation rounded down would show here, under AddressSanitizer in `make test`).
@@ -624,6 +714,8 @@ int main(int argc, char **argv) {
     if (argc > 1) {
         test_block_forward_equals_token_forward(argv[1]);
         test_fast_forward_equals_plain_forward(argv[1]);
+        test_16bit_forward_equals_widened_float32_forward(argv[1], WEIGHT_BF16);
+        test_16bit_forward_equals_widened_float32_forward(argv[1], WEIGHT_F16);
         test_kv_cache_sits_on_huge_page_boundaries(argv[1]);
         test_shifted_keys_equal_fresh_keys(argv[1], 1.0f, ROPE_SCALING_NONE, "shifted_keys_equal_fresh_keys_in_layer_0_rope");
         test_shifted_keys_equal_fresh_keys(argv[1], 0.5f, ROPE_SCALING_NONE,
