@@ -955,8 +955,8 @@ def read_hf(model_dir):
                 matrix_types.add(SAFETENSORS_TYPES[dtype])
             pieces.append(lazy_tensor(files[name], name, heads.get(ours), order if ours in heads else None))
         tensors[ours] = pieces
-    source_type = matrix_types.pop() if len(matrix_types) == 1 else "f32"
-    if len(matrix_types) > 0:
+    source_type = next(iter(matrix_types)) if len(matrix_types) == 1 else "f32"
+    if len(matrix_types) > 1:
         warn("the matrices are stored in more than one type; writing float32 (exact for all of them)")
     return c, tensors, source_type
 

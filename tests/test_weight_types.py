@@ -293,3 +293,27 @@ def test_export_reads_a_version_2_file_back(hf_models, tmp_path):
     assert (tmp_path / "again.bin").read_bytes() == (tmp_path / "bf16.bin").read_bytes()
     export(model, tmp_path / "direct.bin", "--dtype", "f32")
     assert (tmp_path / "wide.bin").read_bytes() == (tmp_path / "direct.bin").read_bytes()
+
+
+def test_export_writes_float32_when_the_matrices_mix_types(tmp_path):
+    """A model whose embedding is F32 and whose layers are BF16: float32 (exact for both), with a
+    warning; the values are the stored ones."""
+    config, source = hf_fixture.make_hf_checkpoint(tmp_path / "m", dtype="BF16", vocab_size=512, seed=6)
+    path = tmp_path / "m" / "model.safetensors"
+    tensors = hf_fixture.read_safetensors(path)
+    header, chunks, offset = {}, [], 0
+    for name, values in tensors.items():
+        dtype = "F32" if name == "model.embed_tokens.weight" else "BF16"
+        data = hf_fixture.to_bytes(values, dtype)
+        header[name] = {"dtype": dtype, "shape": list(values.shape), "data_offsets": [offset, offset + len(data)]}
+        chunks.append(data)
+        offset += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(chunks))
+    r = export(tmp_path / "m", tmp_path / "out.bin")
+    assert "more than one type" in r.stderr and "float32" in r.stderr
+    header, t = read_v2(tmp_path / "out.bin")
+    assert header == dict(version=1, weight_type=0)
+    assert np.array_equal(t["token_embedding"].astype(np.float64), source["model.embed_tokens.weight"])
+    assert np.array_equal(t["w1"][0].astype(np.float64), source["model.layers.0.mlp.gate_proj.weight"])
