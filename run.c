@@ -2416,7 +2416,8 @@ static inline Lanes lanes_load_f16(const uint16_t *p) { // an AVX2 CPU without F
 // bf16: vshll widens each 16-bit value to 32 bits, shifted into the top half
 static inline Lanes lanes_load_bf16(const uint16_t *p) {
     uint16x8_t v = vld1q_u16(p);
-    return (Lanes){vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(v), 16)), vreinterpretq_f32_u32(vshll_high_n_u16(v, 16))};
+    return (Lanes){vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(v), 16)),
+                   vreinterpretq_f32_u32(vshll_high_n_u16(v, 16))};
 }
 // f16: the conversion instruction (exact, as F16C's)
 static inline Lanes lanes_load_f16(const uint16_t *p) {
@@ -2444,7 +2445,8 @@ static inline __attribute__((always_inline)) float dot_lanes(const void *a, Weig
     float acc[DOT_LANES];
     int j = 0;
     Lanes lanes = lanes_zero();
-    for (; j + DOT_LANES <= n; j += DOT_LANES) lanes = lanes_fma(lanes_load_weights(a, j, type), lanes_load(b + j), lanes);
+    for (; j + DOT_LANES <= n; j += DOT_LANES)
+        lanes = lanes_fma(lanes_load_weights(a, j, type), lanes_load(b + j), lanes);
     if (j == n) return lanes_sum(lanes);
     lanes_store(acc, lanes);
     for (int l = 0; j < n; j++, l++) acc[l] = mul_add(widen(a, j, type), b[j], acc[l]);
@@ -2992,8 +2994,8 @@ static void attention_block_scores(Transformer *t, int l, int h, int B, int pos0
     for (int b = 0; b < B; b += TILE_TOKENS) {
         int n_tokens = B - b < TILE_TOKENS ? B - b : TILE_TOKENS, n_keys = pos0 + b + n_tokens;
         for (int i = 0; i < n_keys; i += TILE_ROWS)
-            matmul_tile(att, q, packed, f32_matrix(keys), head_size, row_stride, i, n_keys - i < TILE_ROWS ? n_keys - i : TILE_ROWS,
-                        b, n_tokens, NULL, 0);
+            matmul_tile(att, q, packed, f32_matrix(keys), head_size, row_stride, i,
+                        n_keys - i < TILE_ROWS ? n_keys - i : TILE_ROWS, b, n_tokens, NULL, 0);
     }
 }
 
@@ -3269,8 +3271,8 @@ static char *read_text_file(const char *path) {
 }
 
 static const char *format_name(CheckpointFormat f, const Config *c) {
-    if (f == FORMAT_ROPE && c->version == 2)
-        return c->weight_type == WEIGHT_BF16 ? "ROPE v2 bf16" : c->weight_type == WEIGHT_F16 ? "ROPE v2 f16" : "ROPE v2 f32";
+    static const char *rope_v2[] = {"ROPE v2 f32", "ROPE v2 bf16", "ROPE v2 f16"}; // by weight_type
+    if (f == FORMAT_ROPE && c->version == 2) return rope_v2[c->weight_type];
     return f == FORMAT_ROPE ? "ROPE v1" : f == FORMAT_LLAMA2C_V1 ? "llama2.c v1" : "llama2.c legacy";
 }
 
