@@ -52,7 +52,8 @@ ARM_MISSING := $(strip $(foreach p,$(ARM_CC) $(ARM_QEMU),$(if $(shell command -v
 ARM_OPENMP = $(shell echo 'int main(void){return 0;}' | $(ARM_CC) -static -fopenmp -x c - -o /dev/null 2>/dev/null \
     && echo -fopenmp || echo -Wno-unknown-pragmas)
 ARM_FLAGS = -static -ffp-contract=off $(WARN)
-ARM_PYTESTS = tests/test_golden.py tests/test_tokenizer.py tests/test_prope_reference.py tests/test_inspect.py
+ARM_PYTESTS = tests/test_golden.py tests/test_tokenizer.py tests/test_prope_reference.py tests/test_inspect.py \
+    tests/test_weight_types.py
 ARM_DESELECT = tests/test_tokenizer.py::test_run_from_repo_root_finds_the_shipped_tokenizer
 ifeq ($(ARM_MISSING),)
 TEST_ARM = test-arm

@@ -1,16 +1,25 @@
 #!/usr/bin/env python3
 """export.py: write checkpoints in this project's "ROPE" format (see docs/format.md).
 
-    export.py MODEL_DIR out.bin [--rope-theta F] [--rope-fraction F] [--legacy]
+    export.py MODEL_DIR out.bin [--rope-theta F] [--rope-fraction F] [--dtype T] [--legacy]
         a Hugging Face Llama (or Mistral) directory: config.json plus
         model.safetensors or a sharded model.safetensors.index.json
-    export.py CHECKPOINT.bin out.bin [--rope-theta F] [--rope-fraction F] [--legacy]
-        a llama2.c checkpoint (legacy or "version 1") or a ROPE file
+    export.py CHECKPOINT.bin out.bin [--rope-theta F] [--rope-fraction F] [--dtype T] [--legacy]
+        a llama2.c checkpoint (legacy or "version 1") or a ROPE file (version 1 or 2)
     export.py --tokenizer tokenizer.model -o tokenizer.bin
         a SentencePiece model to llama2.c's tokenizer.bin
 
 --rope-theta and --rope-fraction replace the stored theta and p (for example for a
 model that was trained with p-RoPE); --legacy writes llama2.c's legacy format instead.
+
+Weight types. The matrices and the token embedding keep the type the source stores
+them in: a Hugging Face model in BF16 gives a bf16 file, one in F16 an f16 file (ROPE
+version 2: half the bytes, and run.c computes in float32 what the float32 file of the
+widened weights computes); F32 sources, llama2.c files and --legacy give float32
+(version 1, as before). --dtype f32|bf16|f16 chooses: widening is exact; narrowing
+(f32 to bf16 or f16, or between the 16-bit types) rounds to nearest even, is said on
+stderr, and a value that would overflow the narrower type is refused. The norms are
+always float32.
 
 RoPE scaling. A Hugging Face config's rope_scaling (transformers 4.x) or
 rope_parameters (5.x) of rope_type "linear", "yarn" or "llama3" is stored as the
@@ -49,7 +58,14 @@ except ImportError:
     sys.exit(f"export.py: error: this Python ({sys.executable}) has no NumPy; run export.py with one that has")
 
 ROPE_MAGIC = 0x45504F52  # the bytes "ROPE", read as a little-endian uint32
-ROPE_VERSION = 1
+ROPE_VERSION = 1  # float32 weights
+ROPE_VERSION_16BIT = 2  # version 2: a weight_type field, tensors at multiples of 64 bytes
+WEIGHT_TYPES = ["f32", "bf16", "f16"]  # the header's weight_type codes 0, 1, 2
+TENSOR_ALIGNMENT = 64  # version 2: every tensor starts at a multiple of this from the file's start
+# the tensors stored in the weight type (the norms are always float32)
+MATRIX_TENSORS = {"token_embedding", "wq", "wk", "wv", "wo", "w1", "w2", "w3", "wcls"}
+# head_size (0: dim / n_heads), weight_type, reserved (bytes 84..95 of a version 2 header)
+ROPE_V2_FIELDS = struct.Struct("<3i")
 LLAMA2C_MAGIC = 0x616B3432  # "ak42": llama2.c's version 1 and 2 exports
 LLAMA2C_VERSION = 1  # float32; llama2.c's version 2 is int8-quantized
 HEADER_BYTES = 256  # ROPE and llama2.c version 1 headers are zero-padded to this
@@ -329,15 +345,41 @@ def check_size(path, what, expected):
         raise ExportError(f"{path}: {what} header implies {expected} bytes, but the file has {actual}")
 
 
+def map_aligned(path, shapes, weight_type):
+    """{name: view into a version 2 file}: each tensor at the next multiple of 64 bytes, the
+    matrices in weight_type, the norms float32. Returns (tensors, the file size they imply)."""
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    tensors, at = {}, HEADER_BYTES
+    for name, shape in shapes:
+        at = -(-at // TENSOR_ALIGNMENT) * TENSOR_ALIGNMENT
+        storage = np.dtype(NUMPY_STORAGE[weight_type if name in MATRIX_TENSORS else "f32"])
+        count = math.prod(shape)
+        if at + count * storage.itemsize <= len(data):
+            tensors[name] = data[at:at + count * storage.itemsize].view(storage).reshape(shape)
+        at += count * storage.itemsize
+    return tensors, at
+
+
 def read_rope(path, data):
-    """Read a ROPE file (docs/format.md): (Config, tensors)."""
+    """Read a ROPE file (docs/format.md), version 1 or 2: (Config, tensors, the matrices' type)."""
     (_, version, dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared,
      eps, theta, fraction, factor, rule, original_len, *rule_values) = ROPE_HEADER.unpack_from(data)
-    if version != ROPE_VERSION:
-        raise ExportError(f"{path}: ROPE version {version} is not supported (only {ROPE_VERSION})")
+    if version not in (ROPE_VERSION, ROPE_VERSION_16BIT):
+        raise ExportError(f"{path}: ROPE version {version} is not supported (only {ROPE_VERSION} and "
+                          f"{ROPE_VERSION_16BIT})")
     if shared not in (0, 1):
         raise ExportError(f"{path}: shared_classifier is {shared}, expected 0 or 1")
-    check_padding(path, data, ROPE_HEADER.size)
+    weight_type = "f32"
+    if version == ROPE_VERSION_16BIT:
+        head_size, type_code, reserved = ROPE_V2_FIELDS.unpack_from(data, ROPE_HEADER.size)
+        if head_size != 0 or reserved != 0:
+            raise ExportError(f"{path}: head_size {head_size} and the reserved field {reserved} must be 0")
+        if not 0 <= type_code < len(WEIGHT_TYPES):
+            raise ExportError(f"{path}: weight_type {type_code} is not one of 0 f32, 1 bf16, 2 f16")
+        weight_type = WEIGHT_TYPES[type_code]
+        check_padding(path, data, ROPE_HEADER.size + ROPE_V2_FIELDS.size)
+    else:
+        check_padding(path, data, ROPE_HEADER.size)
     c = Config(dim, hidden, layers, heads, kv_heads, vocab, seq_len, bool(shared), eps, theta, fraction, factor,
                rule, original_len, **{name: value for (name, _, _), value in zip(RULE_FIELDS, rule_values)})
     try:
@@ -345,8 +387,12 @@ def read_rope(path, data):
     except ExportError as e:
         raise ExportError(f"{path}: {e}")
     shapes = tensor_shapes(c)
-    check_size(path, "ROPE", HEADER_BYTES + 4 * n_floats(shapes))
-    return c, map_floats(path, HEADER_BYTES, shapes)
+    if version == ROPE_VERSION:
+        check_size(path, "ROPE", HEADER_BYTES + 4 * n_floats(shapes))
+        return c, map_floats(path, HEADER_BYTES, shapes), weight_type
+    tensors, end = map_aligned(path, shapes, weight_type)
+    check_size(path, f"ROPE version 2 ({weight_type})", end)
+    return c, tensors, weight_type
 
 
 def read_llama2c_v1(path, data):
@@ -370,7 +416,7 @@ def read_llama2c_v1(path, data):
              "wq", "wk", "wv", "wo", "w1", "w2", "w3"] + ([] if c.shared_classifier else ["wcls"])
     file_shapes = [(name, shapes[name]) for name in order]
     check_size(path, "llama2.c version 1", HEADER_BYTES + 4 * n_floats(file_shapes))
-    return c, map_floats(path, HEADER_BYTES, file_shapes)
+    return c, map_floats(path, HEADER_BYTES, file_shapes), "f32"
 
 
 def legacy_shapes(c):
@@ -399,11 +445,12 @@ def read_llama2c_legacy(path, data):
     check_size(path, "llama2.c legacy", LEGACY_HEADER.size + 4 * n_floats(shapes))
     tensors = map_floats(path, LEGACY_HEADER.size, shapes)
     del tensors["freq_cis_real"], tensors["freq_cis_imag"]
-    return c, tensors
+    return c, tensors, "f32"
 
 
 def read_flat_checkpoint(path):
-    """Read a ROPE or llama2.c checkpoint file, telling the format by its first bytes."""
+    """Read a ROPE or llama2.c checkpoint file, telling the format by its first bytes:
+    (Config, tensors, the matrices' stored type)."""
     with open(path, "rb") as f:
         data = f.read(HEADER_BYTES)
     if len(data) < LEGACY_HEADER.size:
@@ -523,6 +570,52 @@ def to_float32(dtype, values):
     if dtype == "BF16":
         return (values.astype(np.uint32) << 16).view(np.float32)
     return values.astype(np.float32, copy=False)
+
+
+# Arrays of weights travel in their stored type: float32, float16, or uint16 holding
+# bf16 bits (NumPy has no bfloat16).
+SAFETENSORS_TYPES = {"F32": "f32", "BF16": "bf16", "F16": "f16"}
+NUMPY_STORAGE = {"f32": "<f4", "bf16": "<u2", "f16": "<f2"}
+LARGEST_FINITE = {"bf16": 3.3895313892515355e38, "f16": 65504.0}
+
+
+def weight_type_of(array):
+    """"f32", "bf16" or "f16": how an array holds its weights."""
+    return {np.dtype(np.float32): "f32", np.dtype(np.uint16): "bf16", np.dtype(np.float16): "f16"}[array.dtype]
+
+
+def widen(array):
+    """Weights of any type as float32, exactly."""
+    kind = weight_type_of(array)
+    return to_float32({"f32": "F32", "bf16": "BF16", "f16": "F16"}[kind], array)
+
+
+def narrow(wide, target):
+    """float32 values rounded to nearest even in bf16 (uint16 bits) or f16. For bf16: add
+    0x7FFF plus the lowest kept bit, then drop the low 16 bits; a NaN stays a (quiet) NaN."""
+    if target == "f16":
+        with np.errstate(over="ignore"):
+            return wide.astype(np.float16)
+    u = np.ascontiguousarray(wide).view(np.uint32)
+    rounded = ((u + np.uint32(0x7FFF) + ((u >> 16) & 1)) >> 16).astype(np.uint16)  # wraps only for NaNs
+    return np.where(np.isnan(wide), (u >> 16).astype(np.uint16) | np.uint16(0x40), rounded)
+
+
+def convert_weights(array, target, name):
+    """The array in the target type (widening is exact; narrowing rounds to nearest even).
+    A finite value that becomes infinite in the narrower type is refused."""
+    if weight_type_of(array) == target:
+        return array
+    wide = widen(np.asarray(array))
+    if target == "f32":
+        return wide
+    out = narrow(wide, target)
+    overflow = np.isinf(widen(out)) & np.isfinite(wide)
+    if overflow.any():
+        value = wide[overflow].flat[0]
+        raise ExportError(f"tensor {name}: the value {value:g} overflows {target} (largest finite "
+                          f"{LARGEST_FINITE[target]:g}); export it as --dtype f32 or bf16")
+    return out
 
 
 def open_safetensors(model_dir):
@@ -940,15 +1033,17 @@ def hf_pieces(ours, shape, n_layers):
 
 
 def lazy_tensor(file, name, heads=None, order=None):
-    """A function that reads one stored tensor as float32 (rows permuted per head if asked)."""
+    """A function that reads one stored tensor in its stored type (see weight_type_of; rows
+    permuted per head if asked)."""
     def load():
-        w = to_float32(*file.raw(name))
+        w = file.raw(name)[1]
         return w if order is None else permute_heads(w, heads, order)
     return load
 
 
 def read_hf(model_dir):
-    """Read a Hugging Face Llama directory: (Config, {name: [functions that load a piece]})."""
+    """Read a Hugging Face Llama directory: (Config, {name: [functions that load a piece]}, the
+    matrices' stored type: "bf16" or "f16" when they all share it, else "f32")."""
     config_path = os.path.join(model_dir, "config.json")
     if not os.path.isfile(config_path):
         raise ExportError(f"{model_dir}: no config.json")
@@ -966,7 +1061,7 @@ def read_hf(model_dir):
               f"with theta = {show(c.rope_theta)}, p = {show(c.rope_fraction)}", file=sys.stderr)
     order = pair_permutation(c.head_dim, rotary_dim)
     heads = {"wq": c.n_heads, "wk": c.n_kv_heads}
-    tensors = {}
+    tensors, matrix_types = {}, set()
     for ours, shape in tensor_shapes(c):
         pieces = []
         for name, expected in hf_pieces(ours, shape, c.n_layers):
@@ -975,10 +1070,15 @@ def read_hf(model_dir):
             stored = files[name].entries[name]["shape"]
             if stored != expected:
                 raise ExportError(f"tensor {name} has shape {stored}, expected {expected}")
-            files[name].raw(name)  # refuse non-float dtypes now, before writing
+            dtype, _ = files[name].raw(name)  # refuse non-float dtypes now, before writing
+            if ours in MATRIX_TENSORS:
+                matrix_types.add(SAFETENSORS_TYPES[dtype])
             pieces.append(lazy_tensor(files[name], name, heads.get(ours), order if ours in heads else None))
         tensors[ours] = pieces
-    return c, tensors
+    source_type = next(iter(matrix_types)) if len(matrix_types) == 1 else "f32"
+    if len(matrix_types) > 1:
+        warn("the matrices are stored in more than one type; writing float32 (exact for all of them)")
+    return c, tensors, source_type
 
 
 # ----------------------------------------------------------------------------
@@ -1021,34 +1121,65 @@ class Progress:
             self.open = False
 
 
-def write_tensor(f, pieces, progress):
-    """Write a tensor as little-endian float32: an array, or a list of arrays / loaders."""
+def write_tensor(f, pieces, progress, weight_type="f32", name=""):
+    """Write a tensor, little-endian, as weight_type (f32, bf16 or f16): an array, or a list of
+    arrays / loaders, in any weight type (see weight_type_of; other float arrays as float32)."""
     pieces = pieces if isinstance(pieces, list) else [pieces]
     for i, piece in enumerate(pieces):
         array = piece() if callable(piece) else piece
-        data = memoryview(np.ascontiguousarray(array, dtype="<f4")).cast("B")
+        if not isinstance(array, np.ndarray) or array.dtype not in (np.float32, np.float16, np.uint16):
+            array = np.asarray(array, dtype=np.float32)
+        array = convert_weights(array, weight_type, name)
+        data = memoryview(np.ascontiguousarray(array, dtype=NUMPY_STORAGE[weight_type])).cast("B")
         f.write(data)
         progress.add(len(data), tensor_done=i == len(pieces) - 1)
 
 
-def rope_header(c):
-    """The 256-byte ROPE header (docs/format.md)."""
-    fields = ROPE_HEADER.pack(ROPE_MAGIC, ROPE_VERSION, c.dim, c.hidden_dim, c.n_layers, c.n_heads,
+def rope_version(weight_type):
+    """The version a file needs: 1 (exactly as before) for float32 weights, else 2."""
+    return ROPE_VERSION if weight_type == "f32" else ROPE_VERSION_16BIT
+
+
+def rope_header(c, weight_type="f32", version=ROPE_VERSION):
+    """The 256-byte ROPE header (docs/format.md); version 2 adds head_size (0), the
+    weight_type field and a reserved field (no tokenizer section: bytes 96..111 zero)."""
+    fields = ROPE_HEADER.pack(ROPE_MAGIC, version, c.dim, c.hidden_dim, c.n_layers, c.n_heads,
                               c.n_kv_heads, c.vocab_size, c.seq_len, int(c.shared_classifier),
                               c.norm_eps, c.rope_theta, c.rope_fraction, c.rope_factor,
                               c.rope_scaling, c.rope_original_len, *(getattr(c, name) for name, _, _ in RULE_FIELDS))
+    if version == ROPE_VERSION_16BIT:
+        fields += ROPE_V2_FIELDS.pack(0, WEIGHT_TYPES.index(weight_type), 0)
     return fields + bytes(HEADER_BYTES - len(fields))
 
 
-def write_rope(f, c, tensors, path="-"):
-    """Write a ROPE file: header, then the tensors in the README's order."""
-    shapes = tensor_shapes(c)
-    progress = Progress(path, HEADER_BYTES + 4 * n_floats(shapes), len(shapes))
+def rope_layout(c, weight_type, version):
+    """[(name, shape, type, offset)] of a ROPE file's tensors and the file's size: back to back
+    in version 1 (float32), each at a multiple of 64 bytes in version 2."""
+    alignment = 1 if version == ROPE_VERSION else TENSOR_ALIGNMENT
+    layout, at = [], HEADER_BYTES
+    for name, shape in tensor_shapes(c):
+        kind = weight_type if name in MATRIX_TENSORS else "f32"
+        at += -at % alignment
+        layout.append((name, shape, kind, at))
+        at += math.prod(shape) * np.dtype(NUMPY_STORAGE[kind]).itemsize
+    return layout, at
+
+
+def write_rope(f, c, tensors, path="-", weight_type="f32"):
+    """Write a ROPE file: header, then the tensors in the README's order, the matrices and
+    the embedding as weight_type."""
+    version = rope_version(weight_type)
+    layout, size = rope_layout(c, weight_type, version)
+    progress = Progress(path, size, len(layout))
     try:
-        f.write(rope_header(c))
+        f.write(rope_header(c, weight_type, version))
         progress.add(HEADER_BYTES)
-        for name, _ in shapes:
-            write_tensor(f, tensors[name], progress)
+        written = HEADER_BYTES
+        for name, shape, kind, offset in layout:
+            f.write(bytes(offset - written))  # zero padding up to the tensor's 64-byte boundary
+            written = offset
+            write_tensor(f, tensors[name], progress, kind, name)
+            written += math.prod(shape) * np.dtype(NUMPY_STORAGE[kind]).itemsize
     finally:
         progress.close()
 
@@ -1137,11 +1268,15 @@ def write_atomically(path, write):
 def export_checkpoint(args):
     """Read a checkpoint (HF directory, llama2.c or ROPE file) and write ROPE or legacy."""
     if os.path.isdir(args.input):
-        c, tensors = read_hf(args.input)
+        c, tensors, source_type = read_hf(args.input)
     elif os.path.isfile(args.input):
-        c, tensors = read_flat_checkpoint(args.input)
+        c, tensors, source_type = read_flat_checkpoint(args.input)
     else:
         raise ExportError(f"{args.input}: no such file or directory")
+    weight_type = "f32" if args.legacy else args.dtype or source_type  # llama2.c's formats are float32
+    if weight_type != "f32" and weight_type != source_type:
+        print(f"export.py: narrowing the matrices and the embedding from {source_type} to {weight_type} "
+              f"(rounded to nearest even)", file=sys.stderr)
     if args.rope_theta is not None:
         c.rope_theta = args.rope_theta
     if args.rope_fraction is not None:
@@ -1155,8 +1290,9 @@ def export_checkpoint(args):
         check_legacy(c)
         write_atomically(args.output, lambda f: write_legacy(f, c, tensors, args.output))
     else:
-        write_atomically(args.output, lambda f: write_rope(f, c, tensors, args.output))
-    print(f"wrote {args.output} ({'llama2.c legacy' if args.legacy else 'ROPE'}): dim {c.dim}, "
+        write_atomically(args.output, lambda f: write_rope(f, c, tensors, args.output, weight_type))
+    kind = "llama2.c legacy" if args.legacy else "ROPE" if weight_type == "f32" else f"ROPE v2, {weight_type} weights"
+    print(f"wrote {args.output} ({kind}): dim {c.dim}, "
           f"hidden {c.hidden_dim}, {c.n_layers} layers, {c.n_heads} heads ({c.n_kv_heads} kv), "
           f"vocab {c.vocab_size}, seq_len {c.seq_len}, shared classifier {int(c.shared_classifier)}, "
           f"eps {show(c.norm_eps)}, theta {show(c.rope_theta)}, p {show(c.rope_fraction)}, "
@@ -1331,6 +1467,8 @@ def parse_args(argv):
     p.add_argument("--rope-theta", type=rope_theta_arg, metavar="F", help="store this theta (> 0)")
     p.add_argument("--rope-fraction", type=rope_fraction_arg, metavar="F", help="store this p, in [0, 1]")
     p.add_argument("--legacy", action="store_true", help="write llama2.c's legacy format instead")
+    p.add_argument("--dtype", choices=WEIGHT_TYPES,
+                   help="store the matrices and the embedding as f32, bf16 or f16 (default: as the source does)")
     p.add_argument("--tokenizer", metavar="MODEL", help="a SentencePiece tokenizer.model to convert")
     p.add_argument("-o", dest="tokenizer_out", metavar="OUT", help="where --tokenizer writes tokenizer.bin")
     args = p.parse_args(argv)
@@ -1339,13 +1477,15 @@ def parse_args(argv):
             p.error("--tokenizer takes no positional arguments (give the output with -o)")
         if args.tokenizer_out is None:
             p.error("--tokenizer needs -o OUT")
-        if args.legacy or args.rope_theta is not None or args.rope_fraction is not None:
-            p.error("--legacy, --rope-theta and --rope-fraction do not apply to --tokenizer")
+        if args.legacy or args.rope_theta is not None or args.rope_fraction is not None or args.dtype is not None:
+            p.error("--legacy, --rope-theta, --rope-fraction and --dtype do not apply to --tokenizer")
     else:
         if args.tokenizer_out is not None:
             p.error("-o goes with --tokenizer; a checkpoint's output is the second argument")
         if args.output is None:
             p.error("need an input checkpoint and an output file (see --help)")
+        if args.legacy and args.dtype not in (None, "f32"):
+            p.error(f"--legacy writes float32 (llama2.c's format has no --dtype {args.dtype})")
     return args
 
 

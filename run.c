@@ -49,6 +49,7 @@ enum { TOKEN_UNK = 0, TOKEN_BOS = 1, TOKEN_EOS = 2, TOKEN_BYTE0 = 3 }; // Senten
 #define MAGIC_LLAMA2C_V1 0x616b3432u  // llama2.c's export "version 1": "ak42"
 #define MAGIC_ROPE 0x45504f52u        // our format: the bytes "ROPE"
 #define HEADER_BYTES 256              // both versioned formats pad their header to 256
+#define ROPE_V2_ALIGNMENT 64          // ROPE version 2: every tensor starts at a multiple of 64 bytes
 #define LEGACY_HEADER_BYTES 28        // llama2.c legacy: seven int32
 
 // Sanity limits on header fields: far above any real model, low enough that no
@@ -132,6 +133,18 @@ typedef enum {
 static const char *rope_scaling_names[] = {"none", "linear", "ntk", "yarn", "llama3"};
 #define N_ROPE_SCALINGS 5
 
+// How the matrices and the token embedding are stored (the ROPE header's
+// weight_type): float32, or a 16-bit type that widens to float32 exactly. bf16 is
+// the top half of a float32 (8 exponent bits, 7 fraction bits); f16 is IEEE half
+// precision (5 exponent bits, 10 fraction bits). The norms are always float32, and
+// all arithmetic is float32: a 16-bit file computes what the float32 file holding
+// its widened weights computes, from half the bytes.
+typedef enum { WEIGHT_F32 = 0, WEIGHT_BF16 = 1, WEIGHT_F16 = 2 } WeightType;
+static const char *weight_type_names[] = {"f32", "bf16", "f16"};
+#define N_WEIGHT_TYPES 3
+
+static size_t weight_type_bytes(WeightType type) { return type == WEIGHT_F32 ? 4 : 2; }
+
 typedef struct {
     int dim;               // transformer width
     int hidden_dim;        // feed-forward width
@@ -141,6 +154,8 @@ typedef struct {
     int vocab_size;        // vocabulary size
     int seq_len;           // positions in the context in use: the header's seq_len until main sets it
     int shared_classifier; // 1: the classifier reuses the token embedding
+    int version;           // the header's version: ROPE 1 or 2, llama2.c v1 1, legacy 0
+    WeightType weight_type; // the matrices' and the embedding's type (f32 but in ROPE version 2)
     float norm_eps;        // RMSNorm epsilon
     float rope_theta;      // base wavelength theta of the rotary frequencies
     float rope_fraction;   // p: the fraction of rotary pairs that rotate (p-RoPE)
@@ -156,19 +171,31 @@ typedef struct {
     float llama3_high_freq_factor; // llama3: wavelengths below original / this are kept (4)
 } Config;
 
+// A weight matrix as the file stores it: elements of `type`, row-major, from data
+// on. matrix_at(m, i) is the same matrix from element i on (a layer, a row).
 typedef struct {
-    const float *token_embedding; // (vocab_size, dim)
-    const float *rms_att;         // (layer, dim) RMSNorm weights before attention
-    const float *rms_ffn;         // (layer, dim) RMSNorm weights before the feed-forward
-    const float *wq;              // (layer, n_heads * head_size, dim)
-    const float *wk;              // (layer, n_kv_heads * head_size, dim)
-    const float *wv;              // (layer, n_kv_heads * head_size, dim)
-    const float *wo;              // (layer, dim, n_heads * head_size)
-    const float *w1;              // (layer, hidden_dim, dim) gate
-    const float *w2;              // (layer, dim, hidden_dim) down
-    const float *w3;              // (layer, hidden_dim, dim) up
-    const float *rms_final;       // (dim,)
-    const float *wcls;            // (vocab_size, dim) classifier
+    const void *data;
+    WeightType type;
+} Matrix;
+
+static Matrix matrix_at(Matrix m, size_t i) {
+    return (Matrix){(const char *)m.data + i * weight_type_bytes(m.type), m.type};
+}
+static Matrix f32_matrix(const float *p) { return (Matrix){p, WEIGHT_F32}; }
+
+typedef struct {
+    Matrix token_embedding;   // (vocab_size, dim)
+    const float *rms_att;     // (layer, dim) RMSNorm weights before attention
+    const float *rms_ffn;     // (layer, dim) RMSNorm weights before the feed-forward
+    Matrix wq;                // (layer, n_heads * head_size, dim)
+    Matrix wk;                // (layer, n_kv_heads * head_size, dim)
+    Matrix wv;                // (layer, n_kv_heads * head_size, dim)
+    Matrix wo;                // (layer, dim, n_heads * head_size)
+    Matrix w1;                // (layer, hidden_dim, dim) gate
+    Matrix w2;                // (layer, dim, hidden_dim) down
+    Matrix w3;                // (layer, hidden_dim, dim) up
+    const float *rms_final;   // (dim,)
+    Matrix wcls;              // (vocab_size, dim) classifier
 } TransformerWeights;
 
 // Accumulators for -m inspect: how much of each head's signal lives at each rotary
@@ -347,13 +374,19 @@ static int validate_config(const Config *c) {
     return 0; // the KV cache is sized by the context in use, and checked there (check_context_fits)
 }
 
-// Number of floats in the weights, in the order our format stores them (without
-// llama2.c legacy's freq_cis tables, which are counted separately).
-static uint64_t weight_floats(const Config *c) {
-    uint64_t dim = c->dim, hidden = c->hidden_dim, layers = c->n_layers, vocab = c->vocab_size;
-    uint64_t q_dim = (uint64_t)c->n_heads * head_size_of(c), kv = kv_dim_of(c);
-    uint64_t per_layer = 2 * dim + q_dim * dim + 2 * kv * dim + dim * q_dim + 3 * hidden * dim;
-    return vocab * dim + layers * per_layer + dim + (c->shared_classifier ? 0 : vocab * dim);
+static uint64_t map_weights(TransformerWeights *w, const Config *c, CheckpointFormat format, uintptr_t base,
+                            uint64_t offset);
+
+// ROPE version 2's fields (bytes 84..95; docs/format.md): head_size (0 only, for
+// now), weight_type, a reserved int32.
+static int parse_header_v2(const unsigned char *data, Config *c) {
+    int head_size = read_i32(data + 84), weight_type = read_i32(data + 88), reserved = read_i32(data + 92);
+    if (head_size != 0) return fail("head_size %d: only 0 (dim / n_heads) is supported", head_size);
+    if (weight_type < 0 || weight_type >= N_WEIGHT_TYPES)
+        return fail("weight_type %d is not a type this program knows (0 f32, 1 bf16, 2 f16)", weight_type);
+    if (reserved != 0) return fail("reserved header field at byte 92 is %d, not 0", reserved);
+    c->weight_type = (WeightType)weight_type;
+    return 0;
 }
 
 // Reads the header of any of the three formats from the first bytes of a file.
@@ -371,10 +404,12 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
     if (magic == MAGIC_ROPE || magic == MAGIC_LLAMA2C_V1) {
         if (size < HEADER_BYTES) return fail("file is too small (%zu bytes) for its 256-byte header", size);
         int version = read_i32(data + 4);
-        if (version != 1)
-            return fail("%s checkpoint version %d is not supported (only 1)",
-                        magic == MAGIC_ROPE ? "ROPE" : "llama2.c", version);
+        if (magic == MAGIC_LLAMA2C_V1 && version != 1)
+            return fail("llama2.c checkpoint version %d is not supported (only 1)", version);
+        if (magic == MAGIC_ROPE && version != 1 && version != 2)
+            return fail("ROPE checkpoint version %d is not supported (only 1 and 2)", version);
         *format = magic == MAGIC_ROPE ? FORMAT_ROPE : FORMAT_LLAMA2C_V1;
+        c->version = version;
     } else {
         *format = FORMAT_LLAMA2C_LEGACY;
     }
@@ -410,7 +445,12 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
         c->rope_attention_factor = read_f32(data + 72);
         c->llama3_low_freq_factor = read_f32(data + 76);
         c->llama3_high_freq_factor = read_f32(data + 80);
-        for (int i = 84; i < HEADER_BYTES; i++)
+        int reserved_from = 84;
+        if (c->version == 2) {
+            if (parse_header_v2(data, c) != 0) return -1;
+            reserved_from = 96; // tokenizer_offset and tokenizer_bytes: this build reads no tokenizer section
+        }
+        for (int i = reserved_from; i < HEADER_BYTES; i++)
             if (data[i] != 0) return fail("reserved header byte %d is not zero (a newer format?)", i);
         // files written before the rules: rule 0 with a factor is linear scaling
         if (c->rope_scaling == ROPE_SCALING_NONE && c->rope_factor != 1.0f) c->rope_scaling = ROPE_SCALING_LINEAR;
@@ -420,43 +460,68 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
     if (c->rope_original_len == 0) c->rope_original_len = c->seq_len; // the trained length, unless the file says
     if (validate_config(c) != 0) return -1;
     *data_offset = *format == FORMAT_LLAMA2C_LEGACY ? LEGACY_HEADER_BYTES : HEADER_BYTES;
-    uint64_t floats = weight_floats(c);
-    if (*format == FORMAT_LLAMA2C_LEGACY) floats += (uint64_t)c->seq_len * head_size_of(c); // freq_cis real+imag
-    *expected_size = *data_offset + floats * sizeof(float);
+    TransformerWeights unused;
+    *expected_size = map_weights(&unused, c, *format, 0, *data_offset); // where the last tensor ends
     return 0;
 }
 
-// Points the weights into the mapped file. llama2.c's version 1 stores all the
-// norms first, then the embedding and the matrices; the legacy format and ours
-// start with the embedding and interleave the norms.
-static void map_weights(TransformerWeights *w, const Config *c, CheckpointFormat format, const float *ptr) {
-    uint64_t dim = c->dim, hidden = c->hidden_dim, layers = c->n_layers;
+// Walks the tensors in file order: `at` is where the next one starts, in bytes from
+// the start of the file. Version 2 starts each tensor at a multiple of 64 bytes: on
+// a cache line, and a float32 norm after a 16-bit matrix of an odd number of weights
+// still on a multiple of 4. The other versions store them back to back.
+typedef struct {
+    uintptr_t base;  // the file's first byte in memory (0 when only sizes are wanted)
+    uint64_t at;     // offset of the next tensor
+    size_t alignment;
+    WeightType type; // the matrices' and the embedding's
+} TensorLayout;
+
+static uint64_t next_tensor(TensorLayout *t, uint64_t elements, size_t element_bytes) {
+    t->at = (t->at + t->alignment - 1) / t->alignment * t->alignment;
+    uint64_t start = t->at;
+    t->at += elements * element_bytes;
+    return start;
+}
+// a norm or another vector: always float32
+static const float *next_vector(TensorLayout *t, uint64_t elements) {
+    return (const float *)(t->base + next_tensor(t, elements, sizeof(float)));
+}
+// the embedding and the matrices: of the file's weight type
+static Matrix next_matrix(TensorLayout *t, uint64_t elements) {
+    return (Matrix){(const void *)(t->base + next_tensor(t, elements, weight_type_bytes(t->type))), t->type};
+}
+
+// Points the weights into the file mapped at base (0: computes only the layout),
+// the first tensor at `offset`. Returns where the last tensor ends: the file's size.
+// llama2.c's version 1 stores all the norms first, then the embedding and the
+// matrices; the legacy format and ours start with the embedding and interleave the
+// norms. (Integer arithmetic on base, so that the layout of a header whose sizes
+// are far past the end of its file is no pointer arithmetic out of bounds.)
+static uint64_t map_weights(TransformerWeights *w, const Config *c, CheckpointFormat format, uintptr_t base,
+                            uint64_t offset) {
+    uint64_t dim = c->dim, hidden = c->hidden_dim, layers = c->n_layers, vocab = c->vocab_size;
     uint64_t q_dim = (uint64_t)c->n_heads * head_size_of(c), kv = kv_dim_of(c);
+    size_t alignment = format == FORMAT_ROPE && c->version == 2 ? ROPE_V2_ALIGNMENT : 1;
+    TensorLayout t = {base, offset, alignment, c->weight_type};
     if (format == FORMAT_LLAMA2C_V1) {
-        w->rms_att = ptr;   ptr += layers * dim;
-        w->rms_ffn = ptr;   ptr += layers * dim;
-        w->rms_final = ptr; ptr += dim;
+        w->rms_att = next_vector(&t, layers * dim);
+        w->rms_ffn = next_vector(&t, layers * dim);
+        w->rms_final = next_vector(&t, dim);
     }
-    w->token_embedding = ptr;
-    ptr += (uint64_t)c->vocab_size * dim;
-    if (format != FORMAT_LLAMA2C_V1) {
-        w->rms_att = ptr; ptr += layers * dim;
-    }
-    w->wq = ptr; ptr += layers * q_dim * dim;
-    w->wk = ptr; ptr += layers * kv * dim;
-    w->wv = ptr; ptr += layers * kv * dim;
-    w->wo = ptr; ptr += layers * dim * q_dim;
-    if (format != FORMAT_LLAMA2C_V1) {
-        w->rms_ffn = ptr; ptr += layers * dim;
-    }
-    w->w1 = ptr; ptr += layers * hidden * dim;
-    w->w2 = ptr; ptr += layers * dim * hidden;
-    w->w3 = ptr; ptr += layers * hidden * dim;
-    if (format != FORMAT_LLAMA2C_V1) {
-        w->rms_final = ptr; ptr += dim;
-    }
-    if (format == FORMAT_LLAMA2C_LEGACY) ptr += (uint64_t)c->seq_len * head_size_of(c); // skip freq_cis
-    w->wcls = c->shared_classifier ? w->token_embedding : ptr;
+    w->token_embedding = next_matrix(&t, vocab * dim);
+    if (format != FORMAT_LLAMA2C_V1) w->rms_att = next_vector(&t, layers * dim);
+    w->wq = next_matrix(&t, layers * q_dim * dim);
+    w->wk = next_matrix(&t, layers * kv * dim);
+    w->wv = next_matrix(&t, layers * kv * dim);
+    w->wo = next_matrix(&t, layers * dim * q_dim);
+    if (format != FORMAT_LLAMA2C_V1) w->rms_ffn = next_vector(&t, layers * dim);
+    w->w1 = next_matrix(&t, layers * hidden * dim);
+    w->w2 = next_matrix(&t, layers * dim * hidden);
+    w->w3 = next_matrix(&t, layers * hidden * dim);
+    if (format != FORMAT_LLAMA2C_V1) w->rms_final = next_vector(&t, dim);
+    if (format == FORMAT_LLAMA2C_LEGACY) next_vector(&t, (uint64_t)c->seq_len * head_size_of(c)); // freq_cis, skipped
+    w->wcls = c->shared_classifier ? w->token_embedding : next_matrix(&t, vocab * dim);
+    return t.at;
 }
 
 // Input files are opened and read by open_regular_file and read_whole_file
@@ -489,12 +554,16 @@ static int load_checkpoint(Transformer *t, const char *path) {
     }
     if (expected != size) {
         munmap(mapped, size);
+        if (t->config.version == 2)
+            return fail("checkpoint %s has %zu bytes but its header (weight_type %s) implies %llu (truncated, a "
+                        "weight_type that disagrees with the data, or not a checkpoint?)",
+                        path, size, weight_type_names[t->config.weight_type], (unsigned long long)expected);
         return fail("checkpoint %s has %zu bytes but its header implies %llu (truncated, or not a checkpoint?)",
                     path, size, (unsigned long long)expected);
     }
     t->mapped = mapped;
     t->file_size = size;
-    map_weights(&t->weights, &t->config, t->format, (const float *)((const char *)mapped + offset));
+    map_weights(&t->weights, &t->config, t->format, (uintptr_t)mapped, offset);
     return 0;
 }
 
@@ -869,10 +938,11 @@ static int use_fast_kernels = 1;
 // The fast versions of the functions below, in "Making it fast".
 #ifdef USE_SIMD
 static float dot_simd(const float *a, const float *b, int n);
+static float dot_weights_simd(Matrix w, const float *x, int n);
 #endif
 typedef struct Projection Projection;
-static void matmul_fast(float *xout, const float *x, const float *w, int n, int d);
-static void matmul_tiled(float *xout, const float *x, const float *w, int B, int n, int d, float *scratch);
+static void matmul_fast(float *xout, const float *x, Matrix w, int n, int d);
+static void matmul_tiled(float *xout, const float *x, Matrix w, int B, int n, int d, float *scratch);
 static void matmuls_fast(const float *x, int n, const Projection *p, int n_proj);
 static void attention_scores_fast(float *att, const float *q, const float *keys, int n, int head_size);
 static void attention_values_fast(float *out, const float *att, const float *values, int n, int head_size);
@@ -965,18 +1035,71 @@ static float dot(const float *a, const float *b, int n) {
     return reduce_lanes(acc);
 }
 
+// The 16-bit weight types widened to float32, exactly (every bf16 and every f16 is
+// a float32 value).
+//   bf16: the top 16 bits of a float32; the widened value is those bits shifted up,
+//     the low 16 fraction bits zero.
+//   f16: sign s, 5 exponent bits e (bias 15), 10 fraction bits f:
+//     e = 31: infinity (f = 0) or NaN (f kept, made quiet, as the hardware does)
+//     0 < e < 31: (-1)^s 2^(e-15) 1.f, a float32 exponent of e - 15 + 127
+//     e = 0: (-1)^s 2^-14 0.f (subnormal; 0 when f = 0): normalized by shifting f up
+//     until its leading 1 reaches the implicit bit, one exponent step per shift
+static inline float bits_to_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+static inline float bf16_to_f32(uint16_t h) { return bits_to_f32((uint32_t)h << 16); }
+
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, f = h & 0x3ff;
+    if (e == 0x1f) return bits_to_f32(sign | 0x7f800000u | f << 13 | (f ? 0x400000u : 0)); // inf, quiet NaN
+    if (e != 0) return bits_to_f32(sign | (e - 15 + 127) << 23 | f << 13);
+    if (f == 0) return bits_to_f32(sign); // +-0
+    e = 1;
+    while (!(f & 0x400)) { // subnormal: 2^-14 0.f = 2^(e-15) 1.f' after the shifts
+        f <<= 1;
+        e--;
+    }
+    return bits_to_f32(sign | (e - 15 + 127) << 23 | (f & 0x3ff) << 13);
+}
+
+// Element i of weights stored as `type`, widened to float32.
+static inline float widen(const void *data, size_t i, WeightType type) {
+    if (type == WEIGHT_BF16) return bf16_to_f32(((const uint16_t *)data)[i]);
+    if (type == WEIGHT_F16) return f16_to_f32(((const uint16_t *)data)[i]);
+    return ((const float *)data)[i];
+}
+
+// W[i,:] . x for a row of weights of any type: each weight widened to float32, then
+// exactly dot()'s lanes and roundings, so a 16-bit row gives the bits the float32
+// row holding the widened weights gives.
+static float dot_weights(Matrix w, const float *x, int n) {
+    if (w.type == WEIGHT_F32) return dot(w.data, x, n);
+#ifdef USE_SIMD
+    if (use_fast_kernels) return dot_weights_simd(w, x, n); // widened in SIMD registers
+#endif
+    float acc[DOT_LANES] = {0};
+    int j = 0;
+    for (; j + DOT_LANES <= n; j += DOT_LANES)
+        for (int l = 0; l < DOT_LANES; l++) acc[l] = mul_add(widen(w.data, j + l, w.type), x[j + l], acc[l]);
+    for (int l = 0; j < n; j++, l++) acc[l] = mul_add(widen(w.data, j, w.type), x[j], acc[l]);
+    return reduce_lanes(acc);
+}
+
 // W (d,n) @ x (n,) -> xout (d,): one token, xout[i] = W[i,:] . x.
-static void matmul(float *xout, const float *x, const float *w, int n, int d) {
+static void matmul(float *xout, const float *x, Matrix w, int n, int d) {
     if (use_fast_kernels) {
         matmul_fast(xout, x, w, n, d); // four rows at a time, split across threads
         return;
     }
-    for (int i = 0; i < d; i++) xout[i] = dot(w + (size_t)i * n, x, n);
+    for (int i = 0; i < d; i++) xout[i] = dot_weights(matrix_at(w, (size_t)i * n), x, n);
 }
 
 // X (B,n) @ W^T (n,d) -> XOUT (B,d): the B tokens of a block, xout[b*d + i] = W[i,:] . x[b,:],
 // each token exactly as matmul computes it.
-static void matmul_tokens(RunState *s, float *xout, const float *x, const float *w, int B, int n, int d) {
+static void matmul_tokens(RunState *s, float *xout, const float *x, Matrix w, int B, int n, int d) {
     if (use_fast_kernels && B > 1) {
         matmul_tiled(xout, x, w, B, n, d, s->scratch); // tiles of rows x tokens, split across threads
         return;
@@ -987,7 +1110,7 @@ static void matmul_tokens(RunState *s, float *xout, const float *x, const float 
 // One matrix of several that multiply the same input: xout = W x, W of d rows.
 struct Projection {
     float *xout;
-    const float *w;
+    Matrix w;
     int d;
 };
 
@@ -1061,6 +1184,12 @@ static void swiglu(float *hb, const float *hb2, long n) {
     for (long i = 0; i < n; i++) hb[i] = swiglu_unit(hb[i], hb2[i]);
 }
 
+// out = row `token` of the token embedding, widened to float32.
+static void embedding_row(float *out, Matrix embedding, int token, int dim) {
+    Matrix row = matrix_at(embedding, (size_t)token * dim);
+    for (int j = 0; j < dim; j++) out[j] = widen(row.data, j, row.type);
+}
+
 // Which logits forward_block computes: the classifier reads vocab_size x dim
 // weights, as much as all the layers of a small model, so a prompt's blocks skip it
 // but for the last token of the last block.
@@ -1078,9 +1207,8 @@ static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, 
     int n_rotated = rope_angles_of(c);
     float eps = c->norm_eps;
 
-    // the token embeddings: x[b] = embedding[token b]
-    for (int b = 0; b < B; b++)
-        memcpy(s->x + (size_t)b * dim, w->token_embedding + (size_t)tokens[b] * dim, dim * sizeof(float));
+    // the token embeddings: x[b] = embedding[token b], widened to float32
+    for (int b = 0; b < B; b++) embedding_row(s->x + (size_t)b * dim, w->token_embedding, tokens[b], dim);
 
     for (int l = 0; l < c->n_layers; l++) {
         // attention rmsnorm: xb = rmsnorm(x)
@@ -1088,9 +1216,9 @@ static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, 
             rmsnorm(s->xb + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_att + (size_t)l * dim, dim, eps);
 
         // q = Wq xb, k = Wk xb, v = Wv xb
-        Projection qkv[3] = {{s->q, w->wq + (size_t)l * dim * dim, dim},
-                             {s->k, w->wk + (size_t)l * kv_dim * dim, kv_dim},
-                             {s->v, w->wv + (size_t)l * kv_dim * dim, kv_dim}};
+        Projection qkv[3] = {{s->q, matrix_at(w->wq, (size_t)l * dim * dim), dim},
+                             {s->k, matrix_at(w->wk, (size_t)l * kv_dim * dim), kv_dim},
+                             {s->v, matrix_at(w->wv, (size_t)l * kv_dim * dim), kv_dim}};
         matmuls(s, s->xb, qkv, 3, B, dim);
 
         // RoPE: rotate q and k by their position; then k and v go into the cache
@@ -1113,7 +1241,7 @@ static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, 
         attention(t, l, B, pos0);
 
         // x = x + Wo xb (the residual connection)
-        matmul_tokens(s, s->xb2, s->xb, w->wo + (size_t)l * dim * dim, B, dim, dim);
+        matmul_tokens(s, s->xb2, s->xb, matrix_at(w->wo, (size_t)l * dim * dim), B, dim, dim);
         for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] += s->xb2[i];
 
         // ffn rmsnorm: xb = rmsnorm(x)
@@ -1121,11 +1249,11 @@ static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, 
             rmsnorm(s->xb + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_ffn + (size_t)l * dim, dim, eps);
 
         // the feed-forward (SwiGLU): x = x + W2 (silu(W1 xb) * (W3 xb))
-        Projection w13[2] = {{s->hb, w->w1 + (size_t)l * hidden * dim, hidden},
-                             {s->hb2, w->w3 + (size_t)l * hidden * dim, hidden}};
+        Projection w13[2] = {{s->hb, matrix_at(w->w1, (size_t)l * hidden * dim), hidden},
+                             {s->hb2, matrix_at(w->w3, (size_t)l * hidden * dim), hidden}};
         matmuls(s, s->xb, w13, 2, B, dim);
         swiglu(s->hb, s->hb2, (long)B * hidden);
-        matmul_tokens(s, s->xb2, s->hb, w->w2 + (size_t)l * dim * hidden, B, hidden, dim);
+        matmul_tokens(s, s->xb2, s->hb, matrix_at(w->w2, (size_t)l * dim * hidden), B, hidden, dim);
         for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] += s->xb2[i];
     }
 
@@ -2434,7 +2562,9 @@ static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOpti
 // hardware prefetchers follow. A prompt goes through in blocks of tokens, and each
 // weight loaded feeds every token of the block, so prefill is bound by arithmetic:
 // its kernel keeps the multiply-add units busy. docs/performance.md has the
-// measurements behind each choice.
+// measurements behind each choice. Weights stored in 16 bits are widened in the
+// registers as they are loaded (lanes_load_weights), and the arithmetic after the
+// load is the float32 kernels': the same bits from half the bytes.
 //   1. dot() in SIMD registers
 //   2. decode: four rows at a time, the rows split across threads
 //   3. prefill: tiles of rows x tokens
@@ -2508,18 +2638,72 @@ static inline void lanes_sum4(float out[4], Lanes a, Lanes b, Lanes c, Lanes d) 
 static inline Lanes lanes_keep(Lanes v) { return v; }
 #endif
 
+// Eight 16-bit weights widened to float32 lanes in the register, each exactly as
+// widen() widens it, so the kernels' arithmetic after the load is the float32
+// kernels' (and the bytes read are half).
+#if defined(USE_AVX2)
+// bf16: zero-extended to 32 bits, then shifted into the top half
+static inline Lanes lanes_load_bf16(const uint16_t *p) {
+    __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+#if defined(__F16C__)
+// f16: F16C's conversion (exact: subnormals widened, NaN made quiet)
+static inline Lanes lanes_load_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+#else
+static inline Lanes lanes_load_f16(const uint16_t *p) { // an AVX2 CPU without F16C: one at a time
+    float widened[DOT_LANES];
+    for (int l = 0; l < DOT_LANES; l++) widened[l] = f16_to_f32(p[l]);
+    return lanes_load(widened);
+}
+#endif
+#elif defined(USE_NEON)
+// bf16: vshll widens each 16-bit value to 32 bits, shifted into the top half
+static inline Lanes lanes_load_bf16(const uint16_t *p) {
+    uint16x8_t v = vld1q_u16(p);
+    return (Lanes){vreinterpretq_f32_u32(vshll_n_u16(vget_low_u16(v), 16)),
+                   vreinterpretq_f32_u32(vshll_high_n_u16(v, 16))};
+}
+// f16: the conversion instruction (exact, as F16C's)
+static inline Lanes lanes_load_f16(const uint16_t *p) {
+    float16x8_t v = vreinterpretq_f16_u16(vld1q_u16(p));
+    return (Lanes){vcvt_f32_f16(vget_low_f16(v)), vcvt_high_f32_f16(v)};
+}
+#endif
+
 #ifdef USE_SIMD
+// Eight weights of `type` from element i of data on, as float32 lanes.
+static inline Lanes lanes_load_weights(const void *data, size_t i, WeightType type) {
+    if (type == WEIGHT_BF16) return lanes_load_bf16((const uint16_t *)data + i);
+    if (type == WEIGHT_F16) return lanes_load_f16((const uint16_t *)data + i);
+    return lanes_load((const float *)data + i);
+}
+
+// The kernels below that read weights are written once for a weight type given as
+// a parameter, always inlined, and called with the type as a constant (one copy per
+// type: the test of the type leaves the loops).
+
 // dot(): one lanes_fma per eight floats; a tail shorter than eight goes to the
-// first lanes as in the plain loop.
-static float dot_simd(const float *a, const float *b, int n) {
+// first lanes as in the plain loop. a: weights of `type` (x and the cached keys are
+// float32).
+static inline __attribute__((always_inline)) float dot_lanes(const void *a, WeightType type, const float *b, int n) {
     float acc[DOT_LANES];
     int j = 0;
     Lanes lanes = lanes_zero();
-    for (; j + DOT_LANES <= n; j += DOT_LANES) lanes = lanes_fma(lanes_load(a + j), lanes_load(b + j), lanes);
+    for (; j + DOT_LANES <= n; j += DOT_LANES)
+        lanes = lanes_fma(lanes_load_weights(a, j, type), lanes_load(b + j), lanes);
     if (j == n) return lanes_sum(lanes);
     lanes_store(acc, lanes);
-    for (int l = 0; j < n; j++, l++) acc[l] = mul_add(a[j], b[j], acc[l]);
+    for (int l = 0; j < n; j++, l++) acc[l] = mul_add(widen(a, j, type), b[j], acc[l]);
     return reduce_lanes(acc);
+}
+
+static float dot_simd(const float *a, const float *b, int n) { return dot_lanes(a, WEIGHT_F32, b, n); }
+
+static float dot_weights_simd(Matrix w, const float *x, int n) {
+    if (w.type == WEIGHT_BF16) return dot_lanes(w.data, WEIGHT_BF16, x, n);
+    if (w.type == WEIGHT_F16) return dot_lanes(w.data, WEIGHT_F16, x, n);
+    return dot_lanes(w.data, WEIGHT_F32, x, n);
 }
 #endif
 
@@ -2528,7 +2712,7 @@ static float dot_simd(const float *a, const float *b, int n) {
 #ifdef USE_SIMD
 // Asks for the cache line `ahead` bytes past p, into L1 (a hint: it never faults,
 // and the address is computed as an integer, so it may lie past the row's end).
-static inline void prefetch_ahead(const float *p, size_t ahead) {
+static inline void prefetch_ahead(const void *p, size_t ahead) {
     __builtin_prefetch((const void *)((uintptr_t)p + ahead), 0, 3);
 }
 #endif
@@ -2536,7 +2720,7 @@ static inline void prefetch_ahead(const float *p, size_t ahead) {
 // Software prefetch in the decode matmul: how far ahead each row asks for its
 // lines, and the shortest rows that ask (shorter rows lost more than they gained).
 #define PREFETCH_AHEAD_BYTES 1024
-#define PREFETCH_MIN_ROW 512 // floats: 2 KB
+#define PREFETCH_MIN_ROW 512 // weights: 2 KB of float32, 1 KB of a 16-bit type
 
 // Four dot products: out[r * gap] = dot(w_r, x, n) for the rows w_r = w + r * gap * n,
 // r = 0..3, gap rows apart. Each row's arithmetic is exactly dot()'s.
@@ -2545,24 +2729,27 @@ static inline void prefetch_ahead(const float *p, size_t ahead) {
 // independent chains that share the loads of x. The loop takes one 64-byte cache
 // line of each row per step (two vectors, in dot()'s order); with `prefetch`, each
 // step first asks for each row's line PREFETCH_AHEAD_BYTES further on, which keeps
-// more reads in flight than the hardware prefetchers do.
-static void dot_rows4(float *out, const float *w, const float *x, int n, size_t gap, int prefetch) {
+// more reads in flight than the hardware prefetchers do (a 16-bit row's line holds
+// two steps, and is asked for twice: a hint for a line already coming costs little).
 #ifdef USE_SIMD
-    const float *wr[4] = {w, w + gap * n, w + 2 * gap * n, w + 3 * gap * n};
+static inline __attribute__((always_inline)) void dot_rows4_lanes(float *out, const void *w, WeightType type,
+                                                                   const float *x, int n, size_t gap, int prefetch) {
+    size_t wr[4] = {0, gap * n, 2 * gap * n, 3 * gap * n}; // where each row starts, in weights
+    size_t bytes = weight_type_bytes(type);
     float acc[4][DOT_LANES];
     Lanes lanes[4] = {lanes_zero(), lanes_zero(), lanes_zero(), lanes_zero()};
     int j = 0;
     for (; j + 2 * DOT_LANES <= n; j += 2 * DOT_LANES) {
         if (prefetch)
-            for (int r = 0; r < 4; r++) prefetch_ahead(wr[r] + j, PREFETCH_AHEAD_BYTES);
+            for (int r = 0; r < 4; r++) prefetch_ahead((const char *)w + (wr[r] + j) * bytes, PREFETCH_AHEAD_BYTES);
         for (int h = j; h < j + 2 * DOT_LANES; h += DOT_LANES) {
             Lanes xv = lanes_load(x + h);
-            for (int r = 0; r < 4; r++) lanes[r] = lanes_fma(lanes_load(wr[r] + h), xv, lanes[r]);
+            for (int r = 0; r < 4; r++) lanes[r] = lanes_fma(lanes_load_weights(w, wr[r] + h, type), xv, lanes[r]);
         }
     }
     for (; j + DOT_LANES <= n; j += DOT_LANES) { // at most one vector left
         Lanes xv = lanes_load(x + j);
-        for (int r = 0; r < 4; r++) lanes[r] = lanes_fma(lanes_load(wr[r] + j), xv, lanes[r]);
+        for (int r = 0; r < 4; r++) lanes[r] = lanes_fma(lanes_load_weights(w, wr[r] + j, type), xv, lanes[r]);
     }
     for (int r = 0; r < 4; r++) {
         if (j == n) {
@@ -2570,12 +2757,20 @@ static void dot_rows4(float *out, const float *w, const float *x, int n, size_t 
             continue;
         }
         lanes_store(acc[r], lanes[r]);
-        for (int jj = j, l = 0; jj < n; jj++, l++) acc[r][l] = mul_add(wr[r][jj], x[jj], acc[r][l]);
+        for (int jj = j, l = 0; jj < n; jj++, l++) acc[r][l] = mul_add(widen(w, wr[r] + jj, type), x[jj], acc[r][l]);
         out[r * gap] = reduce_lanes(acc[r]);
     }
+}
+#endif
+
+static void dot_rows4(float *out, Matrix w, const float *x, int n, size_t gap, int prefetch) {
+#ifdef USE_SIMD
+    if (w.type == WEIGHT_BF16) dot_rows4_lanes(out, w.data, WEIGHT_BF16, x, n, gap, prefetch);
+    else if (w.type == WEIGHT_F16) dot_rows4_lanes(out, w.data, WEIGHT_F16, x, n, gap, prefetch);
+    else dot_rows4_lanes(out, w.data, WEIGHT_F32, x, n, gap, prefetch);
 #else
     (void)prefetch; // the plain build leaves prefetching to the hardware
-    for (int r = 0; r < 4; r++) out[r * gap] = dot(w + r * gap * n, x, n);
+    for (int r = 0; r < 4; r++) out[r * gap] = dot_weights(matrix_at(w, r * gap * n), x, n);
 #endif
 }
 
@@ -2599,16 +2794,16 @@ static int worth_a_parallel_region(long work) {
 // plain sequential streams, which every prefetcher design follows (four adjacent
 // rows, interleaved eight floats at a time, confuse some). The threads split i
 // into contiguous bands (matmul_band), one of them also taking the d % 4 rows left.
-static void matmul_band(float *xout, const float *x, const float *w, int n, int d, int lo, int hi) {
+static void matmul_band(float *xout, const float *x, Matrix w, int n, int d, int lo, int hi) {
     int quarter = d / 4, prefetch = n >= PREFETCH_MIN_ROW;
-    for (int i = lo; i < hi; i++) dot_rows4(xout + i, w + (size_t)i * n, x, n, quarter, prefetch);
+    for (int i = lo; i < hi; i++) dot_rows4(xout + i, matrix_at(w, (size_t)i * n), x, n, quarter, prefetch);
 }
 
-static void matmul_leftover_rows(float *xout, const float *x, const float *w, int n, int d) {
-    for (int i = 4 * (d / 4); i < d; i++) xout[i] = dot(w + (size_t)i * n, x, n);
+static void matmul_leftover_rows(float *xout, const float *x, Matrix w, int n, int d) {
+    for (int i = 4 * (d / 4); i < d; i++) xout[i] = dot_weights(matrix_at(w, (size_t)i * n), x, n);
 }
 
-static void matmul_rows(float *xout, const float *x, const float *w, int n, int d) {
+static void matmul_rows(float *xout, const float *x, Matrix w, int n, int d) {
     matmul_band(xout, x, w, n, d, 0, d / 4);
     matmul_leftover_rows(xout, x, w, n, d);
 }
@@ -2735,7 +2930,7 @@ static void matmuls_fast(const float *x, int n, const Projection *p, int n_proj)
     for (int j = 0; j < n_proj; j++) matmul_rows(p[j].xout, x, p[j].w, n, p[j].d);
 }
 
-static void matmul_fast(float *xout, const float *x, const float *w, int n, int d) {
+static void matmul_fast(float *xout, const float *x, Matrix w, int n, int d) {
     Projection p = {xout, w, d};
     matmuls_fast(x, n, &p, 1);
 }
@@ -2843,11 +3038,16 @@ static void store_sums(float *xout, int d, int i0, int n_rows, int b, int n_toke
 // plain loop at the end, which adds the tail and calls reduce_lanes.
 //   prefetch, prefetch_lines: cache lines of weights that a later tile will read;
 // one is requested into L2 per step of eight multiply-adds (see matmul_tiled).
-static void matmul_tile(float *xout, const float *x, const float *packed, const float *w, int n, int d, int i0,
-                        int n_rows, int b0, int n_tokens, const char *prefetch, int prefetch_lines) {
+//   w: weights of `type` (see dot_lanes: matmul_tile below calls this with the type
+// as a constant).
+static inline __attribute__((always_inline)) void matmul_tile_of(float *xout, const float *x, const float *packed,
+                                                                  const void *w, WeightType type, int n, int d, int i0,
+                                                                  int n_rows, int b0, int n_tokens,
+                                                                  const char *prefetch, int prefetch_lines) {
     float acc[TILE_ROWS][TILE_TOKENS][DOT_LANES];
-    const float *wr[TILE_ROWS], *xb[TILE_TOKENS];
-    for (int r = 0; r < TILE_ROWS; r++) wr[r] = w + (size_t)(i0 + (r < n_rows ? r : n_rows - 1)) * n;
+    size_t wr[TILE_ROWS]; // where each row starts, in weights
+    const float *xb[TILE_TOKENS];
+    for (int r = 0; r < TILE_ROWS; r++) wr[r] = (size_t)(i0 + (r < n_rows ? r : n_rows - 1)) * n;
     for (int b = 0; b < TILE_TOKENS; b++) xb[b] = x + (size_t)(b0 + (b < n_tokens ? b : n_tokens - 1)) * n;
     int j = 0;
 #if defined(USE_AVX512)
@@ -2861,7 +3061,7 @@ static void matmul_tile(float *xout, const float *x, const float *packed, const 
     for (int c = 0; c < chunks; c++, j += DOT_LANES) {
         if (c < prefetch_lines) __builtin_prefetch(prefetch + (size_t)c * 64, 0, 2);
         __m512 wv[TILE_ROWS];
-        for (int r = 0; r < TILE_ROWS; r++) wv[r] = _mm512_broadcast_f32x8(_mm256_loadu_ps(wr[r] + j));
+        for (int r = 0; r < TILE_ROWS; r++) wv[r] = _mm512_broadcast_f32x8(lanes_load_weights(w, wr[r] + j, type));
         for (int p = 0; p < PAIRS; p++) {
             __m512 xv = _mm512_loadu_ps(pair[p] + (size_t)c * 16);
             for (int r = 0; r < TILE_ROWS; r++) lanes[r][p] = _mm512_fmadd_ps(wv[r], xv, lanes[r][p]);
@@ -2901,7 +3101,7 @@ static void matmul_tile(float *xout, const float *x, const float *packed, const 
             Lanes xv[TILE_TOKENS];
             for (int b = 0; b < TILE_TOKENS; b++) xv[b] = lanes_keep(lanes_load(xb[b] + j));
             for (int r = 0; r < TILE_ROWS; r++) {
-                Lanes wv = lanes_keep(lanes_load(wr[r] + j));
+                Lanes wv = lanes_keep(lanes_load_weights(w, wr[r] + j, type));
                 for (int b = 0; b < TILE_TOKENS; b++) lanes[r][b] = lanes_fma(wv, xv[b], lanes[r][b]);
             }
         }
@@ -2923,14 +3123,26 @@ static void matmul_tile(float *xout, const float *x, const float *packed, const 
         if (j / DOT_LANES < prefetch_lines) __builtin_prefetch(prefetch + (size_t)(j / DOT_LANES) * 64, 0, 2);
         for (int r = 0; r < TILE_ROWS; r++)
             for (int b = 0; b < TILE_TOKENS; b++)
-                for (int l = 0; l < DOT_LANES; l++) acc[r][b][l] = mul_add(wr[r][j + l], xb[b][j + l], acc[r][b][l]);
+                for (int l = 0; l < DOT_LANES; l++)
+                    acc[r][b][l] = mul_add(widen(w, wr[r] + j + l, type), xb[b][j + l], acc[r][b][l]);
     }
 #endif
     for (int r = 0; r < n_rows; r++)
         for (int b = 0; b < n_tokens; b++) {
-            for (int jj = j, l = 0; jj < n; jj++, l++) acc[r][b][l] = mul_add(wr[r][jj], xb[b][jj], acc[r][b][l]);
+            for (int jj = j, l = 0; jj < n; jj++, l++)
+                acc[r][b][l] = mul_add(widen(w, wr[r] + jj, type), xb[b][jj], acc[r][b][l]);
             xout[(size_t)(b0 + b) * d + i0 + r] = reduce_lanes(acc[r][b]);
         }
+}
+
+static void matmul_tile(float *xout, const float *x, const float *packed, Matrix w, int n, int d, int i0, int n_rows,
+                        int b0, int n_tokens, const char *prefetch, int prefetch_lines) {
+    if (w.type == WEIGHT_BF16)
+        matmul_tile_of(xout, x, packed, w.data, WEIGHT_BF16, n, d, i0, n_rows, b0, n_tokens, prefetch, prefetch_lines);
+    else if (w.type == WEIGHT_F16)
+        matmul_tile_of(xout, x, packed, w.data, WEIGHT_F16, n, d, i0, n_rows, b0, n_tokens, prefetch, prefetch_lines);
+    else
+        matmul_tile_of(xout, x, packed, w.data, WEIGHT_F32, n, d, i0, n_rows, b0, n_tokens, prefetch, prefetch_lines);
 }
 
 // matmul_tokens() for a block. scratch: room for B * n floats, B rounded up to a
@@ -2941,7 +3153,8 @@ static void matmul_tile(float *xout, const float *x, const float *packed, const 
 // and the arithmetic waits for them; so while one row tile is at work, the weights
 // of the next are requested into L2, a share per token tile, spread over the steps
 // of the loop.
-static void matmul_tiled(float *xout, const float *x, const float *w, int B, int n, int d, float *scratch) {
+static void matmul_tiled(float *xout, const float *x, Matrix w, int B, int n, int d, float *scratch) {
+    size_t bytes = weight_type_bytes(w.type);
     int token_tiles = (B + TILE_TOKENS - 1) / TILE_TOKENS;
 #pragma omp parallel
     {
@@ -2957,8 +3170,8 @@ static void matmul_tiled(float *xout, const float *x, const float *w, int B, int
         for (i = 0; i < d; i += TILE_ROWS) {
             int rows = d - i < TILE_ROWS ? d - i : TILE_ROWS;
             int next = i + rows, next_rows = d - next < TILE_ROWS ? d - next : TILE_ROWS;
-            const char *next_w = (const char *)(w + (size_t)next * n);
-            long next_lines = next < d ? ((long)next_rows * n * (long)sizeof(float) + 63) / 64 : 0;
+            const char *next_w = (const char *)w.data + (size_t)next * n * bytes;
+            long next_lines = next < d ? ((long)next_rows * n * (long)bytes + 63) / 64 : 0;
             for (int t = 0; t < token_tiles; t++) {
                 long first = next_lines * t / token_tiles, last = next_lines * (t + 1) / token_tiles;
                 int b = t * TILE_TOKENS;
@@ -2976,7 +3189,7 @@ static void matmul_tiled(float *xout, const float *x, const float *w, int B, int
 // loop hot.
 static void attention_scores_fast(float *att, const float *q, const float *keys, int n, int head_size) {
     int tt = 0;
-    for (; tt + 4 <= n; tt += 4) dot_rows4(att + tt, keys + (size_t)tt * head_size, q, head_size, 1, 0);
+    for (; tt + 4 <= n; tt += 4) dot_rows4(att + tt, f32_matrix(keys + (size_t)tt * head_size), q, head_size, 1, 0);
     for (; tt < n; tt++) att[tt] = dot(q, keys + (size_t)tt * head_size, head_size);
 }
 
@@ -3026,8 +3239,8 @@ static void attention_block_scores(Transformer *t, int l, int h, int B, int pos0
     for (int b = 0; b < B; b += TILE_TOKENS) {
         int n_tokens = B - b < TILE_TOKENS ? B - b : TILE_TOKENS, n_keys = pos0 + b + n_tokens;
         for (int i = 0; i < n_keys; i += TILE_ROWS)
-            matmul_tile(att, q, packed, keys, head_size, row_stride, i, n_keys - i < TILE_ROWS ? n_keys - i : TILE_ROWS,
-                        b, n_tokens, NULL, 0);
+            matmul_tile(att, q, packed, f32_matrix(keys), head_size, row_stride, i,
+                        n_keys - i < TILE_ROWS ? n_keys - i : TILE_ROWS, b, n_tokens, NULL, 0);
     }
 }
 
@@ -3384,7 +3597,9 @@ static char *read_text_file(const char *path) {
     return text;
 }
 
-static const char *format_name(CheckpointFormat f) {
+static const char *format_name(CheckpointFormat f, const Config *c) {
+    static const char *rope_v2[] = {"ROPE v2 f32", "ROPE v2 bf16", "ROPE v2 f16"}; // by weight_type
+    if (f == FORMAT_ROPE && c->version == 2) return rope_v2[c->weight_type];
     return f == FORMAT_ROPE ? "ROPE v1" : f == FORMAT_LLAMA2C_V1 ? "llama2.c v1" : "llama2.c legacy";
 }
 
@@ -3541,7 +3756,7 @@ int main(int argc, char *argv[]) {
     fprintf(stderr,
             " (%s): dim %d, hidden %d, layers %d, heads %d/%d, vocab %d, context %d%s | rope theta %g%s, "
             "fraction %g%s (%d of %d pairs rotate), scaling %s, eps %g\n",
-            format_name(transformer.format), c->dim, c->hidden_dim, c->n_layers, c->n_heads,
+            format_name(transformer.format, c), c->dim, c->hidden_dim, c->n_layers, c->n_heads,
             c->n_kv_heads, c->vocab_size, c->seq_len, context_text(context > 0, file_seq_len), c->rope_theta,
             rope_theta > 0 ? " (command line)" : "", c->rope_fraction, rope_fraction >= 0 ? " (command line)" : "",
             rope_angles_of(c), head_size_of(c) / 2, rope_scaling_text(c), c->norm_eps);

@@ -3,7 +3,7 @@
 against this machine's read bandwidth, and prefill's arithmetic against its peak.
 
     make bench                     (builds ./run, bench/stream and bench/peak, then runs this)
-    python3 bench/bench.py [--quick] [--models 15M,110M] [--threads 1,2] [--runs N]
+    python3 bench/bench.py [--quick] [--models 15M,110M] [--threads 1,2] [--runs N] [--dtypes bf16,f16|none]
 
 Models are random-weight checkpoints in the ROPE format, written into bench/ on
 first use (bench/*.bin is gitignored): the shapes of llama2.c's stories15M and
@@ -53,6 +53,17 @@ Side by side with the programs users would otherwise run, on the same weights:
                              (the prefill prompt's length) and tg test (decode
                              tokens) next to ours; the ratios are of tok/s.
 Each ratio printed is the median over rounds of that round's own ratio.
+
+16-bit weights (--dtypes, default bf16; "none" leaves them out): the same random
+weights rounded to bf16 (export.py --dtype bf16, round to nearest even) in a ROPE
+version 2 file, against the float32 file of the same widened weights (export.py
+--dtype f32 of that file: the outputs are the same, bit for bit, which each model's
+first use checks). Each round: a bandwidth reading, the two decodes (in turns), a
+bandwidth reading, the two prefills, and with LLAMA_BENCH llama-bench on a BF16 GGUF
+made from the F32 one by llama.cpp's llama-quantize (beside llama-bench, or
+$LLAMA_QUANTIZE), which rounds to nearest even too: the same weights again. Decode's
+traffic is counted in the bytes actually read per token: 2 a weight for the streamed
+matrices and the classifier, 4 for the norms.
 
 Only numpy and the standard library.
 """
@@ -105,8 +116,8 @@ def read_header(path):
     with open(path, "rb") as f:
         head = f.read(40)
     magic, version, *sizes, shared = struct.unpack("<Ii7ii", head)
-    if magic != ropefile.MAGIC or version != 1:
-        raise SystemExit(f"bench: {path} is not a ROPE v1 checkpoint")
+    if magic != ropefile.MAGIC or version not in (1, 2):
+        raise SystemExit(f"bench: {path} is not a ROPE checkpoint of version 1 or 2")
     return (*sizes, shared)
 
 
@@ -119,6 +130,16 @@ def float_counts(dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared):
     total = vocab * dim + body + (0 if shared else vocab * dim)
     streamed = body + vocab * dim  # + the classifier, once (shared or not); no embedding rows
     return total, streamed
+
+
+def streamed_bytes(dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared, weight_type="f32"):
+    """Bytes decode reads per token: the layers' matrices and the classifier (the embedding,
+    streamed once as the classifier when shared) at weight_type's size, the norms float32."""
+    head_size = dim // heads
+    q_dim, kv_dim = heads * head_size, kv_heads * head_size
+    matrices = layers * (q_dim * dim + 2 * kv_dim * dim + dim * q_dim + 3 * hidden * dim) + vocab * dim
+    norms = 2 * layers * dim + dim
+    return matrices * (4 if weight_type == "f32" else 2) + 4 * norms
 
 
 def prefill_flops(dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared, n):
@@ -199,6 +220,34 @@ def ensure_gguf(llama2c_path, tokenizer, llama_bench):
     log(f"bench: writing {os.path.relpath(out, ROOT)} for llama.cpp ({os.path.basename(convert)}) ...")
     subprocess.run([convert, "--copy-vocab-from-model", tokenizer, "--llama2c-model", llama2c_path,
                     "--llama2c-output-model", out], check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    return out
+
+
+def ensure_16bit_checkpoints(path, weight_type):
+    """(the weights of path rounded to weight_type, ROPE version 2; the float32 file of the
+    same widened weights), written with export.py on first use."""
+    narrow = path[:-len(".bin")] + f"_{weight_type}.bin"
+    wide = path[:-len(".bin")] + f"_{weight_type}_f32.bin"
+    for src, out, dtype in ((path, narrow, weight_type), (narrow, wide, "f32")):
+        if not os.path.exists(out) or os.path.getmtime(out) < os.path.getmtime(src):
+            log(f"bench: writing {os.path.relpath(out, ROOT)} (export.py --dtype {dtype}) ...")
+            subprocess.run([sys.executable, os.path.join(ROOT, "export.py"), src, out, "--dtype", dtype],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return narrow, wide
+
+
+def ensure_gguf_16bit(gguf, weight_type, llama_bench):
+    """The F32 GGUF converted by llama.cpp's llama-quantize to BF16 (or F16)."""
+    out = gguf[:-len(".gguf")] + f"-{weight_type}.gguf"
+    if os.path.exists(out) and os.path.getmtime(out) >= os.path.getmtime(gguf):
+        return out
+    quantize = os.environ.get("LLAMA_QUANTIZE") or os.path.join(os.path.dirname(llama_bench), "llama-quantize")
+    if not os.path.exists(quantize):
+        raise SystemExit(f"bench: no {os.path.relpath(out, ROOT)} and no llama-quantize at {quantize} "
+                         "(set LLAMA_QUANTIZE)")
+    log(f"bench: writing {os.path.relpath(out, ROOT)} for llama.cpp (llama-quantize ... {weight_type.upper()}) ...")
+    subprocess.run([quantize, gguf, out, weight_type.upper()], check=True, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
     return out
 
@@ -594,6 +643,84 @@ def read_by_cpu(reps=5):
 
 
 # ----------------------------------------------------------------------------
+# 16-bit weights against float32 on the same weights
+
+def check_same_output(runner, narrow, wide):
+    """The 16-bit file and the float32 file of its widened weights print the same text."""
+    outs = [subprocess.run(runner.cmd(f, "-t", "0", "-n", "40", "-p", SHORT_PROMPT), capture_output=True,
+                           check=True).stdout for f in (narrow, wide)]
+    if outs[0] != outs[1]:
+        raise SystemExit(f"bench: {narrow} and {wide} (the same weights widened) print different text")
+
+
+def bench_16bit(runner, name, path, weight_type, threads, runs, stream_reps, cpus, prompt, n_prompt,
+                decode_steps, lbench, gguf):
+    """Rounds of (bandwidth, the 16-bit and float32 decodes, bandwidth, the two prefills, llama-bench
+    on the 16-bit GGUF) for each thread count: (table rows, raw lines, any run disturbed)."""
+    narrow, wide = ensure_16bit_checkpoints(path, weight_type)
+    check_same_output(runner, narrow, wide)
+    header = read_header(narrow)
+    bytes16, bytes32 = streamed_bytes(*header, weight_type), streamed_bytes(*header)
+    gguf16 = ensure_gguf_16bit(gguf, weight_type, lbench) if lbench else None
+    for f in (narrow, wide, gguf16):
+        if f:
+            drop_from_page_cache(f)
+    runner.timed(narrow, threads[0], SHORT_PROMPT, decode_steps // 8)  # faults the files in
+    runner.timed(wide, threads[0], SHORT_PROMPT, decode_steps // 8)
+    rows, raw, any_disturbed = [], [], False
+    for t in threads:
+        log(f"bench: {name} {weight_type}, {t} thread(s): {runs} round(s) of bandwidth, prefill and decode ...")
+        r = {k: [] for k in ("dec16", "dec32", "pre16", "pre32", "peak", "pp", "tg")}
+        retries, disturbed = [runs], 0
+        for k in range(runs):
+            runner.cpu = cpus[k % len(cpus)] if t == 1 and len(cpus) > 1 else None
+            peak1, _, d1 = stream_bandwidth(runner.contention, t, stream_reps, runner.cpu)
+            for f in ((narrow, wide) if k % 2 == 0 else (wide, narrow)):
+                (_, _, _, rate, _, _), d = runner.timed_quiet(f, t, SHORT_PROMPT, decode_steps, retries)
+                r["dec16" if f == narrow else "dec32"].append(rate)
+                disturbed += d
+            peak2, _, d2 = stream_bandwidth(runner.contention, t, stream_reps, runner.cpu)
+            r["peak"].append((peak1 + peak2) / 2)
+            disturbed += d1 + d2
+            for f in (narrow, wide):
+                (_, rate, _, _, _, _), d = runner.timed_quiet(f, t, prompt, n_prompt, retries)
+                r["pre16" if f == narrow else "pre32"].append(rate)
+                disturbed += d
+            if lbench:
+                (pp, tg, _, _), d = runner.timed_quiet(
+                    None, t, None, None, retries,
+                    run=lambda stoppable: llama_bench(runner, lbench, gguf16, t, n_prompt, DECODE_TOKENS, stoppable))
+                r["pp"].append(pp)
+                r["tg"].append(tg)
+                disturbed += d
+        runner.cpu = None
+
+        def med(key, scale=1.0):
+            return statistics.median(scale * v for v in r[key])
+
+        def ratio(a, b, scale_a=1.0):
+            return statistics.median(scale_a * x / y for x, y in zip(r[a], r[b])) if r[a] and r[b] else None
+
+        mark = " (!)" if disturbed else ""
+        of_peak = statistics.median(bytes16 * d / 1e9 / p for d, p in zip(r["dec16"], r["peak"]))
+        vs_pp, vs_tg = ratio("pre16", "pp"), ratio("dec16", "tg")
+        rows.append([name, str(t), weight_type, f"{bytes16 / 1e6:.1f} (f32 {bytes32 / 1e6:.1f})",
+                     f"{med('pre16'):.1f}{mark}", f"{med('dec16'):.1f}{mark}", f"{bytes16 * med('dec16') / 1e9:.2f}",
+                     f"{med('peak'):.2f}", f"{100 * of_peak:.0f}%", f"{med('pre32'):.1f}", f"{med('dec32'):.1f}",
+                     f"**{ratio('dec16', 'dec32'):.2f}x**", f"{ratio('pre16', 'pre32'):.2f}x",
+                     f"{med('pp'):.1f}" if r["pp"] else "-", f"{med('tg'):.1f}" if r["tg"] else "-",
+                     f"{vs_pp:.2f}x" if vs_pp else "-", f"{vs_tg:.2f}x" if vs_tg else "-"])
+        raw.append(f"{name} {weight_type}, {t} thread(s), by round: decode {weight_type} "
+                   f"{', '.join(f'{v:.1f}' for v in r['dec16'])}, f32 {', '.join(f'{v:.1f}' for v in r['dec32'])}; "
+                   f"prefill {weight_type} {', '.join(f'{v:.1f}' for v in r['pre16'])}, f32 "
+                   f"{', '.join(f'{v:.1f}' for v in r['pre32'])} tok/s; read bandwidth (best pass) "
+                   f"{', '.join(f'{v:.2f}' for v in r['peak'])} GB/s"
+                   + (f"; llama-bench {weight_type.upper()} pp {', '.join(f'{v:.1f}' for v in r['pp'])}, tg "
+                      f"{', '.join(f'{v:.1f}' for v in r['tg'])} tok/s" if lbench else "")
+                   + (f"; **{disturbed} run(s) or reading(s) disturbed**" if disturbed else ""))
+        any_disturbed = any_disturbed or disturbed > 0
+    return rows, raw, any_disturbed
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -601,7 +728,13 @@ def main():
     ap.add_argument("--models", default=None, help="comma-separated, from 15M,110M (default: both)")
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
     ap.add_argument("--runs", type=int, default=None, help="runs per figure (default 5 for 15M, 3 for 110M)")
+    ap.add_argument("--dtypes", default="bf16",
+                    help="16-bit weight types to compare with float32 on the same weights: bf16, f16, "
+                         "both comma-separated, or none (default bf16)")
     args = ap.parse_args()
+    dtypes = [] if args.dtypes == "none" else args.dtypes.split(",")
+    if any(d not in ("bf16", "f16") for d in dtypes):
+        ap.error("--dtypes: bf16, f16, both comma-separated, or none")
 
     models = (args.models or ("15M" if args.quick else "15M,110M")).split(",")
     for m in models:
@@ -645,6 +778,7 @@ def main():
     cpus = usable_cpus()
 
     rows, side, notes, raw, any_disturbed = [], [], [], [], False
+    rows16 = []
     for name in models:
         path = ensure_checkpoint(name)
         header = read_header(path)
@@ -670,6 +804,7 @@ def main():
                      + (f" (the context is {seq_len})" if n_prompt < 256 else "")
                      + f"; decode prompt {n_short} tokens, -n {decode_steps}; median of {runs} round(s)")
 
+        runs16 = (path, prompt, n_prompt, decode_steps)  # for the 16-bit rounds, after the float32 ones
         peer_path = ensure_llama2c_checkpoint(path) if peer or lbench else None
         gguf = ensure_gguf(peer_path, tokenizer, lbench) if lbench else None
         log(f"bench: {name}: warm-up run (page cache) ...")
@@ -791,6 +926,13 @@ def main():
                            + (f"; peer {', '.join(f'{r:.1f}' for r in peer_rates)} tok/s" if peer else "")
                            + (f"; llama-bench pp {', '.join(f'{r:.1f}' for r in pp_rates)}, tg "
                               f"{', '.join(f'{r:.1f}' for r in tg_rates)} tok/s" if lbench else ""))
+        for weight_type in dtypes:
+            path16, prompt16, n_prompt16, steps16 = runs16
+            r16, raw16, d16 = bench_16bit(runner, name, path16, weight_type, threads, runs, stream_reps, cpus,
+                                          prompt16, n_prompt16, steps16, lbench, gguf)
+            rows16 += r16
+            raw += raw16
+            any_disturbed = any_disturbed or d16
 
     by_cpu_end = "" if args.quick else read_by_cpu()
     elapsed = time.time() - start
@@ -811,6 +953,18 @@ def main():
     out.append("|" + "|".join("---" if i < 2 else "---:" for i in range(len(head))) + "|")
     out += ["| " + " | ".join(r) + " |" for r in rows]
     out.append("")
+    if rows16:
+        out.append("16-bit weights against float32 on the same weights (the float32 file holds the 16-bit values "
+                   "widened; each ratio the median over rounds of that round's own ratio):")
+        out.append("")
+        head3 = ["model", "threads", "weights", "MB read per decoded token", "prefill tok/s", "decode tok/s",
+                 "decode GB/s (bytes read)", "read GB/s, best pass", "% of best pass", "f32 prefill tok/s",
+                 "f32 decode tok/s", "decode / f32", "prefill / f32", "llama.cpp pp tok/s (16-bit GGUF)",
+                 "llama.cpp tg tok/s (16-bit GGUF)", "run / llama.cpp prefill", "run / llama.cpp decode"]
+        out.append("| " + " | ".join(head3) + " |")
+        out.append("|" + "|".join("---" if i < 3 else "---:" for i in range(len(head3))) + "|")
+        out += ["| " + " | ".join(r) + " |" for r in rows16]
+        out.append("")
     if side:
         out.append("Side by side on the same weights (each ratio: the median over rounds of that round's ratio; "
                    "above 1 means run is faster):")

@@ -25,23 +25,24 @@ static void all_matmuls(Transformer *t) {
     RunState *s = &t->state;
     size_t dim = c->dim, hidden = c->hidden_dim, kv_dim = kv_dim_of(c);
     for (int l = 0; l < c->n_layers; l++) {
-        Projection qkv[3] = {{s->q, w->wq + l * dim * dim, (int)dim},
-                             {s->k, w->wk + l * dim * kv_dim, (int)kv_dim},
-                             {s->v, w->wv + l * dim * kv_dim, (int)kv_dim}};
+        Projection qkv[3] = {{s->q, matrix_at(w->wq, l * dim * dim), (int)dim},
+                             {s->k, matrix_at(w->wk, l * dim * kv_dim), (int)kv_dim},
+                             {s->v, matrix_at(w->wv, l * dim * kv_dim), (int)kv_dim}};
         matmuls(s, s->xb, qkv, 3, 1, (int)dim);
-        matmul(s->xb2, s->xb, w->wo + l * dim * dim, (int)dim, (int)dim);
-        Projection w13[2] = {{s->hb, w->w1 + l * dim * hidden, (int)hidden},
-                             {s->hb2, w->w3 + l * dim * hidden, (int)hidden}};
+        matmul(s->xb2, s->xb, matrix_at(w->wo, l * dim * dim), (int)dim, (int)dim);
+        Projection w13[2] = {{s->hb, matrix_at(w->w1, l * dim * hidden), (int)hidden},
+                             {s->hb2, matrix_at(w->w3, l * dim * hidden), (int)hidden}};
         matmuls(s, s->xb, w13, 2, 1, (int)dim);
-        matmul(s->xb2, s->hb, w->w2 + l * dim * hidden, (int)hidden, (int)dim);
+        matmul(s->xb2, s->hb, matrix_at(w->w2, l * dim * hidden), (int)hidden, (int)dim);
     }
     matmul(s->logits, s->x, w->wcls, (int)dim, c->vocab_size);
 }
 
-// The bytes all_matmuls (and a decode step) reads from the weights.
+// The bytes all_matmuls (and a decode step) reads from the weights (of any type).
 static double matmul_bytes(const Config *c) {
     double dim = c->dim, hidden = c->hidden_dim, kv_dim = kv_dim_of(c);
-    return 4.0 * (c->n_layers * (2 * dim * dim + 2 * dim * kv_dim + 3 * dim * hidden) + dim * c->vocab_size);
+    return (double)weight_type_bytes(c->weight_type) *
+           (c->n_layers * (2 * dim * dim + 2 * dim * kv_dim + 3 * dim * hidden) + dim * c->vocab_size);
 }
 
 int main(int argc, char **argv) {
@@ -63,16 +64,17 @@ int main(int argc, char **argv) {
     int n_positions = c->seq_len < 256 ? c->seq_len : 256;
     prepare_to_run(&t, n_positions);
 
-    // the whole mapping, from the first weight on, as rows of dim floats
-    const float *region = t.weights.token_embedding;
-    size_t region_floats = (t.file_size - (size_t)((const char *)region - (const char *)t.mapped)) / sizeof(float);
-    int region_rows = (int)(region_floats / c->dim);
+    // the whole mapping, from the first weight on, as rows of dim weights of the file's type
+    Matrix region = t.weights.token_embedding;
+    size_t element_bytes = weight_type_bytes(region.type);
+    size_t region_weights = (t.file_size - (size_t)((const char *)region.data - (const char *)t.mapped)) / element_bytes;
+    int region_rows = (int)(region_weights / c->dim);
     float *region_out = alloc_floats(region_rows);
     if (!region_out) {
         fprintf(stderr, "read_order: out of memory\n");
         return 1;
     }
-    double bytes[3] = {4.0 * region_rows * c->dim, matmul_bytes(c), matmul_bytes(c)};
+    double bytes[3] = {(double)element_bytes * region_rows * c->dim, matmul_bytes(c), matmul_bytes(c)};
     const char *names[3] = {"one region", "matrices", "forward"};
     double gbs[3] = {0};
     int pos = 0;

@@ -12,11 +12,14 @@
 #include "fuzz_common.h"
 
 
-// [p, p + n floats) lies inside [lo, hi)
-static void check_inside(const float *p, uint64_t n, const char *lo, const char *hi) {
+// [p, p + n elements of element_bytes) lies inside [lo, hi), p aligned to its
+// element (version 2: to 64 bytes from the start of the file)
+static void check_inside(const void *p, uint64_t n, size_t element_bytes, const char *lo, const char *hi,
+                         size_t alignment) {
     CHECK(p != NULL);
     CHECK((const char *)p >= lo);
-    CHECK(n <= (uint64_t)(hi - (const char *)p) / sizeof(float));
+    CHECK(n <= (uint64_t)(hi - (const char *)p) / element_bytes);
+    CHECK((uintptr_t)p % element_bytes == 0 && (uintptr_t)p % alignment == 0);
 }
 
 static int logits_finite(const float *logits, int n) {
@@ -37,39 +40,43 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     CHECK(validate_config(&c) == 0);
     CHECK(offset == (format == FORMAT_LLAMA2C_LEGACY ? LEGACY_HEADER_BYTES : HEADER_BYTES));
-    CHECK(expected > offset && (expected - offset) % sizeof(float) == 0);
+    CHECK(c.version == 2 || c.weight_type == WEIGHT_F32); // only version 2 has 16-bit weights
+    CHECK(c.weight_type >= 0 && c.weight_type < N_WEIGHT_TYPES);
+    CHECK(expected > offset && (expected - offset) % weight_type_bytes(c.weight_type) == 0);
     // the bound that keeps the products from overflowing: far below 2^63
     CHECK(expected < (1ull << 62));
     CHECK(rope_angles_of(&c) >= 0 && rope_angles_of(&c) <= head_size_of(&c) / 2);
     if (expected != size) return 0;
 
-    // An aligned private copy, as mmap would give (the formats keep floats 4-aligned).
+    // An aligned private copy, as mmap would give (the formats keep floats 4-aligned,
+    // version 2 every tensor 64-aligned from the start of the file).
     size_t alloc = (size + 63) & ~(size_t)63;
     char *copy = aligned_alloc(64, alloc);
     if (!copy) return 0;
     memcpy(copy, data, size);
     const char *lo = copy + offset, *hi = copy + size;
+    size_t alignment = c.version == 2 ? ROPE_V2_ALIGNMENT : 1, mb = weight_type_bytes(c.weight_type);
 
     Transformer t;
     memset(&t, 0, sizeof(t));
     t.config = c;
     t.format = format;
-    map_weights(&t.weights, &c, format, (const float *)lo);
+    CHECK(map_weights(&t.weights, &c, format, (uintptr_t)copy, offset) == size);
     const TransformerWeights *w = &t.weights;
     uint64_t dim = c.dim, layers = c.n_layers, hidden = c.hidden_dim, kv = kv_dim_of(&c);
     uint64_t q_dim = (uint64_t)c.n_heads * head_size_of(&c);
-    check_inside(w->token_embedding, (uint64_t)c.vocab_size * dim, lo, hi);
-    check_inside(w->rms_att, layers * dim, lo, hi);
-    check_inside(w->rms_ffn, layers * dim, lo, hi);
-    check_inside(w->rms_final, dim, lo, hi);
-    check_inside(w->wq, layers * q_dim * dim, lo, hi);
-    check_inside(w->wk, layers * kv * dim, lo, hi);
-    check_inside(w->wv, layers * kv * dim, lo, hi);
-    check_inside(w->wo, layers * dim * q_dim, lo, hi);
-    check_inside(w->w1, layers * hidden * dim, lo, hi);
-    check_inside(w->w2, layers * dim * hidden, lo, hi);
-    check_inside(w->w3, layers * hidden * dim, lo, hi);
-    check_inside(w->wcls, (uint64_t)c.vocab_size * dim, lo, hi);
+    check_inside(w->token_embedding.data, (uint64_t)c.vocab_size * dim, mb, lo, hi, alignment);
+    check_inside(w->rms_att, layers * dim, sizeof(float), lo, hi, alignment);
+    check_inside(w->rms_ffn, layers * dim, sizeof(float), lo, hi, alignment);
+    check_inside(w->rms_final, dim, sizeof(float), lo, hi, alignment);
+    check_inside(w->wq.data, layers * q_dim * dim, mb, lo, hi, alignment);
+    check_inside(w->wk.data, layers * kv * dim, mb, lo, hi, alignment);
+    check_inside(w->wv.data, layers * kv * dim, mb, lo, hi, alignment);
+    check_inside(w->wo.data, layers * dim * q_dim, mb, lo, hi, alignment);
+    check_inside(w->w1.data, layers * hidden * dim, mb, lo, hi, alignment);
+    check_inside(w->w2.data, layers * dim * hidden, mb, lo, hi, alignment);
+    check_inside(w->w3.data, layers * hidden * dim, mb, lo, hi, alignment);
+    check_inside(w->wcls.data, (uint64_t)c.vocab_size * dim, mb, lo, hi, alignment);
 
     // One forward step and one sample, with the context cut to 4 positions: the
     // weights do not depend on seq_len (legacy's freq_cis are skipped already).

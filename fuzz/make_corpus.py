@@ -61,6 +61,33 @@ def rope_model(dim, hidden, layers, heads, kv_heads, vocab, seq, shared=1, seed=
         weight_count(dim, hidden, layers, heads, kv_heads, vocab, shared), seed)
 
 
+def halves(n, seed, weight_type):
+    """n deterministic 16-bit weights in [-1, 1]: bf16 (the float32's top half) or f16."""
+    if weight_type == 1:
+        return struct.pack(f"<{n}H", *[u >> 16 for u in struct.unpack(f"<{n}I", floats(n, seed))])
+    return struct.pack(f"<{n}e", *[math.sin(seed * 7.1 + i * 1.3) for i in range(n)])
+
+
+def rope_v2_model(dim, hidden, layers, heads, kv_heads, vocab, seq, shared=1, weight_type=1, seed=4, aligned=True):
+    """ROPE version 2: weight_type at byte 88 (1 bf16, 2 f16) for the embedding and the matrices,
+    float32 norms, every tensor at a multiple of 64 bytes (unless not aligned: a bad file)."""
+    head = bytearray(rope_header(dim, hidden, layers, heads, kv_heads, vocab, seq, shared))
+    struct.pack_into("<i", head, 4, 2)
+    struct.pack_into("<i", head, 88, weight_type)
+    hd = dim // heads
+    kv = kv_heads * hd
+    tensors = [(True, vocab * dim), (False, layers * dim), (True, layers * dim * dim), (True, layers * kv * dim),
+               (True, layers * kv * dim), (True, layers * dim * dim), (False, layers * dim),
+               (True, layers * hidden * dim), (True, layers * dim * hidden), (True, layers * hidden * dim),
+               (False, dim)] + ([] if shared else [(True, vocab * dim)])
+    out = bytes(head)
+    for i, (matrix, n) in enumerate(tensors):
+        if aligned:
+            out += b"\0" * (-len(out) % 64)
+        out += halves(n, seed + i, weight_type) if matrix else floats(n, seed + i)
+    return out
+
+
 def headers():
     for name in ("stories260K.bin", "stories260K_v1.bin"):
         path = MODELS / name
@@ -77,6 +104,8 @@ def headers():
     write("header", "tiny-rope-prope", rope_model(8, 4, 1, 2, 1, 4, 4, fraction=0.5, theta=500.0, scale=8.0))
     write("header", "tiny-rope-unshared", rope_model(2, 1, 1, 1, 1, 3, 1, shared=0))
     write("header", "tiny-rope-vocab1", rope_model(2, 1, 1, 1, 1, 1, 2))
+    write("header", "tiny-rope-v2-bf16", rope_v2_model(4, 4, 1, 2, 1, 6, 16, weight_type=1))
+    write("header", "tiny-rope-v2-f16-unshared", rope_v2_model(2, 3, 2, 1, 1, 5, 4, shared=0, weight_type=2))
     # crafted bad ones
     write("header", "bad-empty", b"")
     write("header", "bad-27-bytes", struct.pack("<7i", 64, 172, 5, 8, 4, 512, 512)[:27])
@@ -86,6 +115,10 @@ def headers():
     write("header", "bad-overflow", struct.pack("<7i", 65536, 1 << 20, 1024, 2, 2, 1 << 22, 1))
     write("header", "bad-int-min-vocab", struct.pack("<7i", 64, 172, 5, 8, 4, -2**31, 512))
     write("header", "bad-kv-cache", rope_header(64, 172, 1024, 8, 8, 512, 1 << 20))
+    unknown_type = bytearray(rope_v2_model(4, 4, 1, 2, 1, 6, 16))
+    struct.pack_into("<i", unknown_type, 88, 3)
+    write("header", "bad-rope-v2-weight-type-3", unknown_type)
+    write("header", "bad-rope-v2-unaligned", rope_v2_model(4, 4, 1, 2, 1, 6, 16, weight_type=2, aligned=False))
 
 
 def tokenizer_bytes(pieces, max_len=None, scores=None):

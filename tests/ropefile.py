@@ -15,20 +15,23 @@ def header_bytes(dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq
                  shared_classifier=True, norm_eps=1e-5, rope_theta=10000.0, rope_fraction=1.0,
                  rope_scale=1.0, rope_factor=None, rope_scaling=0, rope_original_len=0,
                  yarn_beta_fast=0.0, yarn_beta_slow=0.0, rope_attention_factor=0.0,
-                 llama3_low_freq_factor=0.0, llama3_high_freq_factor=0.0):
-    """The 256-byte header: magic, version 1, seven sizes, the flag, four floats, the RoPE
-    scaling fields (bytes 56..83: rule, original length, five floats; all 0 = none), zeros.
+                 llama3_low_freq_factor=0.0, llama3_high_freq_factor=0.0, version=1, weight_type=0):
+    """The 256-byte header: magic, version, seven sizes, the flag, four floats, the RoPE
+    scaling fields (bytes 56..83: rule, original length, five floats; all 0 = none), then in
+    version 2 head_size 0 and weight_type (bytes 84, 88), zeros.
 
     rope_factor is the newer name of rope_scale (byte 52); give either.
     """
     if rope_factor is not None:
         rope_scale = rope_factor
-    head = struct.pack("<Ii7ii4f", MAGIC, 1, dim, hidden_dim, n_layers, n_heads, n_kv_heads,
+    head = struct.pack("<Ii7ii4f", MAGIC, version, dim, hidden_dim, n_layers, n_heads, n_kv_heads,
                        vocab_size, seq_len, int(shared_classifier), norm_eps, rope_theta,
                        rope_fraction, rope_scale)
     head += struct.pack("<2i5f", rope_scaling, rope_original_len, yarn_beta_fast, yarn_beta_slow,
                         rope_attention_factor, llama3_low_freq_factor, llama3_high_freq_factor)
     assert len(head) == 84
+    if version == 2:
+        head += struct.pack("<2i", 0, weight_type)
     return head + b"\0" * (HEADER_BYTES - len(head))
 
 
@@ -74,4 +77,58 @@ def write_random_checkpoint(path, dim=64, hidden_dim=96, n_layers=2, n_heads=4, 
         for _, t in random_weights(dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size,
                                    shared_classifier, seed):
             f.write(np.ascontiguousarray(t, dtype="<f4").tobytes())
+    return path
+
+
+# Version 2: the matrices and the embedding in a 16-bit type, every tensor at a multiple
+# of 64 bytes from the start of the file (docs/format.md).
+WEIGHT_TYPES = {"f32": 0, "bf16": 1, "f16": 2}
+MATRICES = {"token_embedding", "wq", "wk", "wv", "wo", "w1", "w2", "w3", "wcls"}
+ALIGNMENT = 64
+
+
+def to_bf16_bits(x):
+    """float32 values rounded to nearest even in bfloat16 (the top 16 bits of a float32):
+    add 0x7FFF plus the lowest kept bit, then keep the top half. Finite inputs only."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def bf16_bits_to_f32(bits):
+    """bfloat16 bits widened to float32: shifted into the top half."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def as_16bit(tensors, weight_type):
+    """(stored, widened): the matrices rounded to weight_type ("bf16" uint16 bits or "f16"
+    float16), and the same tensors as float32 holding the widened values (norms unchanged)."""
+    stored, widened = [], []
+    for name, t in tensors:
+        if name in MATRICES and weight_type == "bf16":
+            bits = to_bf16_bits(t)
+            stored.append((name, bits))
+            widened.append((name, bf16_bits_to_f32(bits)))
+        elif name in MATRICES and weight_type == "f16":
+            half = t.astype(np.float16)
+            stored.append((name, half))
+            widened.append((name, half.astype(np.float32)))
+        else:
+            stored.append((name, t))
+            widened.append((name, t))
+    return stored, widened
+
+
+def write_checkpoint(path, tensors, dims, weight_type="f32", version=None, aligned=True, **header):
+    """Writes tensors (file order; matrices as float32, float16 or uint16 bf16 bits) with a header
+    for dims (header_bytes' sizes). Version 1 for float32 unless told; version 2 aligns every
+    tensor to 64 bytes (aligned=False leaves it out: a malformed file)."""
+    version = version or (1 if weight_type == "f32" else 2)
+    storage = {"f32": "<f4", "bf16": "<u2", "f16": "<f2"}
+    with open(path, "wb") as f:
+        f.write(header_bytes(**dims, version=version, weight_type=WEIGHT_TYPES[weight_type], **header))
+        for name, t in tensors:
+            if version == 2 and aligned:
+                f.write(b"\0" * (-f.tell() % ALIGNMENT))
+            kind = weight_type if name in MATRICES else "f32"
+            f.write(np.ascontiguousarray(t, dtype=storage[kind]).tobytes())
     return path

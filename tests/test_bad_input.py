@@ -27,7 +27,7 @@ import pytest
 from conftest import LLAMA_TOKENIZER, MODELS, RUN_BIN, RUN_PREFIX, STORIES, STORIES_V1, TOK512, run
 from ropefile import header_bytes, write_random_checkpoint
 
-STARTUP = re.compile(r"^run: .+ \((llama2\.c legacy|llama2\.c v1|ROPE v1)\): dim \d+")
+STARTUP = re.compile(r"^run: .+ \((llama2\.c legacy|llama2\.c v1|ROPE v1|ROPE v2 (f32|bf16|f16))\): dim \d+")
 SANITIZED = "san" in Path(RUN_BIN).name  # run-asan, run-ubsan: slower, and no RLIMIT_AS
 HANG_TIMEOUT = 1.0  # seconds (x3 under sanitizers) for the rows that used to hang
 HANG_ROWS = {"checkpoint-is-fifo", "tokenizer-is-fifo", "text-file-is-fifo",
@@ -321,8 +321,15 @@ ROWS = [
      "out of range"),
     ("v1-version-2", v1([(4, "<i", 2)]), 1, "llama2.c checkpoint version 2 is not supported"),
     ("v1-version-0", v1([(4, "<i", 0)]), 1, "version 0 is not supported"),
-    ("rope-version-2", rope([(4, "<i", 2)]), 1, "ROPE checkpoint version 2 is not supported"),
+    ("rope-version-3", rope([(4, "<i", 3)]), 1, "ROPE checkpoint version 3 is not supported (only 1 and 2)"),
     ("rope-version-negative", rope([(4, "<i", -1)]), 1, "ROPE checkpoint version -1 is not supported"),
+    # version 2: weight_type (byte 88) and head_size (84); stories260K's float32 body
+    ("rope-v2-weight-type-unknown", rope([(4, "<i", 2), (88, "<i", 3)]), 1,
+     "weight_type 3 is not a type this program knows"),
+    ("rope-v2-weight-type-disagrees-with-size", rope([(4, "<i", 2), (88, "<i", 1)]), 1,
+     "its header (weight_type bf16) implies"),
+    ("rope-v2-head-size", rope([(4, "<i", 2), (84, "<i", 16)]), 1, "head_size 16: only 0"),
+    ("rope-v1-with-a-weight-type", rope([(88, "<i", 1)]), 1, "reserved header byte 88 is not zero"),
 
     # --- header fields: zero, negative, absurdly large, inconsistent -----------------------
     ("dim-zero", legacy(dim=0), 1, "dim = 0 is out of range"),

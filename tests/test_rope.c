@@ -207,8 +207,8 @@ static void test_matmul_kernels_agree(int n, int d, const char *close_name, cons
     unsigned long long rng = 5;
     random_vector(w, n * d, &rng);
     random_vector(x, n * B, &rng);
-    for (int b = 0; b < B; b++) matmul(one + b * d, x + b * n, w, n, d);
-    matmul_tiled(block, x, w, B, n, d, scratch);
+    for (int b = 0; b < B; b++) matmul(one + b * d, x + b * n, f32_matrix(w), n, d);
+    matmul_tiled(block, x, f32_matrix(w), B, n, d, scratch);
     double worst = 0;
     for (int b = 0; b < B; b++)
         for (int i = 0; i < d; i++) {
@@ -231,6 +231,122 @@ static void test_matmul_kernels_agree(int n, int d, const char *close_name, cons
     free(one);
     free(block);
     free(scratch);
+}
+
+// The 16-bit weight types, widened by the definitions (IEEE 754 binary16; bf16 the
+// top half of a binary32), in double arithmetic, independently of run.c's widen():
+// sign s, exponent field e, fraction f of `fraction_bits` bits, exponent bias `bias`.
+static double widened_by_definition(unsigned s, unsigned e, unsigned f, int fraction_bits, int bias) {
+    double magnitude = e == 0 ? ldexp(f, 1 - bias - fraction_bits)                           // subnormal
+                              : ldexp((double)f + ldexp(1, fraction_bits), (int)e - bias - fraction_bits);
+    return s ? -magnitude : magnitude;
+}
+
+// every one of the 65536 f16 values: f16_to_f32 (the plain path) gives the value of
+// the definition (inf as inf; NaN as a quiet NaN), and the SIMD widening gives the
+// same bits
+static void test_f16_widening_is_exact_for_every_half(void) {
+    int exact = 1, lanes_agree = 1;
+    for (unsigned h = 0; h < 65536; h++) {
+        unsigned s = h >> 15, e = (h >> 10) & 31, f = h & 1023;
+        float got = f16_to_f32((uint16_t)h);
+        uint32_t bits;
+        memcpy(&bits, &got, sizeof(bits));
+        if (e == 31 && f != 0) exact &= isnan(got) && (bits & 0x400000u) && (bits >> 31) == s;
+        else if (e == 31) exact &= isinf(got) && (got < 0) == (s == 1);
+        else exact &= (double)got == widened_by_definition(s, e, f, 10, 15) && (bits >> 31) == s; // -0 keeps its sign
+    }
+#ifdef USE_SIMD
+    uint16_t halves[8];
+    float lanes[8];
+    for (unsigned h = 0; h < 65536; h += 8) {
+        for (unsigned l = 0; l < 8; l++) halves[l] = (uint16_t)(h + l);
+        lanes_store(lanes, lanes_load_weights(halves, 0, WEIGHT_F16));
+        for (unsigned l = 0; l < 8; l++) {
+            float plain = f16_to_f32(halves[l]);
+            lanes_agree &= memcmp(&plain, &lanes[l], sizeof(float)) == 0;
+        }
+    }
+#endif
+    check(exact, "f16_widening_equals_the_ieee_definition_for_every_half", "a value differs");
+    check(lanes_agree, "f16_simd_widening_equals_plain_widening_bitwise_for_every_half", "a lane differs");
+}
+
+// every bf16 value: the plain and the SIMD widening give its float32 (the bits
+// shifted up), by the definition for the finite ones
+static void test_bf16_widening_is_exact_for_every_value(void) {
+    int exact = 1, lanes_agree = 1;
+    for (unsigned h = 0; h < 65536; h++) {
+        unsigned s = h >> 15, e = (h >> 7) & 255, f = h & 127;
+        float got = bf16_to_f32((uint16_t)h);
+        if (e != 255) exact &= (double)got == widened_by_definition(s, e, f, 7, 127);
+        else exact &= f ? isnan(got) : isinf(got);
+    }
+#ifdef USE_SIMD
+    uint16_t values[8];
+    float lanes[8];
+    for (unsigned h = 0; h < 65536; h += 8) {
+        for (unsigned l = 0; l < 8; l++) values[l] = (uint16_t)(h + l);
+        lanes_store(lanes, lanes_load_weights(values, 0, WEIGHT_BF16));
+        for (unsigned l = 0; l < 8; l++) {
+            float plain = bf16_to_f32(values[l]);
+            lanes_agree &= memcmp(&plain, &lanes[l], sizeof(float)) == 0;
+        }
+    }
+#endif
+    check(exact, "bf16_widening_equals_the_definition_for_every_value", "a value differs");
+    check(lanes_agree, "bf16_simd_widening_equals_plain_widening_bitwise_for_every_value", "a lane differs");
+}
+
+// Random finite 16-bit weights of `type` and their values by the definition, as
+// float32 (exact: every such value is a float32). f16 exponents 0..16 (subnormals
+// included, magnitudes below 4); bf16 exponents 0 (subnormal) and 112..128.
+static void random_16bit_weights(uint16_t *h, float *widened, size_t count, WeightType type, unsigned long long *rng) {
+    for (size_t i = 0; i < count; i++) {
+        unsigned r = random_u32(rng), s = r & 1, e, f;
+        if (type == WEIGHT_F16) {
+            e = (r >> 1) % 17, f = (r >> 6) & 1023;
+            h[i] = (uint16_t)(s << 15 | e << 10 | f);
+            widened[i] = (float)widened_by_definition(s, e, f, 10, 15);
+        } else {
+            e = (r >> 1) % 18, f = (r >> 6) & 127;
+            e = e == 0 ? 0 : e + 111;
+            h[i] = (uint16_t)(s << 15 | e << 7 | f);
+            widened[i] = (float)widened_by_definition(s, e, f, 7, 127);
+        }
+    }
+}
+
+// A 16-bit matrix computes the bits of the float32 matrix holding its widened
+// weights: matmul (decode rows, threads), matmul_tiled (prefill tiles) and the plain
+// loops (use_fast_kernels = 0), against matmul on the float32 matrix.
+static void test_16bit_matmul_equals_widened_f32(WeightType type, int n, int d, const char *what) {
+    int B = 19;
+    uint16_t *h = malloc(sizeof(uint16_t) * n * d);
+    float *w = malloc(sizeof(float) * n * d), *x = malloc(sizeof(float) * n * B);
+    float *ref = malloc(sizeof(float) * d * B), *one = malloc(sizeof(float) * d * B);
+    float *block = malloc(sizeof(float) * d * B), *plain = malloc(sizeof(float) * d * B);
+    float *scratch = malloc(sizeof(float) * n * (B + TILE_TOKENS));
+    unsigned long long rng = 17;
+    random_16bit_weights(h, w, (size_t)n * d, type, &rng);
+    random_vector(x, n * B, &rng);
+    Matrix m = {h, type};
+    for (int b = 0; b < B; b++) matmul(ref + b * d, x + b * n, f32_matrix(w), n, d);
+    for (int b = 0; b < B; b++) matmul(one + b * d, x + b * n, m, n, d);
+    matmul_tiled(block, x, m, B, n, d, scratch);
+    use_fast_kernels = 0;
+    for (int b = 0; b < B; b++) matmul(plain + b * d, x + b * n, m, n, d);
+    use_fast_kernels = 1;
+    size_t bytes = sizeof(float) * d * B;
+    int decode = memcmp(ref, one, bytes) == 0, prefill = memcmp(ref, block, bytes) == 0;
+    int plain_same = memcmp(ref, plain, bytes) == 0;
+    char name[160], detail[96];
+    snprintf(name, sizeof(name), "%s_matmul_decode_prefill_and_plain_equal_float32_of_widened_weights_bitwise_%s",
+             weight_type_names[type], what);
+    snprintf(detail, sizeof(detail), "n %d d %d: decode %d, prefill tiles %d, plain loops %d", n, d, decode, prefill,
+             plain_same);
+    check(decode && prefill && plain_same, name, detail);
+    free(h), free(w), free(x), free(ref), free(one), free(block), free(plain), free(scratch);
 }
 
 // the decode split: for any shares (uneven, one of them zero, summing to 1 only up
@@ -286,11 +402,11 @@ static void test_uneven_split_keeps_matmul_bitwise(int n, int d, const char *nam
     random_vector(x, n, &rng);
     RowSplit saved = row_split;
     memset(&row_split, 0, sizeof(row_split));
-    matmul(out, x, w, n, d); // sets equal shares for this run's threads
+    matmul(out, x, f32_matrix(w), n, d); // sets equal shares for this run's threads
     int threads = row_split.n_threads > 0 ? row_split.n_threads : 1, plain = 1;
     for (int k = 0; k < threads; k++) row_split.share[k] = threads == 1 ? 1.0 : k == threads - 1 ? 0.8 : 0.2 / (threads - 1);
     memset(out, 0, sizeof(float) * d);
-    matmul(out, x, w, n, d);
+    matmul(out, x, f32_matrix(w), n, d);
     for (int i = 0; i < d; i++) plain &= out[i] == dot(w + (size_t)i * n, x, n);
     row_split = saved;
     char detail[64];
@@ -359,6 +475,96 @@ static void test_fast_forward_equals_plain_forward(const char *checkpoint) {
     free(fast);
     free_transformer(&a);
     free_transformer(&b);
+}
+
+// x rounded to the nearest bf16 / f16, ties to even (the test's own conversions;
+// f16: finite |x| below 65504). bf16: add 0x7FFF plus the lowest kept bit, keep the
+// top half. f16: |x| = m 2^(e-10) with m in [1024, 2048) rounded to an integer (the
+// current rounding mode is to nearest even), or a multiple of 2^-24 below 2^-14.
+static uint16_t bf16_nearest(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof(u));
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1)) >> 16);
+}
+
+static uint16_t f16_nearest(float x) {
+    double a = fabs((double)x);
+    unsigned sign = signbit(x) ? 1 : 0, bits;
+    if (a < ldexp(1, -14)) {
+        bits = (unsigned)nearbyint(ldexp(a, 24)); // 1024 (rounded up to the smallest normal) encodes right
+    } else {
+        int e = ilogb(a);
+        unsigned m = (unsigned)nearbyint(ldexp(a, 10 - e));
+        if (m == 2048) m = 1024, e++;
+        bits = (unsigned)(e + 15) << 10 | (m - 1024);
+    }
+    return (uint16_t)(sign << 15 | bits);
+}
+
+// One of the model's matrices (count float32 weights) rounded to `type`; *widened
+// gets the float32 copy of the rounded values, by the definition.
+static Matrix rounded_matrix(Matrix m, size_t count, WeightType type, Matrix *widened) {
+    uint16_t *h = malloc(sizeof(uint16_t) * count);
+    float *w = malloc(sizeof(float) * count);
+    for (size_t i = 0; i < count; i++) {
+        float x = ((const float *)m.data)[i];
+        h[i] = type == WEIGHT_BF16 ? bf16_nearest(x) : f16_nearest(x);
+        unsigned s = h[i] >> 15;
+        w[i] = (float)(type == WEIGHT_BF16 ? widened_by_definition(s, (h[i] >> 7) & 255, h[i] & 127, 7, 127)
+                                           : widened_by_definition(s, (h[i] >> 10) & 31, h[i] & 1023, 10, 15));
+    }
+    *widened = f32_matrix(w);
+    return (Matrix){h, type};
+}
+
+// A whole forward pass (a prompt in blocks, then decoding steps) of stories260K with
+// its matrices and embedding rounded to bf16 (or f16) gives, bit for bit, the logits of
+// the same model holding the widened values as float32: the fast kernels, and the plain
+// loops (use_fast_kernels = 0) on the 16-bit weights.
+static void test_16bit_forward_equals_widened_float32_forward(const char *checkpoint, WeightType type) {
+    Transformer a, b, c;
+    char name[96];
+    snprintf(name, sizeof(name), "%s_forward_fast_and_plain_equals_float32_forward_of_widened_weights_bitwise",
+             weight_type_names[type]);
+    if (load_model(&a, checkpoint) || load_model(&b, checkpoint) || load_model(&c, checkpoint)) {
+        check(0, name, error_message);
+        return;
+    }
+    const Config *cf = &a.config;
+    size_t dim = cf->dim, hidden = cf->hidden_dim, layers = cf->n_layers, kv = kv_dim_of(cf);
+    Matrix *narrow[] = {&a.weights.token_embedding, &a.weights.wq, &a.weights.wk, &a.weights.wv, &a.weights.wo,
+                        &a.weights.w1, &a.weights.w2, &a.weights.w3};
+    Matrix *wide[] = {&b.weights.token_embedding, &b.weights.wq, &b.weights.wk, &b.weights.wv, &b.weights.wo,
+                      &b.weights.w1, &b.weights.w2, &b.weights.w3};
+    size_t counts[] = {cf->vocab_size * dim, layers * dim * dim, layers * kv * dim, layers * kv * dim,
+                       layers * dim * dim, layers * hidden * dim, layers * dim * hidden, layers * hidden * dim};
+    for (int i = 0; i < 8; i++) *narrow[i] = rounded_matrix(*narrow[i], counts[i], type, wide[i]);
+    a.weights.wcls = a.weights.token_embedding; // stories260K shares its classifier
+    b.weights.wcls = b.weights.token_embedding;
+    c.weights = a.weights;
+    int V = cf->vocab_size, n = PREFILL_BLOCK + 9, same = 1;
+    int tokens[PREFILL_BLOCK + 9];
+    for (int i = 0; i < n; i++) tokens[i] = (i * 53 + 7) % V;
+    float *fast16 = malloc(sizeof(float) * V), *plain16 = malloc(sizeof(float) * V);
+    for (int step = 0; step < 6; step++) { // a prefill of n tokens, then 5 decoding steps
+        int pos = step == 0 ? 0 : n + step - 1, token = (pos * 31 + 3) % V;
+        memcpy(fast16, step == 0 ? prefill(&a, tokens, n, 0) : forward(&a, token, pos), sizeof(float) * V);
+        use_fast_kernels = 0;
+        memcpy(plain16, step == 0 ? prefill(&c, tokens, n, 0) : forward(&c, token, pos), sizeof(float) * V);
+        use_fast_kernels = 1;
+        const float *f32 = step == 0 ? prefill(&b, tokens, n, 0) : forward(&b, token, pos);
+        same &= memcmp(fast16, f32, sizeof(float) * V) == 0 && memcmp(plain16, f32, sizeof(float) * V) == 0;
+    }
+    check(same, name, "logits differ");
+    for (int i = 0; i < 8; i++) {
+        free((void *)narrow[i]->data);
+        free((void *)wide[i]->data);
+    }
+    free(fast16);
+    free(plain16);
+    free_transformer(&a);
+    free_transformer(&b);
+    free_transformer(&c);
 }
 
 // The KV cache starts on a 2 MB boundary (where Linux can back it with huge pages)
@@ -527,6 +733,22 @@ int main(int argc, char **argv) {
     test_matmul_kernels_agree(PREFETCH_MIN_ROW + 13, 251, "threaded_long_row_matmul_equals_double_precision_plain_loop",
                               "matmul_tiled_equals_threaded_prefetching_matmul_bitwise_with_tail",
                               "threaded_prefetching_matmul_equals_one_dot_per_row_bitwise_with_tail");
+    test_f16_widening_is_exact_for_every_half();
+    test_bf16_widening_is_exact_for_every_value();
+    // (a table the compiler does not fold into constant sizes: gcc's clones for a
+    // constant n warn that a tail loop could run past eight lanes, which it cannot)
+    static struct {
+        int n, d;
+        const char *what;
+    } sizes[] = {{37 * 8, 23, "whole_vectors"},
+                 {37 * 8 + 5, 23, "with_tail"},
+                 {13, 5, "odd_sizes"},
+                 {3, 7, "rows_shorter_than_a_vector"},
+                 {37 * 8, 251, "threaded"},
+                 {PREFETCH_MIN_ROW + 13, 251, "threaded_prefetching_with_tail"}};
+    for (WeightType type = WEIGHT_BF16; type <= WEIGHT_F16; type++)
+        for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
+            test_16bit_matmul_equals_widened_f32(type, sizes[i].n, sizes[i].d, sizes[i].what);
     test_thread_bands_cover_every_row_once();
     test_row_split_follows_thread_speeds();
     test_uneven_split_keeps_matmul_bitwise(37 * 8, 251, "matmul_under_uneven_thread_split_equals_one_dot_per_row_bitwise");
@@ -538,6 +760,8 @@ int main(int argc, char **argv) {
     if (argc > 1) {
         test_block_forward_equals_token_forward(argv[1]);
         test_fast_forward_equals_plain_forward(argv[1]);
+        test_16bit_forward_equals_widened_float32_forward(argv[1], WEIGHT_BF16);
+        test_16bit_forward_equals_widened_float32_forward(argv[1], WEIGHT_F16);
         test_kv_cache_sits_on_huge_page_boundaries(argv[1]);
         test_shifted_keys_equal_fresh_keys(argv[1], 1.0f, ROPE_SCALING_NONE, "shifted_keys_equal_fresh_keys_in_layer_0_rope");
         test_shifted_keys_equal_fresh_keys(argv[1], 0.5f, ROPE_SCALING_NONE,
