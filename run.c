@@ -2601,6 +2601,22 @@ static int tokenize(const Tokenizer *tok, const char *prompt) {
     return 0;
 }
 
+// -m tokenize -f FILE: each of the file's texts, separated by NUL bytes, as above,
+// with an empty line after each (a batch for the tokenizer tests).
+static int tokenize_file(const Tokenizer *tok, const char *path) {
+    size_t size = 0;
+    char *data = read_whole_file(path, "", &size);
+    if (!data) return -1;
+    int result = 0;
+    for (size_t start = 0; start <= size && result == 0;) {
+        result = tokenize(tok, data + start);
+        printf("\n");
+        start += strlen(data + start) + 1;
+    }
+    free(data);
+    return result;
+}
+
 // ----------------------------------------------------------------------------
 // Perplexity: how well the model predicts a text, token by token.
 //
@@ -3976,7 +3992,8 @@ static void usage(FILE *out) {
             "  -n INT             steps to run, >= 0 (default 256; 0 or > seq_len: seq_len);\n"
             "                     in chat: tokens per reply (default 0: until EOS)\n"
             "  -z PATH            tokenizer (default: the checkpoint's own, else tokenizer.bin)\n"
-            "  -f PATH            text file to score (-m ppl)\n"
+            "  -f PATH            text file to score (-m ppl); texts to tokenize, separated by\n"
+            "                     NUL bytes (-m tokenize: an empty line after each)\n"
             "  -y TEXT            system prompt (-m chat)\n"
             "  --rope-theta FLOAT     override the base wavelength theta, > 0\n"
             "  --rope-fraction FLOAT  override the p-RoPE fraction p, in [0, 1]\n"
@@ -4204,7 +4221,8 @@ int main(int argc, char *argv[]) {
     if (rope_scaling && scaling < 0) usage_error("unknown --rope-scaling '%s' (none, linear, ntk, yarn, llama3)", rope_scaling);
     if (scaling == ROPE_SCALING_NONE && rope_factor > 0) usage_error("--rope-factor has no effect with --rope-scaling none");
     if (is_ppl && !text_path == !prompt) usage_error("-m ppl needs exactly one of -f FILE or -p TEXT");
-    if (text_path && !is_ppl) usage_error("-f is for -m ppl");
+    if (text_path && !is_ppl && !is_tokenize) usage_error("-f is for -m ppl and -m tokenize");
+    if (is_tokenize && text_path && prompt) usage_error("-m tokenize takes -f FILE or -p TEXT, not both");
     if (is_inspect && !prompt) usage_error("-m inspect needs a prompt (-p TEXT)");
     if (csv_path && !is_inspect && !is_ppl) usage_error("--csv is for -m inspect and -m ppl");
     if ((system_prompt || no_cache || shift) && !is_chat) usage_error("-y, --no-cache and --shift are for -m chat");
@@ -4259,7 +4277,7 @@ int main(int argc, char *argv[]) {
     if (is_generate) {
         result = generate(&transformer, &tokenizer, &sampler, prompt ? prompt : "", (int)steps, verbose);
     } else if (is_tokenize) {
-        result = tokenize(&tokenizer, prompt ? prompt : "");
+        result = text_path ? tokenize_file(&tokenizer, text_path) : tokenize(&tokenizer, prompt ? prompt : "");
     } else if (is_ppl) {
         char *text = text_path ? read_text_file(text_path) : NULL;
         result = text_path && !text ? -1 : perplexity(&transformer, &tokenizer, text ? text : prompt, csv_path);
