@@ -1779,12 +1779,14 @@ def set_special_tokens(tok, template_name=None):
     tok.eot_id = tok.names.get(closer, tok.eos_ids[0])
 
     # the special tokens are control pieces, even where a tokenizer.json lists them as plain
-    # vocabulary (Gemma 1's <start_of_turn>), unless a merge can make one out of text
+    # vocabulary (Gemma 1's <start_of_turn>), unless text can produce them: a merge makes
+    # them, or they are a single character (where BPE starts)
     specials = [tok.bos_id, tok.eot_id, *tok.eos_ids]
     specials += [tok.names[t] for t in TEMPLATE_SPECIALS.get(TEMPLATE_NAMES[tok.chat_template], []) if t in tok.names]
     for i in specials:
-        data, kind_of, score = tok.pieces[i] if i >= 0 else (None, None, None)
-        if kind_of in (TYPE_NORMAL, TYPE_USER) and i not in tok.merged:
+        data, kind_of, score = tok.pieces[i] if i >= 0 else (b"", None, None)
+        single = len(data.decode("utf-8", errors="replace")) <= 1
+        if kind_of in (TYPE_NORMAL, TYPE_USER) and i not in tok.merged and not single:
             tok.pieces[i] = (data, TYPE_CONTROL, score)
 
 
