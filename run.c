@@ -1125,10 +1125,12 @@ static void kv_cache_shift(Transformer *t, int to, int from, int n) {
 // pre-tokenizers need. SentencePiece's '▁' is stored as a plain space in both.
 
 typedef enum { TOKENIZER_SENTENCEPIECE = 1, TOKENIZER_BYTE_LEVEL = 2, TOKENIZER_SP_JSON = 3 } TokenizerKind;
+// ChatML with Qwen2.5's or SmolLM2's default system prompt: QWEN25, SMOLLM2
 typedef enum {
-    TEMPLATE_NONE, TEMPLATE_LLAMA2, TEMPLATE_LLAMA3, TEMPLATE_CHATML, TEMPLATE_GEMMA, TEMPLATE_ZEPHYR, TEMPLATE_MISTRAL
+    TEMPLATE_NONE, TEMPLATE_LLAMA2, TEMPLATE_LLAMA3, TEMPLATE_CHATML, TEMPLATE_GEMMA, TEMPLATE_ZEPHYR, TEMPLATE_MISTRAL,
+    TEMPLATE_QWEN25, TEMPLATE_SMOLLM2
 } ChatTemplate; // numbered as the TOKN section stores them
-#define N_CHAT_TEMPLATES 7
+#define N_CHAT_TEMPLATES 9
 #define MAX_END_TOKENS 8
 
 #define MAGIC_TOKN 0x4E4B4F54u // the bytes "TOKN"
@@ -2150,6 +2152,8 @@ static int encode_sentencepiece(const Tokenizer *t, const char *text, size_t len
         buffer[str_len++] = text[i];
         buffer[str_len] = '\0';
         if (i + 1 < len && (text[i + 1] & 0xC0) == 0x80 && str_len < 4) continue;
+        if (t->kind == TOKENIZER_SP_JSON && strcmp(buffer, "\xE2\x96\x81") == 0) // a typed '▁' is a space to
+            strcpy(buffer, " ");                                                 // tokenizer.json's normalizer
         int id = str_lookup(buffer, t);
         if (id != -1) {
             tokens[n++] = id;
