@@ -1481,8 +1481,11 @@ static int find_byte_tokens(Tokenizer *t, const char *name) {
 // keeps its last rank, as Hugging Face's tokenizers builds its map.
 static MergeSlot *merge_slot(const Tokenizer *t, int left, int right) {
     uint64_t pair = (uint64_t)(left + 1) << 32 | (uint32_t)(right + 1);
-    uint64_t h = pair * 0x9E3779B97F4A7C15ull;
-    for (uint64_t i = h >> 20;; i++) {
+    uint64_t h = pair; // splitmix64's finalizer: every bit of the pair moves every bit of the hash
+    h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
+    h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
+    h ^= h >> 31;
+    for (uint64_t i = h;; i++) {
         MergeSlot *s = &t->merges[i & t->merge_mask];
         if (s->pair == pair || s->pair == 0) return s; // the pair's slot, or the empty one it would take
     }
