@@ -1375,18 +1375,14 @@ static int section_has(SectionReader *r, uint64_t n, const char *what) {
 static uint32_t utf8_length_of(uint32_t cp) { return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4; }
 
 // The TOKN header: the kind, the special ids, the flags and the table sizes.
-static int read_tokn_header(Tokenizer *t, const unsigned char *h, int vocab_size, const char *name, int counts[6]) {
+static int read_tokn_header(Tokenizer *t, const unsigned char *h, const char *name, int counts[6]) {
     int version = read_i32(h + 4), kind = read_i32(h + 8), n_tokens = read_i32(h + 12);
     if (version != 1) return fail("tokenizer %s: TOKN version %d is not supported (only 1)", name, version);
     if (kind < TOKENIZER_SENTENCEPIECE || kind > TOKENIZER_SP_JSON)
         return fail("tokenizer %s: kind %d is not one this program knows (1, 2, 3)", name, kind);
     t->kind = (TokenizerKind)kind;
     if (n_tokens < 1 || n_tokens > MAX_VOCAB) return fail("tokenizer %s: n_tokens %d is out of range", name, n_tokens);
-    if (n_tokens > vocab_size) {
-        fail("tokenizer %s has %d tokens, more than the model's %d", name, n_tokens, vocab_size);
-        return TOKENIZER_WRONG_SIZE;
-    }
-    t->n_tokens = n_tokens;
+    t->n_tokens = n_tokens; // more than vocab_size only if the extra ones are control pieces (drop_extra_pieces)
     t->max_token_length = read_i32(h + 16);
     if (t->max_token_length < 1 || t->max_token_length > MAX_PIECE_BYTES)
         return fail("tokenizer %s: max_token_length %d is out of range", name, t->max_token_length);
@@ -1636,16 +1632,37 @@ static int index_user_pieces(Tokenizer *t, const char *name) {
     return 0;
 }
 
+// A tokenizer with more pieces than the model has rows fits if the extra ones are
+// control or unused pieces that no special id names (Gemma 3's <image_soft_token>
+// is piece 262144 of an embedding of 262144 rows): they are dropped.
+static int drop_extra_pieces(Tokenizer *t, int vocab_size, const char *name) {
+    if (t->n_tokens <= vocab_size) return 0;
+    int named = t->bos_id >= vocab_size || t->eot_id >= vocab_size;
+    for (int k = 0; k < t->n_eos; k++) named |= t->eos_ids[k] >= vocab_size;
+    for (int i = vocab_size; i < t->n_tokens && !named; i++)
+        named = t->vocab_type[i] != PIECE_CONTROL && t->vocab_type[i] != PIECE_UNUSED;
+    if (named) {
+        fail("tokenizer %s has %d tokens, more than the model's %d", name, t->n_tokens, vocab_size);
+        return TOKENIZER_WRONG_SIZE;
+    }
+    t->n_tokens = vocab_size;
+    return 0;
+}
+
 // Builds a tokenizer from a TOKN section (docs/format.md) for a model of
 // vocab_size rows, checking every field, count, id, length and table order.
 static int build_tokn_tokenizer(Tokenizer *t, const unsigned char *data, size_t size, int vocab_size, const char *name) {
     if (size < TOKN_HEADER_BYTES) return fail("tokenizer %s is too small (%zu bytes) for its TOKN header", name, size);
     int counts[6] = {0};
-    int result = read_tokn_header(t, data, vocab_size, name, counts);
+    int result = read_tokn_header(t, data, name, counts);
     if (result != 0) return result;
-    if (alloc_vocab(t, vocab_size, size, name) != 0) return -1;
+    if ((uint64_t)t->n_tokens * 12 > size - TOKN_HEADER_BYTES) // a piece takes 12 bytes at least
+        return fail("tokenizer %s ends inside its pieces", name);
+    if (alloc_vocab(t, t->n_tokens > vocab_size ? t->n_tokens : vocab_size, size, name) != 0) return -1;
     SectionReader r = {data, size, TOKN_HEADER_BYTES, name};
     if (read_tokn_pieces(t, &r) != 0) return -1;
+    if ((result = drop_extra_pieces(t, vocab_size, name)) != 0) return result;
+    t->vocab_size = vocab_size;
     sort_vocab(t, PIECE_NORMAL, PIECE_USER);
     for (int i = 1; i < t->n_sorted; i++)
         if (compare_tokens(&t->sorted_vocab[i - 1], &t->sorted_vocab[i]) == 0)
