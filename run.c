@@ -3,7 +3,10 @@
    One file, read top to bottom: the model first, then the machinery that makes it
    fast. The checkpoint (config, weights, loading); rotary position embeddings (RoPE
    and p-RoPE); the forward pass, in the plain form that reads like the equations;
-   moving the KV cache; the BPE tokenizer; the sampler; the programs built from them
+   moving the KV cache; the BPE tokenizer (SentencePiece's, as in llama2.c, and the
+   byte-level BPE of GPT-2, Llama 3, Qwen and SmolLM2: the text cut into words by a
+   pattern, each word's UTF-8 bytes merged pair by pair in the order the model
+   learned them); the sampler; the programs built from them
    (generate, tokenize, perplexity, inspect, chat); then "Making it fast" (SIMD
    kernels, prefill tiles, threads, memory), each piece a refinement of a plain
    function above that computes the same bits; then the command line. The README's
@@ -1114,7 +1117,11 @@ static void kv_cache_shift(Transformer *t, int to, int from, int n) {
 //    token crosses a word boundary; (c) each word becomes one token per UTF-8 byte
 //    (every byte is a token: no text is unknown); (d) merge the adjacent pair with
 //    the lowest rank in the model's merge list, again and again. Ties go to the
-//    leftmost pair, in every kind.
+//    leftmost pair, in every kind. For example, GPT-2 cuts "Hello world" into
+//    "Hello" and " world"; " world" starts as its six bytes ' ' w o r l d, and the
+//    merges join pairs of them ("or", " w", then " wor", ...), lowest rank first,
+//    until " world" is one token. A merge list is the training run replayed:
+//    merge k joined the most frequent pair left after merges 0 .. k-1.
 // Pieces of type "control" (<s>, <|eot_id|>) are never produced from user text; a
 // typed "<|eot_id|>" is text. "User-defined" pieces are matched whole first.
 //
