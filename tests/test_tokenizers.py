@@ -48,6 +48,10 @@ SENTENCEPIECE = ["gemma", "gemma3", "mistral", "llama2"]
 NAMES = ["llama3_2", "qwen2_5", "qwen3", "gemma", "gemma3", "mistral", "gpt2", "gpt4o", "smollm2", "llama2",
          "llama2_hf"]
 PACKAGE = {"mistral": "llama2"}
+# Embedding rows of the models these tokenizers come with (config.json's vocab_size): Qwen's are
+# more than its tokenizer's pieces, Gemma 3's one fewer (its <image_soft_token>, a control piece,
+# is piece 262144); GPT-4o's o200k as Phi-4-mini uses it. Others: the tokenizer's size.
+MODEL_ROWS = {"qwen2_5": 151936, "qwen3": 151936, "gemma3": 262144, "gpt4o": 200064}
 
 
 def has_non_ascii_number(text):
@@ -169,6 +173,7 @@ class Case:
                                     "-o", str(tokenizer)], capture_output=True, text=True, timeout=300)
                 assert r.returncode == 0, f"export.py --tokenizer {name}: {r.stderr}"
                 vocab_size, self.special = vocab_size_of(src / "tokenizer.json")
+                vocab_size = MODEL_ROWS.get(name, vocab_size)
                 self.z_args = ["-z", tokenizer]
             if name != "llama2_hf":
                 self.model = write_random_checkpoint(tmp / f"{name}_model.bin", dim=8, hidden_dim=16, n_layers=1,
