@@ -400,6 +400,14 @@ ROWS = [
     ("tokenizer-too-many-tokens", lambda tmp: gen(STORIES, tokenizer=LLAMA_TOKENIZER), 1,
      "has more than the model's 512 tokens"),
     ("tokenizer-too-few-tokens", vocab_1000_with_tok512, 1, "ends at token 512, but the model has 1000 tokens"),
+    # a tokenizer of another size names the one beside the model that fits (tok<vocab_size>.bin)
+    ("tokenizer-of-another-size-names-the-one-that-fits", lambda tmp: gen(STORIES, tokenizer=LLAMA_TOKENIZER), 1,
+     f"(it has 32000); this model's tokenizer: -z {MODELS / 'tok512.bin'}"),
+    # Hugging Face and SentencePiece files are converted by export.py first
+    ("tokenizer-json-says-convert-it", lambda tmp: gen(STORIES, tokenizer=put(tmp, "tokenizer.json", b'{"model": {}}')),
+     1, "convert it first: python3 export.py --tokenizer"),
+    ("tokenizer-model-says-convert-it", lambda tmp: gen(STORIES, tokenizer=MODELS / "tokenizer.model"), 1,
+     "convert it first: python3 export.py --tokenizer"),
     ("tokenizer-is-a-checkpoint", lambda tmp: gen(STORIES, tokenizer=STORIES), 1, "token 2 has a bad length"),
 
     # --- -f text file --------------------------------------------------------------------
