@@ -418,6 +418,15 @@ ROWS = [
     ("tokenizer-too-many-tokens", lambda tmp: gen(STORIES, tokenizer=LLAMA_TOKENIZER), 1,
      "has more than the model's 512 tokens"),
     ("tokenizer-too-few-tokens", vocab_1000_with_tok512, 1, "ends at token 512, but the model has 1000 tokens"),
+    # a tokenizer of another size names the one beside the model that fits (tok<vocab_size>.bin)
+    ("tokenizer-of-another-size-names-the-one-that-fits", lambda tmp: gen(STORIES, tokenizer=LLAMA_TOKENIZER), 1,
+     f"has more than the model's 512 tokens (433869 bytes, where 512 tokens of at most 27 bytes take at most "
+     f"17924); this model's tokenizer: -z {MODELS / 'tok512.bin'}"),
+    # Hugging Face and SentencePiece files are converted by export.py first
+    ("tokenizer-json-says-convert-it", lambda tmp: gen(STORIES, tokenizer=put(tmp, "tokenizer.json", b'{"model": {}}')),
+     1, "convert it first: python3 export.py --tokenizer"),
+    ("tokenizer-model-says-convert-it", lambda tmp: gen(STORIES, tokenizer=MODELS / "tokenizer.model"), 1,
+     "convert it first: python3 export.py --tokenizer"),
     ("tokenizer-is-a-checkpoint", lambda tmp: gen(STORIES, tokenizer=STORIES), 1, "has more than the model's 512 tokens"),
 
     # --- -f text file --------------------------------------------------------------------
