@@ -2187,8 +2187,8 @@ static int encode_sentencepiece(const Tokenizer *t, const char *text, size_t len
         buffer[str_len++] = text[i];
         buffer[str_len] = '\0';
         if (i + 1 < len && (text[i + 1] & 0xC0) == 0x80 && str_len < 4) continue;
-        if (t->kind == TOKENIZER_SP_JSON && strcmp(buffer, "\xE2\x96\x81") == 0) // a typed '▁' is a space to
-            strcpy(buffer, " ");                                                 // tokenizer.json's normalizer
+        if (strcmp(buffer, "\xE2\x96\x81") == 0) // a typed '▁' is a space to SentencePiece (and to
+            strcpy(buffer, " ");                  // tokenizer.json's Replace normalizer): pieces store ' ' 
         int id = str_lookup(buffer, t);
         if (id != -1) {
             tokens[n++] = id;
