@@ -339,6 +339,7 @@ HARDER = [
     "\U00020000\U00020001 \U0002A6D6 CJK extension B",
     "private \ue000\uf8ff use",
     "soft\u00adhyphen lrm\u200emark word\u2060joiner",
+    "\u2581 \u2581\u2581x a\u2581b", "a\u2581\u2581b", "\u2581hello", "x \u2581 y",   # typed U+2581
     "ctrl\x01\x02\x7f chars\x1b[0m",
     "\n\u0301 mark after newline",
     "\u00a0leading nbsp",
