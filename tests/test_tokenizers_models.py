@@ -22,6 +22,8 @@ token, w's own embedding makes it win again, so generation goes on for all -n st
 nothing (special tokens decode to ""). One exported file per model serves every case. The chat
 side (turns ending at <|eot_id|> / <|im_end|>) is tested with the chat code.
 """
+# tests/test_chat_templates.py imports MODELS, SMOLLM2_SPECIALS, smollm2_tokenizer(dir) and
+# make_model_dir(name, out_dir) from here: keep their names and signatures.
 import json
 import re
 import shutil

@@ -339,6 +339,7 @@ HARDER = [
     "\U00020000\U00020001 \U0002A6D6 CJK extension B",
     "private \ue000\uf8ff use",
     "soft\u00adhyphen lrm\u200emark word\u2060joiner",
+    "\u2581 \u2581\u2581x a\u2581b", "a\u2581\u2581b", "\u2581hello", "x \u2581 y",   # typed U+2581
     "ctrl\x01\x02\x7f chars\x1b[0m",
     "\n\u0301 mark after newline",
     "\u00a0leading nbsp",
@@ -415,6 +416,16 @@ PALETTE = (list("aAzZéÉüßçñøåÆŒ") + ["e\u0301", "E\u0301", "a\u0308", 
            + ["hello", "Hello", "HELLO", "world", "the", " the", "ing", "tion", "123", "2024", "    ", "\t\t"])
 
 
+# One paragraph of pieces whose tokens split UTF-8 characters, in several scripts, with
+# whitespace of several kinds and no C0 control other than tab and newline (tests/
+# test_tokenizers.py has run print it back through decode).
+ECHO_PARAGRAPH = "\n".join([
+    "👨\u200d👩\u200d👧\u200d👦 family 👍🏽 🇫🇷 🏴\U000e0067\U000e0062\U000e0073\U000e0063\U000e0074\U000e007f",
+    "你好，世界！今天天气很好。", "Tiếng Việt có nhiều dấu: ắ ằ ẳ ẵ ặ, ố ồ ổ ỗ ộ, ướ ườ.",
+    "for i in range(10):\n\tif i % 2 == 0:\n\t\tprint(i)", "a \u00a0 b\u00a0 \u00a0c  𝐀𝐁𝐂 ½ Ⅻ",
+    unicodedata.normalize("NFD", "café naïve résumé façade jalapeño")])
+
+
 def random_strings(n, seed=1):
     """n strings of 1 to 14 palette pieces, from a fixed seed."""
     rng = random.Random(seed)
@@ -437,7 +448,7 @@ def check(strings):
 def main():
     strings = (ENGLISH + CONTRACTIONS + SCRIPTS + ACCENTED + nfd_variants(ACCENTED + SCRIPTS[:10])
                + HAND_NORMALIZATION + WHITESPACE + DIGITS + CODE + EMOJI + SYMBOLS + CASING + HARDER + ADDED_TOKENS
-               + generated() + random_strings(150))
+               + generated() + [ECHO_PARAGRAPH] + random_strings(150))
     strings = check(strings)
     json.dump(strings, sys.stdout, ensure_ascii=False, indent=0)
     sys.stdout.write("\n")
