@@ -8,6 +8,15 @@
         a llama2.c checkpoint (legacy or "version 1") or a ROPE file
     export.py --tokenizer tokenizer.model -o tokenizer.bin
         a SentencePiece model to llama2.c's tokenizer.bin
+    export.py --tokenizer tokenizer.json -o tok.bin [--template NAME]
+        a Hugging Face tokenizer.json (with the tokenizer_config.json and
+        generation_config.json beside it), or a model directory's tokenizer, to a
+        standalone tokenizer section ("TOKN", docs/format.md)
+
+A Hugging Face directory's tokenizer (tokenizer.json, else tokenizer.model) is written
+into the checkpoint (ROPE version 2), so that run needs no -z; without one the weights
+are written alone. --template NAME (none, llama2, llama3, chatml, gemma, zephyr,
+mistral) overrides the chat template recognised from tokenizer_config.json.
 
 --rope-theta and --rope-fraction replace the stored theta and p (for example for a
 model that was trained with p-RoPE); --legacy writes llama2.c's legacy format instead.
@@ -36,9 +45,11 @@ import argparse
 import json
 import math
 import os
+import re
 import struct
 import sys
 import time
+import unicodedata
 
 EXIT_BAD_INPUT = 1  # the input files (or the output path) are unusable
 EXIT_BAD_USAGE = 2  # the command line is wrong
@@ -49,7 +60,8 @@ except ImportError:
     sys.exit(f"export.py: error: this Python ({sys.executable}) has no NumPy; run export.py with one that has")
 
 ROPE_MAGIC = 0x45504F52  # the bytes "ROPE", read as a little-endian uint32
-ROPE_VERSION = 1
+ROPE_VERSION = 1   # float32 tensors back to back, no tokenizer
+ROPE_VERSION_2 = 2  # 64-byte aligned tensors, a weight type, and the tokenizer section (docs/format.md)
 LLAMA2C_MAGIC = 0x616B3432  # "ak42": llama2.c's version 1 and 2 exports
 LLAMA2C_VERSION = 1  # float32; llama2.c's version 2 is int8-quantized
 HEADER_BYTES = 256  # ROPE and llama2.c version 1 headers are zero-padded to this
@@ -57,8 +69,12 @@ HEADER_BYTES = 256  # ROPE and llama2.c version 1 headers are zero-padded to thi
 # shared_classifier, norm_eps, rope_theta, rope_fraction, rope_factor (bytes 0..55,
 # docs/format.md), then the scaling rule (bytes 56..83): rope_scaling, rope_original_len,
 # yarn_beta_fast, yarn_beta_slow, rope_attention_factor, llama3_low_freq_factor,
-# llama3_high_freq_factor. Bytes 84..255 are reserved (zero).
+# llama3_high_freq_factor. Bytes 84..255 are reserved (zero) in version 1.
 ROPE_HEADER = struct.Struct("<Ii8i4f2i5f")
+# version 2, bytes 84..111: head_size (0: dim / n_heads), weight_type, reserved, and the
+# uint64 tokenizer_offset and tokenizer_bytes (0, 0: no tokenizer); 112..255 reserved (zero)
+ROPE_V2_FIELDS = struct.Struct("<3i2Q")
+WEIGHT_F32 = 0  # weight_type: 0 float32 (1 bf16 and 2 f16 are the "Real models II" work's)
 # magic, version, the seven sizes, a uint8 shared-classifier flag (llama2.c's export.py)
 LLAMA2C_V1_HEADER = struct.Struct("<Ii7iB")
 # dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size (< 0: unshared classifier), seq_len
@@ -276,15 +292,33 @@ def check_size(path, what, expected):
         raise ExportError(f"{path}: {what} header implies {expected} bytes, but the file has {actual}")
 
 
+def aligned_layout(shapes, start=HEADER_BYTES):
+    """([file offset of each tensor], end of the last) in version 2: each tensor starts at a multiple of 64."""
+    offsets, at = [], start
+    for _, shape in shapes:
+        at += -at % ALIGN
+        offsets.append(at)
+        at += 4 * math.prod(shape)
+    return offsets, at
+
+
 def read_rope(path, data):
-    """Read a ROPE file (docs/format.md): (Config, tensors)."""
+    """Read a ROPE file (docs/format.md): (Config, tensors, its tokenizer section's bytes or None)."""
     (_, version, dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared,
      eps, theta, fraction, factor, rule, original_len, *rule_values) = ROPE_HEADER.unpack_from(data)
-    if version != ROPE_VERSION:
-        raise ExportError(f"{path}: ROPE version {version} is not supported (only {ROPE_VERSION})")
+    if version not in (ROPE_VERSION, ROPE_VERSION_2):
+        raise ExportError(f"{path}: ROPE version {version} is not supported (only {ROPE_VERSION} and "
+                          f"{ROPE_VERSION_2})")
     if shared not in (0, 1):
         raise ExportError(f"{path}: shared_classifier is {shared}, expected 0 or 1")
-    check_padding(path, data, ROPE_HEADER.size)
+    if version == ROPE_VERSION_2:
+        head_size, weight_type, reserved, tok_offset, tok_bytes = ROPE_V2_FIELDS.unpack_from(data, ROPE_HEADER.size)
+        if head_size or weight_type != WEIGHT_F32 or reserved:
+            raise ExportError(f"{path}: version 2 head_size {head_size}, weight_type {weight_type}, reserved "
+                              f"{reserved}: export.py reads float32 files with head_size 0 only")
+        check_padding(path, data, ROPE_HEADER.size + ROPE_V2_FIELDS.size)
+    else:
+        check_padding(path, data, ROPE_HEADER.size)
     c = Config(dim, hidden, layers, heads, kv_heads, vocab, seq_len, bool(shared), eps, theta, fraction, factor,
                rule, original_len, **{name: value for (name, _, _), value in zip(RULE_FIELDS, rule_values)})
     try:
@@ -292,8 +326,26 @@ def read_rope(path, data):
     except ExportError as e:
         raise ExportError(f"{path}: {e}")
     shapes = tensor_shapes(c)
-    check_size(path, "ROPE", HEADER_BYTES + 4 * n_floats(shapes))
-    return c, map_floats(path, HEADER_BYTES, shapes)
+    if version == ROPE_VERSION:
+        check_size(path, "ROPE", HEADER_BYTES + 4 * n_floats(shapes))
+        return c, map_floats(path, HEADER_BYTES, shapes), None
+    offsets, end = aligned_layout(shapes)
+    tokenizer = None
+    if tok_offset or tok_bytes:
+        if tok_offset != end + -end % ALIGN or tok_bytes < TOKN_HEADER_BYTES:
+            raise ExportError(f"{path}: tokenizer section at {tok_offset} ({tok_bytes} bytes); the format puts it at "
+                              f"{end + -end % ALIGN}, at least {TOKN_HEADER_BYTES} bytes")
+        end = tok_offset + tok_bytes
+    check_size(path, "ROPE version 2", end)
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    if tok_bytes:
+        tokenizer = bytes(data[tok_offset:tok_offset + tok_bytes])
+        magic, _, _, n_tokens = struct.unpack_from("<I3i", tokenizer)
+        if magic != TOKN_MAGIC or not 0 < n_tokens <= c.vocab_size:
+            raise ExportError(f"{path}: the tokenizer section is not a TOKN section of at most {c.vocab_size} tokens")
+    tensors = {name: data[at:at + 4 * math.prod(shape)].view("<f4").reshape(shape)
+               for (name, shape), at in zip(shapes, offsets)}
+    return c, tensors, tokenizer
 
 
 def read_llama2c_v1(path, data):
@@ -350,7 +402,9 @@ def read_llama2c_legacy(path, data):
 
 
 def read_flat_checkpoint(path):
-    """Read a ROPE or llama2.c checkpoint file, telling the format by its first bytes."""
+    """Read a ROPE or llama2.c checkpoint file, telling the format by its first bytes.
+
+    Returns (Config, tensors, the tokenizer section's bytes or None)."""
     with open(path, "rb") as f:
         data = f.read(HEADER_BYTES)
     if len(data) < LEGACY_HEADER.size:
@@ -361,8 +415,8 @@ def read_flat_checkpoint(path):
     if magic == ROPE_MAGIC:
         return read_rope(path, data)
     if magic == LLAMA2C_MAGIC:
-        return read_llama2c_v1(path, data)
-    return read_llama2c_legacy(path, data)
+        return (*read_llama2c_v1(path, data), None)
+    return (*read_llama2c_legacy(path, data), None)
 
 
 # ----------------------------------------------------------------------------
@@ -911,24 +965,44 @@ def write_tensor(f, pieces, progress):
         progress.add(len(data), tensor_done=i == len(pieces) - 1)
 
 
-def rope_header(c):
-    """The 256-byte ROPE header (docs/format.md)."""
-    fields = ROPE_HEADER.pack(ROPE_MAGIC, ROPE_VERSION, c.dim, c.hidden_dim, c.n_layers, c.n_heads,
+def rope_header(c, version=ROPE_VERSION, tokenizer_offset=0, tokenizer_bytes=0):
+    """The 256-byte ROPE header (docs/format.md), version 1 or 2."""
+    fields = ROPE_HEADER.pack(ROPE_MAGIC, version, c.dim, c.hidden_dim, c.n_layers, c.n_heads,
                               c.n_kv_heads, c.vocab_size, c.seq_len, int(c.shared_classifier),
                               c.norm_eps, c.rope_theta, c.rope_fraction, c.rope_factor,
                               c.rope_scaling, c.rope_original_len, *(getattr(c, name) for name, _, _ in RULE_FIELDS))
+    if version == ROPE_VERSION_2:
+        fields += ROPE_V2_FIELDS.pack(0, WEIGHT_F32, 0, tokenizer_offset, tokenizer_bytes)
     return fields + bytes(HEADER_BYTES - len(fields))
 
 
-def write_rope(f, c, tensors, path="-"):
-    """Write a ROPE file: header, then the tensors in the README's order."""
+def write_rope(f, c, tensors, path="-", tokenizer=None):
+    """Write a ROPE file: header, then the tensors in the README's order.
+
+    Without a tokenizer: version 1, tensors back to back. With one (the TOKN section's
+    bytes): version 2, each tensor at a multiple of 64 bytes, the section at the first
+    multiple of 64 after the last tensor, ending the file.
+    """
     shapes = tensor_shapes(c)
-    progress = Progress(path, HEADER_BYTES + 4 * n_floats(shapes), len(shapes))
+    if tokenizer is None:
+        offsets, end = [HEADER_BYTES + 4 * n_floats(shapes[:i]) for i in range(len(shapes))], None
+        header, total = rope_header(c), HEADER_BYTES + 4 * n_floats(shapes)
+    else:
+        offsets, end = aligned_layout(shapes)
+        at = end + -end % ALIGN
+        header, total = rope_header(c, ROPE_VERSION_2, at, len(tokenizer)), at + len(tokenizer)
+    progress = Progress(path, total, len(shapes))
     try:
-        f.write(rope_header(c))
+        f.write(header)
         progress.add(HEADER_BYTES)
-        for name, _ in shapes:
+        written = HEADER_BYTES
+        for (name, shape), at in zip(shapes, offsets):
+            f.write(bytes(at - written))  # zero padding to the tensor's 64-byte boundary (version 2)
             write_tensor(f, tensors[name], progress)
+            written = at + 4 * math.prod(shape)
+        if tokenizer is not None:
+            f.write(bytes(-written % ALIGN))
+            f.write(tokenizer)
     finally:
         progress.close()
 
@@ -1001,8 +1075,11 @@ def export_checkpoint(args):
     """Read a checkpoint (HF directory, llama2.c or ROPE file) and write ROPE or legacy."""
     if os.path.isdir(args.input):
         c, tensors = read_hf(args.input)
+        tokenizer = None if args.legacy else hf_tokenizer(args.input, c.vocab_size, args.template)
     elif os.path.isfile(args.input):
-        c, tensors = read_flat_checkpoint(args.input)
+        c, tensors, tokenizer = read_flat_checkpoint(args.input)
+        if args.template is not None:
+            raise ExportError("--template applies to a tokenizer: a Hugging Face directory's, or --tokenizer's")
     else:
         raise ExportError(f"{args.input}: no such file or directory")
     if args.rope_theta is not None:
@@ -1011,10 +1088,14 @@ def export_checkpoint(args):
         c.rope_fraction = args.rope_fraction
     if args.legacy:
         check_legacy(c)
+        if tokenizer is not None or (os.path.isdir(args.input) and find_tokenizer(args.input)):
+            warn("llama2.c's legacy format has no tokenizer section: the tokenizer is left out (convert it with "
+                 "--tokenizer and give it to run with -z)")
         write_atomically(args.output, lambda f: write_legacy(f, c, tensors, args.output))
     else:
-        write_atomically(args.output, lambda f: write_rope(f, c, tensors, args.output))
-    print(f"wrote {args.output} ({'llama2.c legacy' if args.legacy else 'ROPE'}): dim {c.dim}, "
+        write_atomically(args.output, lambda f: write_rope(f, c, tensors, args.output, tokenizer))
+    what = "llama2.c legacy" if args.legacy else "ROPE" if tokenizer is None else "ROPE version 2, with its tokenizer"
+    print(f"wrote {args.output} ({what}): dim {c.dim}, "
           f"hidden {c.hidden_dim}, {c.n_layers} layers, {c.n_heads} heads ({c.n_kv_heads} kv), "
           f"vocab {c.vocab_size}, seq_len {c.seq_len}, shared classifier {int(c.shared_classifier)}, "
           f"eps {show(c.norm_eps)}, theta {show(c.rope_theta)}, p {show(c.rope_fraction)}, "
@@ -1030,9 +1111,12 @@ def export_checkpoint(args):
 # int32 length, the UTF-8 bytes.
 
 WIRE_VARINT, WIRE_FIXED64, WIRE_BYTES, WIRE_FIXED32 = 0, 1, 2, 5
-MODEL_PIECES, MODEL_TRAINER_SPEC = 1, 2
-PIECE_TEXT, PIECE_SCORE = 1, 2
-TRAINER_BOS_ID, TRAINER_EOS_ID = 41, 42
+MODEL_PIECES, MODEL_TRAINER_SPEC, MODEL_NORMALIZER_SPEC = 1, 2, 3
+PIECE_TEXT, PIECE_SCORE, PIECE_TYPE = 1, 2, 3
+TRAINER_MODEL_TYPE, TRAINER_BYTE_FALLBACK, TRAINER_BOS_ID, TRAINER_EOS_ID = 3, 35, 41, 42
+NORMALIZER_NAME, NORMALIZER_DUMMY_PREFIX, NORMALIZER_REMOVE_SPACES = 1, 3, 4
+SP_MODEL_BPE = 2  # TrainerSpec.model_type: 1 unigram (the default), 2 bpe, 3 word, 4 char
+SP_TYPE_NAMES = {1: "normal", 2: "unknown", 3: "control", 4: "user-defined", 5: "unused", 6: "byte"}
 DEFAULT_BOS_ID, DEFAULT_EOS_ID = 1, 2
 SPACE_MARK = "\u2581"  # SentencePiece's "▁", which stands for a space
 
@@ -1079,42 +1163,73 @@ def as_int32(varint):
     return varint - 2**64 if varint >= 2**63 else varint
 
 
-def read_sentencepiece(path):
-    """([(piece, score)], bos_id, eos_id) of a SentencePiece model file."""
+class SentencePieceModel:
+    """What export.py reads from a SentencePiece ModelProto."""
+
+    def __init__(self):
+        self.pieces = []  # [(text, score, SentencePiece type: 1 normal .. 6 byte)]
+        self.bos_id, self.eos_id = DEFAULT_BOS_ID, DEFAULT_EOS_ID
+        self.model_type = 1  # TrainerSpec's default: unigram
+        self.byte_fallback = False
+        self.normalizer, self.add_dummy_prefix, self.remove_extra_whitespaces = "", True, True
+
+
+def read_sentencepiece_model(path):
+    """The pieces and the trainer and normalizer settings of a SentencePiece model file.
+
+    ModelProto: field 1 = repeated SentencePiece {1: piece, 2: score (float), 3: type
+    (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte)}; field 2 =
+    TrainerSpec {3: model_type, 35: byte_fallback, 41: bos_id, 42: eos_id}; field 3 =
+    NormalizerSpec {1: name, 3: add_dummy_prefix, 4: remove_extra_whitespaces}.
+    """
     with open(path, "rb") as f:
         buf = f.read()
-    pieces, bos_id, eos_id = [], DEFAULT_BOS_ID, DEFAULT_EOS_ID
-    for field, value in protobuf_fields(buf):
-        if field == MODEL_PIECES and isinstance(value, bytes):
-            text, score = "", 0.0
-            for sub, sub_value in protobuf_fields(value):
-                if sub == PIECE_TEXT and isinstance(sub_value, bytes):
-                    text = sub_value.decode("utf-8", errors="strict")
-                elif sub == PIECE_SCORE and isinstance(sub_value, bytes) and len(sub_value) == 4:
-                    score = struct.unpack("<f", sub_value)[0]
-            pieces.append((text, score))
-        elif field == MODEL_TRAINER_SPEC and isinstance(value, bytes):
-            for sub, sub_value in protobuf_fields(value):
-                if sub == TRAINER_BOS_ID and isinstance(sub_value, int):
-                    bos_id = as_int32(sub_value)
-                elif sub == TRAINER_EOS_ID and isinstance(sub_value, int):
-                    eos_id = as_int32(sub_value)
-    if not pieces:
+    m = SentencePieceModel()
+    try:
+        for field, value in protobuf_fields(buf):
+            if field == MODEL_PIECES and isinstance(value, bytes):
+                text, score, kind = "", 0.0, 1
+                for sub, sub_value in protobuf_fields(value):
+                    if sub == PIECE_TEXT and isinstance(sub_value, bytes):
+                        text = sub_value.decode("utf-8", errors="strict")
+                    elif sub == PIECE_SCORE and isinstance(sub_value, bytes) and len(sub_value) == 4:
+                        score = struct.unpack("<f", sub_value)[0]
+                    elif sub == PIECE_TYPE and isinstance(sub_value, int):
+                        kind = sub_value
+                m.pieces.append((text, score, kind))
+            elif field == MODEL_TRAINER_SPEC and isinstance(value, bytes):
+                for sub, sub_value in protobuf_fields(value):
+                    if sub == TRAINER_BOS_ID and isinstance(sub_value, int):
+                        m.bos_id = as_int32(sub_value)
+                    elif sub == TRAINER_EOS_ID and isinstance(sub_value, int):
+                        m.eos_id = as_int32(sub_value)
+                    elif sub == TRAINER_MODEL_TYPE and isinstance(sub_value, int):
+                        m.model_type = sub_value
+                    elif sub == TRAINER_BYTE_FALLBACK and isinstance(sub_value, int):
+                        m.byte_fallback = bool(sub_value)
+            elif field == MODEL_NORMALIZER_SPEC and isinstance(value, bytes):
+                for sub, sub_value in protobuf_fields(value):
+                    if sub == NORMALIZER_NAME and isinstance(sub_value, bytes):
+                        m.normalizer = sub_value.decode("utf-8", errors="replace")
+                    elif sub == NORMALIZER_DUMMY_PREFIX and isinstance(sub_value, int):
+                        m.add_dummy_prefix = bool(sub_value)
+                    elif sub == NORMALIZER_REMOVE_SPACES and isinstance(sub_value, int):
+                        m.remove_extra_whitespaces = bool(sub_value)
+    except UnicodeDecodeError:
+        raise ExportError(f"{path}: a piece is not valid UTF-8")
+    if not m.pieces:
         raise ExportError(f"{path}: no pieces: not a SentencePiece model")
-    return pieces, bos_id, eos_id
+    return m
 
 
 def export_tokenizer(model_path, out_path):
     """Write llama2.c's tokenizer.bin, as llama2.c's tokenizer.py export does."""
-    try:
-        pieces, bos_id, eos_id = read_sentencepiece(model_path)
-    except UnicodeDecodeError:
-        raise ExportError(f"{model_path}: a piece is not valid UTF-8")
+    m = read_sentencepiece_model(model_path)
     tokens = []
-    for i, (text, score) in enumerate(pieces):
-        if i == bos_id:
+    for i, (text, score, _) in enumerate(m.pieces):
+        if i == m.bos_id:
             text = "\n<s>\n"
-        elif i == eos_id:
+        elif i == m.eos_id:
             text = "\n</s>\n"
         tokens.append((text.replace(SPACE_MARK, " ").encode("utf-8"), score))
     max_token_length = max(len(b) for b, _ in tokens)
@@ -1127,6 +1242,720 @@ def export_tokenizer(model_path, out_path):
 
     write_atomically(out_path, write)
     print(f"wrote {out_path}: {len(tokens)} tokens, max token length {max_token_length}")
+
+
+# ----------------------------------------------------------------------------
+# Tokenizer section ("TOKN", docs/format.md): a model's own tokenizer, for run.c
+#
+# Three kinds, all BPE: 1 SentencePiece's tokenizer.model (merge the pair whose
+# concatenation scores highest), 2 byte-level BPE from a tokenizer.json (GPT-2's byte
+# alphabet, a pre-tokenizer pattern, merges by rank), 3 a SentencePiece-style
+# tokenizer.json ('▁' for a space, byte fallback, merges by rank). Everything run.c
+# needs is in the file: pieces, merges, the special tokens and chat template, and for
+# byte-level kinds the Unicode tables the patterns and the NFC normalizer use.
+
+TOKN_MAGIC = 0x4E4B4F54  # the bytes "TOKN"
+TOKN_VERSION = 1
+TOKN_HEADER_BYTES = 128
+# magic, version, kind, n_tokens, max_token_length, bos_id, add_bos, eot_id, n_eos,
+# eos_ids[8], pretokenizer, flags, chat_template, n_merges, n_class_ranges,
+# n_decompositions, n_compositions, n_ccc_ranges (bytes 0..99); 100..127 reserved (zero)
+TOKN_HEADER = struct.Struct("<I8i8iiIi5i")
+KIND_SENTENCEPIECE, KIND_BYTE_LEVEL, KIND_SP_JSON = 1, 2, 3
+KIND_NAMES = {KIND_SENTENCEPIECE: "SentencePiece BPE (tokenizer.model)", KIND_BYTE_LEVEL: "byte-level BPE",
+              KIND_SP_JSON: "SentencePiece-style BPE (tokenizer.json)"}
+# piece types: never produced from user text (control), matched whole before BPE
+# (user-defined), <0xXX> (byte), never produced (unused)
+TYPE_NORMAL, TYPE_CONTROL, TYPE_USER, TYPE_BYTE, TYPE_UNUSED = range(5)
+SP_TYPES = {1: TYPE_NORMAL, 2: TYPE_CONTROL, 3: TYPE_CONTROL, 4: TYPE_USER, 5: TYPE_UNUSED, 6: TYPE_BYTE}
+PRE_NONE, PRE_GPT2, PRE_LLAMA3, PRE_QWEN2, PRE_O200K = range(5)
+PRE_NAMES = ["none", "gpt2", "llama3 (cl100k)", "qwen2", "o200k"]
+FLAG_DUMMY_PREFIX = 1       # SentencePiece: a space before non-empty text
+FLAG_BYTE_FALLBACK = 2      # characters with no piece become <0xXX> pieces
+FLAG_IGNORE_MERGES = 4      # a pre-token that is a piece is one token (Llama 3)
+FLAG_SPLIT_DIGITS = 8       # every digit its own pre-token before the pattern (SmolLM2)
+FLAG_NFC = 16               # normalize the text to NFC first (Qwen)
+FLAG_PREFIX_EACH_SEGMENT = 32  # the dummy prefix goes before every text segment between user-defined pieces
+TEMPLATE_NAMES = ["none", "llama2", "llama3", "chatml", "gemma", "zephyr", "mistral"]
+MAX_END_TOKENS = 8
+MAX_PIECE_BYTES = 65536
+ALIGN = 64  # version 2: tensors and the tokenizer section start at multiples of 64 bytes
+
+# The pre-tokenizer patterns run.c implements as hand-written scanners, exactly as the
+# models' tokenizer.json files spell them (GPT-2's is ByteLevel's built-in use_regex pattern).
+PATTERNS = {
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+": PRE_GPT2,
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+": PRE_LLAMA3,
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+": PRE_QWEN2,
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+": PRE_O200K,
+}
+# Chat templates, recognised by markers only that family's template writes (checked in this order)
+TEMPLATE_MARKERS = [
+    ("llama3", ["<|start_header_id|>", "<|eot_id|>"]),
+    ("chatml", ["<|im_start|>", "<|im_end|>"]),
+    ("gemma", ["<start_of_turn>", "<end_of_turn>"]),
+    ("zephyr", ["<|user|>", "<|assistant|>"]),
+    ("llama2", ["[INST]", "<<SYS>>"]),
+    ("mistral", ["[INST]", "[/INST]"]),
+]
+TEMPLATE_NOT = {"zephyr": ["<|end|>"], "mistral": ["<<SYS>>"]}  # Phi-3's <|end|>; Llama 2's <<SYS>>
+# the token that closes a turn, for the templates that have their own
+TEMPLATE_EOT = {"llama3": "<|eot_id|>", "chatml": "<|im_end|>", "gemma": "<end_of_turn>"}
+# special tokens of a template that a tokenizer.json may list as plain vocabulary (Gemma 1)
+TEMPLATE_SPECIALS = {"llama3": ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+                     "chatml": ["<|im_start|>", "<|im_end|>"], "gemma": ["<start_of_turn>", "<end_of_turn>"]}
+
+
+class Tokenizer:
+    """What a TOKN section holds (docs/format.md), before it is packed."""
+
+    def __init__(self, kind, source):
+        self.kind, self.source = kind, source   # source: the file it came from, for messages
+        self.pieces = []    # [(bytes, type, score)], index = token id
+        self.merges = np.zeros((0, 2), np.int32)  # (left_id, right_id), rank = row
+        self.bos_id, self.add_bos, self.eot_id, self.eos_ids = -1, 0, -1, []
+        self.pretokenizer, self.flags, self.chat_template = PRE_NONE, 0, 0
+        self.names = {}     # token text as the tokenizer files spell it -> id
+        self.merged = set()  # ids some merge produces
+
+    def describe(self):
+        """One line: the kind, the scheme, the flags and the special tokens."""
+        flags = [name for bit, name in [(FLAG_DUMMY_PREFIX, "dummy prefix"), (FLAG_BYTE_FALLBACK, "byte fallback"),
+                                        (FLAG_IGNORE_MERGES, "ignore_merges"), (FLAG_SPLIT_DIGITS, "split digits"),
+                                        (FLAG_NFC, "NFC"), (FLAG_PREFIX_EACH_SEGMENT, "prefix each segment")]
+                 if self.flags & bit]
+        scheme = f", pre-tokenizer {PRE_NAMES[self.pretokenizer]}" if self.kind == KIND_BYTE_LEVEL else ""
+        return (f"{KIND_NAMES[self.kind]}{scheme}{''.join(', ' + f for f in flags)}; {len(self.pieces)} tokens, "
+                f"{len(self.merges)} merges; bos {self.bos_id}{' (added)' if self.add_bos else ''}, "
+                f"eos {' '.join(map(str, self.eos_ids))}, eot {self.eot_id}, "
+                f"template {TEMPLATE_NAMES[self.chat_template]}")
+
+
+def gpt2_byte_alphabet():
+    """{character: byte} of GPT-2's bytes_to_unicode: printable bytes stand for themselves,
+    the other 68 for the characters U+0100.. in byte order (so that no piece holds a space,
+    a control character or an invalid UTF-8 sequence)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+def token_text(value):
+    """A special token as tokenizer_config.json gives it: a string, or {"content": ...}; None if absent."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def json_items(node, key):
+    """The members of a Sequence (node[key]) or [node] for a single one; [] for null."""
+    if node is None:
+        return []
+    if not isinstance(node, dict):
+        raise ExportError(f"{node!r} is not an object")
+    if node.get("type") == "Sequence":
+        items = node.get(key)
+        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+            raise ExportError(f"a Sequence without a list of {key}")
+        return [x for item in items for x in json_items(item, key)]
+    return [node]
+
+
+def brief(node):
+    """A JSON node, cut short for a one-line message."""
+    text = json.dumps(node, ensure_ascii=False)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def json_normalizer(node, kind):
+    """(flags, spaces replaced by '▁') of a tokenizer.json normalizer; refuse those run.c lacks."""
+    flags, replaces_spaces = 0, False
+    for n in json_items(node, "normalizers"):
+        t = n.get("type")
+        if t == "NFC" and kind == KIND_BYTE_LEVEL:
+            flags |= FLAG_NFC
+        elif t == "Prepend" and kind == KIND_SP_JSON and n.get("prepend") == SPACE_MARK:
+            flags |= FLAG_DUMMY_PREFIX | FLAG_PREFIX_EACH_SEGMENT  # normalizers run on each segment
+        elif (t == "Replace" and kind == KIND_SP_JSON and n.get("pattern") == {"String": " "}
+              and n.get("content") == SPACE_MARK):
+            replaces_spaces = True
+        else:
+            allowed = "NFC" if kind == KIND_BYTE_LEVEL else "Prepend('▁') and Replace(' ', '▁')"
+            raise ExportError(f"normalizer {t or brief(n)} is not supported for {KIND_NAMES[kind]} (run.c "
+                              f"implements {allowed})")
+    return flags, replaces_spaces
+
+
+def byte_level_pretokenizer(node):
+    """(pretokenizer code, flags) of a byte-level tokenizer.json's pre_tokenizer.
+
+    Accepted: ByteLevel(use_regex true) alone (GPT-2's pattern); Split(Regex P, Isolated)
+    then ByteLevel(use_regex false), P one of PATTERNS (o200k's files say Removed with
+    invert true, which keeps exactly the matches: the same, since P matches every
+    character); Digits(individual_digits true) before either (SmolLM2).
+    """
+    scheme, flags, byte_level = None, 0, False
+
+    def set_scheme(code, what):
+        nonlocal scheme
+        if scheme is not None:
+            raise ExportError(f"pre_tokenizer has two patterns ({PRE_NAMES[scheme]} and {what}); run.c applies one")
+        scheme = code
+
+    for p in json_items(node, "pretokenizers"):
+        t = p.get("type")
+        if t == "ByteLevel":
+            if p.get("add_prefix_space"):
+                raise ExportError("pre_tokenizer ByteLevel with add_prefix_space true is not supported")
+            byte_level = True
+            if p.get("use_regex", True):
+                set_scheme(PRE_GPT2, "ByteLevel's own gpt2")
+        elif t == "Split":
+            pattern = p.get("pattern") if isinstance(p.get("pattern"), dict) else {}
+            regex = pattern.get("Regex")
+            if not isinstance(regex, str):
+                raise ExportError(f"pre_tokenizer Split on {brief(pattern)} is not supported (only the regex "
+                                  f"patterns {', '.join(PRE_NAMES[1:])})")
+            if regex not in PATTERNS:
+                raise ExportError(f"pre_tokenizer pattern {json.dumps(regex, ensure_ascii=False)} is not one run.c "
+                                  f"implements ({', '.join(PRE_NAMES[1:])})")
+            if (p.get("behavior"), bool(p.get("invert"))) not in (("Isolated", False), ("Removed", True)):
+                raise ExportError(f"pre_tokenizer Split with behavior {p.get('behavior')!r}, invert "
+                                  f"{p.get('invert')!r} is not supported (only Isolated, or Removed inverted)")
+            if byte_level:
+                raise ExportError("pre_tokenizer: a Split after ByteLevel is not supported")
+            set_scheme(PATTERNS[regex], PRE_NAMES[PATTERNS[regex]])
+        elif t == "Digits":
+            if not p.get("individual_digits"):
+                raise ExportError("pre_tokenizer Digits without individual_digits is not supported")
+            if scheme is not None:
+                raise ExportError("pre_tokenizer: Digits after the pattern is not supported (only before)")
+            flags |= FLAG_SPLIT_DIGITS
+        else:
+            raise ExportError(f"pre_tokenizer {t or brief(p)} is not supported for byte-level BPE (run.c "
+                              "implements ByteLevel, Split with a known pattern, and Digits)")
+    if not byte_level:
+        raise ExportError("a byte-level tokenizer.json whose pre_tokenizer has no ByteLevel is not supported")
+    return (PRE_NONE if scheme is None else scheme), flags
+
+
+def sp_json_pretokenizer(node, replaces_spaces):
+    """(flags, spaces replaced) of a SentencePiece-style tokenizer.json's pre_tokenizer.
+
+    null; Metaspace('▁', split false) with prepend_scheme always / first / never (older
+    files: add_prefix_space); Split(String ' ', MergedWithPrevious) after a normalizer
+    that has already turned every space into '▁' (Gemma 3), which finds nothing to split.
+    """
+    flags = 0
+    for p in json_items(node, "pretokenizers"):
+        t = p.get("type")
+        if t == "Metaspace" and p.get("replacement", SPACE_MARK) == SPACE_MARK:
+            if p.get("split", True):
+                raise ExportError("pre_tokenizer Metaspace with split true is not supported (SentencePiece does "
+                                  "not split the text at spaces)")
+            scheme = p.get("prepend_scheme", "always" if p.get("add_prefix_space", True) else "never")
+            if scheme not in ("always", "first", "never"):
+                raise ExportError(f"pre_tokenizer Metaspace prepend_scheme {scheme!r} is not supported")
+            if scheme != "never":
+                flags |= FLAG_DUMMY_PREFIX | (FLAG_PREFIX_EACH_SEGMENT if scheme == "always" else 0)
+            replaces_spaces = True
+        elif (t == "Split" and replaces_spaces and p.get("pattern") == {"String": " "}
+              and p.get("behavior") == "MergedWithPrevious"):
+            continue  # no spaces are left after the normalizer
+        else:
+            raise ExportError(f"pre_tokenizer {t or brief(p)} is not supported for SentencePiece-style BPE "
+                              "(run.c implements Metaspace without split)")
+    if not replaces_spaces:
+        raise ExportError("a SentencePiece-style tokenizer.json that does not turn spaces into '▁' (by a Replace "
+                          "normalizer or a Metaspace pre-tokenizer) is not supported")
+    return flags
+
+
+def post_processor_bos(node, special_ids):
+    """The id the post_processor puts before a single text (TemplateProcessing), or None."""
+    bos = None
+    for p in json_items(node, "processors"):
+        t = p.get("type")
+        if t == "ByteLevel":
+            continue  # offsets only
+        if t != "TemplateProcessing":
+            raise ExportError(f"post_processor {t or brief(p)} is not supported (only TemplateProcessing and "
+                              "ByteLevel)")
+        single = p.get("single") or []
+        names = [item["SpecialToken"].get("id") for item in single
+                 if isinstance(item, dict) and isinstance(item.get("SpecialToken"), dict)]
+        sequence_at = next((i for i, item in enumerate(single) if isinstance(item, dict) and "Sequence" in item), None)
+        if sequence_at is None or len(names) != len(single) - 1 or sequence_at > 1:
+            raise ExportError(f"post_processor TemplateProcessing {brief(single)} is not supported (only an "
+                              "optional special token before the text)")
+        if sequence_at == 1:
+            name = names[0]
+            ids = ((p.get("special_tokens") or {}).get(name) or {}).get("ids")
+            if isinstance(ids, list) and len(ids) == 1 and is_int(ids[0]):
+                bos = ids[0]
+            elif name in special_ids:
+                bos = special_ids[name]
+            else:
+                raise ExportError(f"post_processor adds {name!r}, which is not a token")
+        if len(names) > sequence_at:
+            warn(f"post_processor appends {names[sequence_at:]} after the text; run does not append it")
+    return bos
+
+
+def read_tokenizer_json(path):
+    """A Tokenizer (kind 2 or 3) from a tokenizer.json's model, normalizer and pre_tokenizer."""
+    j = read_json(path)
+    model = j.get("model")
+    if not isinstance(model, dict):
+        raise ExportError(f"{path}: no \"model\" object: not a tokenizer.json")
+    model_type = model.get("type", "BPE" if "merges" in model else None)
+    if model_type != "BPE":
+        raise ExportError(f"{path}: model type {model_type!r} is not supported (only BPE; Unigram, WordPiece and "
+                          "WordLevel tokenizers are not)")
+    if model.get("dropout") not in (None, 0, 0.0):
+        raise ExportError(f"{path}: BPE dropout {model['dropout']!r} is not supported")
+    for key in ("continuing_subword_prefix", "end_of_word_suffix"):
+        if model.get(key):
+            raise ExportError(f"{path}: BPE {key} {model[key]!r} is not supported")
+    vocab, merges, added = model.get("vocab"), model.get("merges", []), j.get("added_tokens") or []
+    if not (isinstance(vocab, dict) and vocab and all(is_int(i) and 0 <= i < INT32_MAX for i in vocab.values())):
+        raise ExportError(f"{path}: model.vocab is not a non-empty object of token ids")
+    if not isinstance(merges, list) or not isinstance(added, list):
+        raise ExportError(f"{path}: model.merges and added_tokens must be lists")
+    byte_level = any(p.get("type") == "ByteLevel" for p in json_items(j.get("pre_tokenizer"), "pretokenizers")) \
+        or (j.get("decoder") or {}).get("type") == "ByteLevel"
+    kind = KIND_BYTE_LEVEL if byte_level else KIND_SP_JSON
+    tok = Tokenizer(kind, path)
+    try:
+        flags, replaces_spaces = json_normalizer(j.get("normalizer"), kind)
+        if kind == KIND_BYTE_LEVEL:
+            tok.pretokenizer, more = byte_level_pretokenizer(j.get("pre_tokenizer"))
+        else:
+            more = sp_json_pretokenizer(j.get("pre_tokenizer"), replaces_spaces)
+            if not model.get("byte_fallback"):
+                raise ExportError("a SentencePiece-style tokenizer.json without byte_fallback is not supported")
+            more |= FLAG_BYTE_FALLBACK
+    except ExportError as e:
+        raise ExportError(f"{path}: {e}")
+    tok.flags = flags | more | (FLAG_IGNORE_MERGES if model.get("ignore_merges") else 0)
+    tok.pieces, tok.names = json_pieces(path, kind, vocab, added)
+    tok.merges, tok.merged = merge_pairs(path, merges, vocab)
+    tok.post_bos = post_processor_bos(j.get("post_processor"), tok.names)
+    return tok
+
+
+BYTE_PIECE = re.compile(r"<0x[0-9A-F]{2}>")
+
+
+def json_pieces(path, kind, vocab, added):
+    """([(bytes, type, 0.0)] by id, {text: id}) from model.vocab and added_tokens.
+
+    Byte-level pieces are stored as the bytes GPT-2's alphabet stands for; SentencePiece-style
+    ones with ' ' for '▁'. added_tokens with "special" are control pieces; the others are
+    user-defined (transformers splits them out of the text before BPE), except a
+    SentencePiece-style one that holds '▁': its literal text cannot be typed in that
+    convention, and BPE reaches it from spaces (Gemma 3's runs of '▁').
+    """
+    alphabet = gpt2_byte_alphabet()
+    texts = {i: (text, TYPE_NORMAL) for text, i in vocab.items()}
+    if len(texts) != len(vocab):
+        raise ExportError(f"{path}: two vocabulary entries share an id")
+    names = dict(vocab)
+    for a in added:
+        if not (isinstance(a, dict) and isinstance(a.get("content"), str) and a["content"]
+                and is_int(a.get("id")) and 0 <= a["id"] < INT32_MAX):
+            raise ExportError(f"{path}: added token {brief(a)} has no content or id")
+        i, content = a["id"], a["content"]
+        if i in texts and texts[i][0] != content and not (kind == KIND_BYTE_LEVEL and i in vocab):
+            raise ExportError(f"{path}: added token {content!r} has id {i}, which the vocabulary gives to "
+                              f"{texts[i][0]!r}")
+        if a.get("special"):
+            kind_of = TYPE_CONTROL
+        else:
+            if a.get("lstrip") or a.get("rstrip") or a.get("single_word"):
+                raise ExportError(f"{path}: added token {content!r}: lstrip, rstrip and single_word are not "
+                                  "supported")
+            kind_of = TYPE_NORMAL if kind == KIND_SP_JSON and SPACE_MARK in content else TYPE_USER
+        texts[i] = (content, kind_of, True)
+        names[content] = i
+    n_tokens = max(texts) + 1
+    if n_tokens > INT32_MAX:
+        raise ExportError(f"{path}: token id {n_tokens - 1} does not fit an int32")
+    gaps = n_tokens - len(texts)
+    if gaps:
+        warn(f"{path}: {gaps} ids below {n_tokens} have no token; they are stored as unused pieces")
+    pieces = [(b"", TYPE_UNUSED, 0.0)] * n_tokens
+    for i, entry in texts.items():
+        text, kind_of = entry[0], entry[1]
+        is_added = len(entry) == 3
+        if kind_of in (TYPE_CONTROL, TYPE_USER) and (is_added or kind == KIND_SP_JSON):
+            data = text.encode("utf-8")
+        elif kind == KIND_BYTE_LEVEL:
+            try:
+                data = bytes(alphabet[c] for c in text)
+            except KeyError as e:
+                raise ExportError(f"{path}: piece {text!r} (id {i}) has {e.args[0]!r}, which is not in GPT-2's "
+                                  "byte alphabet")
+        else:
+            data = text.replace(SPACE_MARK, " ").encode("utf-8")
+            if BYTE_PIECE.fullmatch(text):
+                kind_of = TYPE_BYTE
+        pieces[i] = (data, kind_of, 0.0)
+    return pieces, names
+
+
+def merge_pairs(path, merges, vocab):
+    """((n, 2) int32 array of (left_id, right_id) by rank, set of merged ids) from model.merges.
+
+    Both serialisations: "left right" strings (older files) and ["left", "right"] pairs.
+    Refuses a merge naming a token not in the vocabulary or whose concatenation is not one.
+    """
+    pairs = np.empty((len(merges), 2), np.int32)
+    merged = set()
+    for rank, m in enumerate(merges):
+        parts = m.split(" ") if isinstance(m, str) else m
+        if not (isinstance(parts, list) and len(parts) == 2 and all(isinstance(x, str) for x in parts)):
+            raise ExportError(f"{path}: merge {rank} {m!r} is not two tokens")
+        left, right = parts
+        for part in parts:
+            if part not in vocab:
+                raise ExportError(f"{path}: merge {rank} ({left!r} {right!r}) names {part!r}, which is not in "
+                                  "the vocabulary")
+        if left + right not in vocab:
+            raise ExportError(f"{path}: merge {rank} ({left!r} {right!r}) makes {left + right!r}, which is not in "
+                              "the vocabulary")
+        pairs[rank] = vocab[left], vocab[right]
+        merged.add(vocab[left + right])
+    return pairs, merged
+
+
+def read_sentencepiece_tokenizer(path):
+    """A Tokenizer (kind 1) from a SentencePiece tokenizer.model (BPE, identity normalizer)."""
+    m = read_sentencepiece_model(path)
+    if m.model_type != SP_MODEL_BPE:
+        names = {1: "unigram", 2: "bpe", 3: "word", 4: "char"}
+        raise ExportError(f"{path}: SentencePiece model type {names.get(m.model_type, m.model_type)} is not "
+                          "supported (only bpe: run.c merges pairs by score)")
+    if m.normalizer not in ("", "identity") or m.remove_extra_whitespaces:
+        raise ExportError(f"{path}: SentencePiece normalizer {m.normalizer or 'nmt_nfkc'!r} (remove_extra_whitespaces "
+                          f"{str(m.remove_extra_whitespaces).lower()}) is not supported (only identity, without "
+                          "removing spaces)")
+    tok = Tokenizer(KIND_SENTENCEPIECE, path)
+    tok.flags = (FLAG_DUMMY_PREFIX if m.add_dummy_prefix else 0) | (FLAG_BYTE_FALLBACK if m.byte_fallback else 0)
+    for i, (text, score, sp_type) in enumerate(m.pieces):
+        if sp_type not in SP_TYPES:
+            raise ExportError(f"{path}: piece {i} has type {sp_type}, not a SentencePiece piece type")
+        if not math.isfinite(f32(score)):
+            raise ExportError(f"{path}: piece {i} has score {score}, which is not finite")
+        tok.pieces.append((text.replace(SPACE_MARK, " ").encode("utf-8"), SP_TYPES[sp_type], score))
+        tok.names.setdefault(text, i)
+    tok.merged = {i for i, (_, t, _) in enumerate(tok.pieces) if t == TYPE_NORMAL}
+    n = len(m.pieces)
+    tok.post_bos = m.bos_id if 0 <= m.bos_id < n else None
+    tok.sp_eos = m.eos_id if 0 <= m.eos_id < n else None
+    return tok
+
+
+def tokenizer_sidecars(tokenizer_path):
+    """(tokenizer_config, generation_config, config) dicts beside a tokenizer file ({} when absent)."""
+    folder = os.path.dirname(os.path.abspath(tokenizer_path))
+    found = []
+    for name in ("tokenizer_config.json", "generation_config.json", "config.json"):
+        path = os.path.join(folder, name)
+        found.append(read_json(path) if os.path.isfile(path) else {})
+    chat_jinja = os.path.join(folder, "chat_template.jinja")
+    if not found[0].get("chat_template") and os.path.isfile(chat_jinja):
+        with open(chat_jinja, encoding="utf-8") as f:
+            found[0]["chat_template"] = f.read()
+    return found
+
+
+def classify_template(template):
+    """The TEMPLATE_NAMES index of a chat_template string (or named list), 0 if none or unrecognised."""
+    if isinstance(template, list):  # [{"name": "default", "template": "..."}, {"name": "tool_use", ...}]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default", next(iter(named.values()), None))
+    if not isinstance(template, str) or not template:
+        return 0, "no chat_template"
+    for name, markers in TEMPLATE_MARKERS:
+        if all(m in template for m in markers) and not any(m in template for m in TEMPLATE_NOT.get(name, [])):
+            return TEMPLATE_NAMES.index(name), ""
+    return 0, "its chat_template is none of " + ", ".join(TEMPLATE_NAMES[1:])
+
+
+def set_special_tokens(tok, template_name=None):
+    """bos, add_bos, eos_ids, eot_id and chat_template from the files beside the tokenizer.
+
+    bos: tokenizer_config's bos_token and add_bos_token when it says, else the token the
+    post_processor puts first (Llama 3); eos: generation_config.json's eos_token_id (an
+    int or a list), else tokenizer_config's eos_token, else config.json's eos_token_id
+    (else the SentencePiece model's eos); eot: the recognised template's closing token, else
+    the first of <|eot_id|>, <|im_end|>, <end_of_turn> the vocabulary has, else eos.
+    """
+    tc, gen, cfg = tokenizer_sidecars(tok.source)
+    n = len(tok.pieces)
+
+    def named(text, where):
+        if text not in tok.names:
+            raise ExportError(f"{where}: {text!r} is not a token of {tok.source}")
+        return tok.names[text]
+
+    bos_text = token_text(tc.get("bos_token"))
+    bos_named = named(bos_text, "tokenizer_config.json bos_token") if bos_text else None
+    if isinstance(tc.get("add_bos_token"), bool):
+        tok.add_bos = int(bool(tc["add_bos_token"]))
+        tok.bos_id = bos_named if bos_named is not None else tok.post_bos
+    else:
+        tok.add_bos = int(tok.post_bos is not None)
+        tok.bos_id = tok.post_bos if tok.post_bos is not None else bos_named
+    if tok.bos_id is None:
+        tok.bos_id = -1
+    if tok.add_bos and tok.bos_id < 0:
+        raise ExportError("tokenizer_config.json: add_bos_token is true but there is no bos_token")
+
+    ids, where = gen.get("eos_token_id"), "generation_config.json eos_token_id"
+    if ids is None and token_text(tc.get("eos_token")):
+        ids, where = named(token_text(tc.get("eos_token")), "tokenizer_config.json eos_token"), \
+            "tokenizer_config.json eos_token"
+    if ids is None:
+        ids, where = cfg.get("eos_token_id"), "config.json eos_token_id"
+    if ids is None:
+        ids, where = getattr(tok, "sp_eos", None), f"{tok.source} eos_id"
+    if ids is None:
+        raise ExportError(f"{tok.source}: no end-of-sequence token (no generation_config.json eos_token_id, "
+                          "tokenizer_config.json eos_token or config.json eos_token_id beside it)")
+    ids = ids if isinstance(ids, list) else [ids]
+    if not ids or not all(is_int(i) and 0 <= i < n for i in ids):
+        raise ExportError(f"{where} {ids!r}: must be token ids in [0, {n})")
+    tok.eos_ids = list(dict.fromkeys(ids))
+    if len(tok.eos_ids) > MAX_END_TOKENS:
+        raise ExportError(f"{where}: {len(tok.eos_ids)} end tokens; run stops at up to {MAX_END_TOKENS}")
+
+    if template_name is not None:
+        tok.chat_template = TEMPLATE_NAMES.index(template_name)
+    else:
+        tok.chat_template, why = classify_template(tc.get("chat_template"))
+        if not tok.chat_template:
+            print(f"export.py: note: chat template: none stored ({why}); run -m chat will ask for --template "
+                  f"({', '.join(TEMPLATE_NAMES[1:])})", file=sys.stderr)
+    closer = TEMPLATE_EOT.get(TEMPLATE_NAMES[tok.chat_template])
+    if closer is None and not tok.chat_template:
+        closer = next((t for t in TEMPLATE_EOT.values() if t in tok.names), None)
+    tok.eot_id = tok.names.get(closer, tok.eos_ids[0])
+
+    # the special tokens are control pieces, even where a tokenizer.json lists them as plain
+    # vocabulary (Gemma 1's <start_of_turn>), unless a merge can make one out of text
+    specials = [tok.bos_id, tok.eot_id, *tok.eos_ids]
+    specials += [tok.names[t] for t in TEMPLATE_SPECIALS.get(TEMPLATE_NAMES[tok.chat_template], []) if t in tok.names]
+    for i in specials:
+        data, kind_of, score = tok.pieces[i] if i >= 0 else (None, None, None)
+        if kind_of in (TYPE_NORMAL, TYPE_USER) and i not in tok.merged:
+            tok.pieces[i] = (data, TYPE_CONTROL, score)
+
+
+# ----------------------------------------------------------------------------
+# Unicode tables for run.c's scanners and NFC, from Python's unicodedata
+
+CATEGORY_CLASSES = {"Lu": 1, "Lt": 1, "Ll": 2, "Lm": 4, "Lo": 4, "Mn": 8, "Mc": 8, "Me": 8,
+                    "Nd": 16, "Nl": 16, "No": 16}
+CLASS_WHITE_SPACE = 32
+# \s of Oniguruma (the regex engine of Hugging Face's tokenizers) with Unicode: U+0009..000D,
+# U+0085 and the separators Zs, Zl, Zp: the same set as Unicode's White_Space property.
+# (JavaScript's \s differs: it adds U+FEFF and leaves out U+0085.)
+WHITE_SPACE_CONTROLS = {0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x85}
+
+
+def ranges_of(values):
+    """[(first, last, value)] of the runs of equal non-zero values in a list indexed by code point."""
+    out, start = [], None
+    for cp in range(len(values) + 1):
+        v = values[cp] if cp < len(values) else 0
+        if start is not None and v != values[start]:
+            out.append((start, cp - 1, values[start]))
+            start = None
+        if start is None and v:
+            start = cp
+    return out
+
+
+_unicode_cache = {}
+
+
+def unicode_tables():
+    """(class ranges, decompositions, compositions, ccc ranges) as numpy uint32 arrays (docs/format.md)."""
+    if _unicode_cache:
+        return _unicode_cache["tables"]
+    classes, ccc = [0] * 0x110000, [0] * 0x110000
+    decompositions, compositions = [], []
+    for cp in range(0x110000):
+        ch = chr(cp)
+        category = unicodedata.category(ch)
+        bits = CATEGORY_CLASSES.get(category, 0)
+        if category in ("Zs", "Zl", "Zp") or cp in WHITE_SPACE_CONTROLS:
+            bits |= CLASS_WHITE_SPACE
+        classes[cp] = bits
+        ccc[cp] = unicodedata.combining(ch)
+        mapping = unicodedata.decomposition(ch)
+        if mapping and not mapping.startswith("<"):  # canonical (compatibility ones start with <tag>)
+            parts = [int(x, 16) for x in mapping.split()]
+            if len(parts) > 2:
+                raise ExportError(f"unicodedata: U+{cp:04X} decomposes into {len(parts)} code points")
+            decompositions.append((cp, parts[0], parts[1] if len(parts) == 2 else 0))
+            # a primary composite: two code points, not excluded from composition (NFC keeps it)
+            if len(parts) == 2 and unicodedata.normalize("NFC", ch) == ch:
+                compositions.append((parts[0], parts[1], cp))
+    compositions.sort()
+    tables = tuple(np.array(rows, dtype="<u4").reshape(-1, 3)
+                   for rows in (ranges_of(classes), decompositions, compositions, ranges_of(ccc)))
+    _unicode_cache["tables"] = tables
+    return tables
+
+
+# ----------------------------------------------------------------------------
+# Checking and packing a Tokenizer
+
+
+def check_tokenizer(tok, vocab_size=None):
+    """Refuse a Tokenizer that does not fit the TOKN format or run.c's limits (docs/format.md)."""
+    where = tok.source
+    n = len(tok.pieces)
+    if not 0 < n <= INT32_MAX:
+        raise ExportError(f"{where}: {n} tokens")
+    if vocab_size is not None and n > vocab_size:
+        raise ExportError(f"{where}: the tokenizer has {n} tokens but the model only {vocab_size} (a tokenizer of "
+                          "another model?)")
+    for i, (data, kind_of, score) in enumerate(tok.pieces):
+        if len(data) > MAX_PIECE_BYTES:
+            raise ExportError(f"{where}: piece {i} is {len(data)} bytes long; the format allows {MAX_PIECE_BYTES}")
+        if not math.isfinite(f32(score)):
+            raise ExportError(f"{where}: piece {i} has score {score}, which is not finite in float32")
+    lengths = [len(d) for d, _, _ in tok.pieces]
+    if max(lengths) < 1:
+        raise ExportError(f"{where}: every piece is empty")
+    seen = {}
+    for i, (data, kind_of, _) in enumerate(tok.pieces):
+        if kind_of in (TYPE_NORMAL, TYPE_USER, TYPE_BYTE) and data:
+            if data in seen:
+                raise ExportError(f"{where}: pieces {seen[data]} and {i} are the same bytes {data!r}; run.c finds "
+                                  "merged pieces by their bytes")
+            seen[data] = i
+    if not (-1 <= tok.bos_id < n and tok.add_bos in (0, 1) and -1 <= tok.eot_id < n):
+        raise ExportError(f"{where}: bos {tok.bos_id}, add_bos {tok.add_bos} or eot {tok.eot_id} out of range")
+    if not (1 <= len(tok.eos_ids) <= MAX_END_TOKENS and all(0 <= i < n for i in tok.eos_ids)):
+        raise ExportError(f"{where}: eos ids {tok.eos_ids} must be 1..{MAX_END_TOKENS} ids below {n}")
+    if len(tok.merges) and not (tok.merges.min() >= 0 and tok.merges.max() < n):
+        raise ExportError(f"{where}: a merge names an id outside [0, {n})")
+
+
+def drop_tail_beyond(tok, vocab_size):
+    """Drop control pieces with ids >= the model's vocab_size (Gemma 3's <image_soft_token>), saying so."""
+    n = len(tok.pieces)
+    keep = n
+    while keep > vocab_size and tok.pieces[keep - 1][1] in (TYPE_CONTROL, TYPE_UNUSED):
+        keep -= 1
+    if keep < n and keep == vocab_size:
+        dropped = [tok.pieces[i][0].decode("utf-8", "replace") for i in range(keep, n)]
+        if any(i >= keep for i in [tok.bos_id, tok.eot_id, *tok.eos_ids]):
+            return
+        print(f"export.py: note: {n - keep} control token(s) {dropped[:4]} beyond the model's {vocab_size} "
+              "embedding rows are left out (a text model cannot produce them)", file=sys.stderr)
+        tok.pieces = tok.pieces[:keep]
+
+
+def tokenizer_bytes(tok):
+    """The TOKN section (docs/format.md) as bytes."""
+    if tok.kind == KIND_SENTENCEPIECE:
+        tok.merges = np.zeros((0, 2), np.int32)
+    tables = [np.zeros((0, 3), "<u4")] * 4
+    if tok.kind == KIND_BYTE_LEVEL or tok.flags & FLAG_NFC:
+        classes, decompositions, compositions, ccc = unicode_tables()
+        tables[0] = classes if tok.kind == KIND_BYTE_LEVEL else tables[0]
+        if tok.flags & FLAG_NFC:
+            tables[1:] = [decompositions, compositions, ccc]
+    eos = tok.eos_ids + [-1] * (MAX_END_TOKENS - len(tok.eos_ids))
+    max_len = max(len(d) for d, _, _ in tok.pieces)
+    header = TOKN_HEADER.pack(TOKN_MAGIC, TOKN_VERSION, tok.kind, len(tok.pieces), max_len, tok.bos_id, tok.add_bos,
+                              tok.eot_id, len(tok.eos_ids), *eos, tok.pretokenizer, tok.flags, tok.chat_template,
+                              len(tok.merges), *(len(t) for t in tables))
+    out = [header, bytes(TOKN_HEADER_BYTES - len(header))]
+    for data, kind_of, score in tok.pieces:
+        out.append(struct.pack("<fii", score, kind_of, len(data)))
+        out.append(data + bytes(-len(data) % 4))
+    out.append(np.ascontiguousarray(tok.merges, dtype="<i4").tobytes())
+    out.extend(np.ascontiguousarray(t, dtype="<u4").tobytes() for t in tables)
+    return b"".join(out)
+
+
+def read_model_tokenizer(path, template_name=None):
+    """A checked Tokenizer from a tokenizer.json or tokenizer.model (with its sidecar JSON files)."""
+    with open(path, "rb") as f:
+        start = f.read(64).lstrip()
+    if path.endswith(".json") or start.startswith(b"{"):
+        tok = read_tokenizer_json(path)
+    else:
+        tok = read_sentencepiece_tokenizer(path)
+    set_special_tokens(tok, template_name)
+    print(f"export.py: tokenizer {path}: {tok.describe()}", file=sys.stderr)
+    return tok
+
+
+def find_tokenizer(folder):
+    """The tokenizer file of a model directory: tokenizer.json, else tokenizer.model, else None."""
+    for name in ("tokenizer.json", "tokenizer.model"):
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def hf_tokenizer(model_dir, vocab_size, template_name=None):
+    """The TOKN bytes of a model directory's tokenizer, checked against the model; None if it has none."""
+    path = find_tokenizer(model_dir)
+    if path is None:
+        if template_name is not None:
+            raise ExportError(f"{model_dir}: --template given, but there is no tokenizer.json or tokenizer.model")
+        print(f"{model_dir} has no tokenizer.json or tokenizer.model: writing the weights alone (run will need "
+              "-z TOKENIZER)")
+        return None
+    tok = read_model_tokenizer(path, template_name)
+    drop_tail_beyond(tok, vocab_size)
+    check_tokenizer(tok, vocab_size)
+    return tokenizer_bytes(tok)
+
+
+def is_sentencepiece_path(path):
+    """True when --tokenizer names a file that is not a tokenizer.json: llama2.c's tokenizer.bin is written."""
+    if os.path.isdir(path) or path.endswith(".json"):
+        return False
+    try:
+        with open(path, "rb") as f:
+            return not f.read(64).lstrip().startswith(b"{")
+    except OSError:
+        return True  # export_tokenizer reports it
+
+
+def export_tokn(path, out_path, template_name=None):
+    """Write a standalone TOKN file from a tokenizer.json (or a model directory's tokenizer)."""
+    if os.path.isdir(path):
+        folder, path = path, find_tokenizer(path)
+        if path is None:
+            raise ExportError(f"{folder}: no tokenizer.json or tokenizer.model")
+    tok = read_model_tokenizer(path, template_name)
+    check_tokenizer(tok)
+    data = tokenizer_bytes(tok)
+    write_atomically(out_path, lambda f: f.write(data))
+    print(f"wrote {out_path} (TOKN): {len(tok.pieces)} tokens, {len(tok.merges)} merges, {len(data)} bytes")
 
 
 # ----------------------------------------------------------------------------
@@ -1178,8 +2007,11 @@ def parse_args(argv):
     p.add_argument("--rope-theta", type=rope_theta_arg, metavar="F", help="store this theta (> 0)")
     p.add_argument("--rope-fraction", type=rope_fraction_arg, metavar="F", help="store this p, in [0, 1]")
     p.add_argument("--legacy", action="store_true", help="write llama2.c's legacy format instead")
-    p.add_argument("--tokenizer", metavar="MODEL", help="a SentencePiece tokenizer.model to convert")
-    p.add_argument("-o", dest="tokenizer_out", metavar="OUT", help="where --tokenizer writes tokenizer.bin")
+    p.add_argument("--tokenizer", metavar="PATH", help="a tokenizer.model (to llama2.c's tokenizer.bin), or a "
+                   "tokenizer.json or model directory (to a TOKN file) to convert")
+    p.add_argument("-o", dest="tokenizer_out", metavar="OUT", help="where --tokenizer writes")
+    p.add_argument("--template", choices=TEMPLATE_NAMES, help="the chat template to store, instead of the one "
+                   "recognised in tokenizer_config.json")
     args = p.parse_args(argv)
     if args.tokenizer is not None:
         if args.input is not None:
@@ -1188,6 +2020,9 @@ def parse_args(argv):
             p.error("--tokenizer needs -o OUT")
         if args.legacy or args.rope_theta is not None or args.rope_fraction is not None:
             p.error("--legacy, --rope-theta and --rope-fraction do not apply to --tokenizer")
+        if args.template is not None and is_sentencepiece_path(args.tokenizer):
+            p.error("--template does not apply to a tokenizer.model: llama2.c's tokenizer.bin stores no template "
+                    "(give the model directory instead to write a TOKN file)")
     else:
         if args.tokenizer_out is not None:
             p.error("-o goes with --tokenizer; a checkpoint's output is the second argument")
@@ -1200,8 +2035,10 @@ def main(argv=None):
     """Run the command line; return the exit code."""
     args = parse_args(argv)
     try:
-        if args.tokenizer is not None:
+        if args.tokenizer is not None and is_sentencepiece_path(args.tokenizer):
             export_tokenizer(args.tokenizer, args.tokenizer_out)
+        elif args.tokenizer is not None:
+            export_tokn(args.tokenizer, args.tokenizer_out, args.template)
         else:
             export_checkpoint(args)
     except ExportError as e:

