@@ -42,6 +42,8 @@ checkpoints are already in the adjacent-pair layout and are copied unchanged.
 """
 
 import argparse
+import functools
+import itertools
 import json
 import math
 import os
@@ -1310,6 +1312,21 @@ TEMPLATE_SPECIALS = {"llama3": ["<|start_header_id|>", "<|end_header_id|>", "<|e
                      "chatml": ["<|im_start|>", "<|im_end|>"], "gemma": ["<start_of_turn>", "<end_of_turn>"]}
 
 
+LATER = []  # stderr lines about a tokenizer, printed once it has passed every check (a refusal is one line)
+
+
+def say_later(message):
+    """Keep an "export.py: ..." line for stderr until the tokenizer is accepted."""
+    LATER.append(f"export.py: {message}")
+
+
+def say_now():
+    """Print the lines say_later kept."""
+    for line in LATER:
+        print(line, file=sys.stderr)
+    LATER.clear()
+
+
 class Tokenizer:
     """What a TOKN section holds (docs/format.md), before it is packed."""
 
@@ -1509,7 +1526,7 @@ def post_processor_bos(node, special_ids):
             else:
                 raise ExportError(f"post_processor adds {name!r}, which is not a token")
         if len(names) > sequence_at:
-            warn(f"post_processor appends {names[sequence_at:]} after the text; run does not append it")
+            say_later(f"warning: post_processor appends {names[sequence_at:]} after the text; run does not append it")
     return bos
 
 
@@ -1594,7 +1611,7 @@ def json_pieces(path, kind, vocab, added):
         raise ExportError(f"{path}: token id {n_tokens - 1} does not fit an int32")
     gaps = n_tokens - len(texts)
     if gaps:
-        warn(f"{path}: {gaps} ids below {n_tokens} have no token; they are stored as unused pieces")
+        say_later(f"warning: {path}: {gaps} ids below {n_tokens} have no token; they are stored as unused pieces")
     pieces = [(b"", TYPE_UNUSED, 0.0)] * n_tokens
     for i, entry in texts.items():
         text, kind_of = entry[0], entry[1]
@@ -1747,8 +1764,8 @@ def set_special_tokens(tok, template_name=None):
     else:
         tok.chat_template, why = classify_template(tc.get("chat_template"))
         if not tok.chat_template:
-            print(f"export.py: note: chat template: none stored ({why}); run -m chat will ask for --template "
-                  f"({', '.join(TEMPLATE_NAMES[1:])})", file=sys.stderr)
+            say_later(f"note: chat template: none stored ({why}); run -m chat will ask for --template "
+                      f"({', '.join(TEMPLATE_NAMES[1:])})")
     closer = TEMPLATE_EOT.get(TEMPLATE_NAMES[tok.chat_template])
     if closer is None and not tok.chat_template:
         closer = next((t for t in TEMPLATE_EOT.values() if t in tok.names), None)
@@ -1778,48 +1795,47 @@ WHITE_SPACE_CONTROLS = {0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x85}
 
 def ranges_of(values):
     """[(first, last, value)] of the runs of equal non-zero values in a list indexed by code point."""
-    out, start = [], None
-    for cp in range(len(values) + 1):
-        v = values[cp] if cp < len(values) else 0
-        if start is not None and v != values[start]:
-            out.append((start, cp - 1, values[start]))
-            start = None
-        if start is None and v:
-            start = cp
+    out, cp = [], 0
+    for value, run in itertools.groupby(values):
+        n = sum(1 for _ in run)
+        if value:
+            out.append((cp, cp + n - 1, value))
+        cp += n
     return out
 
 
-_unicode_cache = {}
+def table(rows):
+    """An (n, 3) little-endian uint32 array of rows."""
+    return np.array(rows, dtype="<u4").reshape(-1, 3)
 
 
-def unicode_tables():
-    """(class ranges, decompositions, compositions, ccc ranges) as numpy uint32 arrays (docs/format.md)."""
-    if _unicode_cache:
-        return _unicode_cache["tables"]
-    classes, ccc = [0] * 0x110000, [0] * 0x110000
+@functools.lru_cache(maxsize=None)
+def class_ranges():
+    """The class table: (first, last, classes bits) for every code point with a class."""
+    white = {"Zs", "Zl", "Zp"}
+    bits = [CATEGORY_CLASSES.get(category, 0) | (CLASS_WHITE_SPACE if category in white else 0)
+            for category in map(unicodedata.category, map(chr, range(0x110000)))]
+    for cp in WHITE_SPACE_CONTROLS:
+        bits[cp] |= CLASS_WHITE_SPACE
+    return table(ranges_of(bits))
+
+
+@functools.lru_cache(maxsize=None)
+def nfc_tables():
+    """(decompositions, compositions, ccc ranges): NFC's data (docs/format.md)."""
     decompositions, compositions = [], []
-    for cp in range(0x110000):
-        ch = chr(cp)
-        category = unicodedata.category(ch)
-        bits = CATEGORY_CLASSES.get(category, 0)
-        if category in ("Zs", "Zl", "Zp") or cp in WHITE_SPACE_CONTROLS:
-            bits |= CLASS_WHITE_SPACE
-        classes[cp] = bits
-        ccc[cp] = unicodedata.combining(ch)
-        mapping = unicodedata.decomposition(ch)
+    mappings = map(unicodedata.decomposition, map(chr, range(0x110000)))
+    for cp, mapping in enumerate(mappings):
         if mapping and not mapping.startswith("<"):  # canonical (compatibility ones start with <tag>)
             parts = [int(x, 16) for x in mapping.split()]
             if len(parts) > 2:
                 raise ExportError(f"unicodedata: U+{cp:04X} decomposes into {len(parts)} code points")
             decompositions.append((cp, parts[0], parts[1] if len(parts) == 2 else 0))
             # a primary composite: two code points, not excluded from composition (NFC keeps it)
-            if len(parts) == 2 and unicodedata.normalize("NFC", ch) == ch:
+            if len(parts) == 2 and unicodedata.normalize("NFC", chr(cp)) == chr(cp):
                 compositions.append((parts[0], parts[1], cp))
-    compositions.sort()
-    tables = tuple(np.array(rows, dtype="<u4").reshape(-1, 3)
-                   for rows in (ranges_of(classes), decompositions, compositions, ranges_of(ccc)))
-    _unicode_cache["tables"] = tables
-    return tables
+    ccc = list(map(unicodedata.combining, map(chr, range(0x110000))))
+    return table(decompositions), table(sorted(compositions)), table(ranges_of(ccc))
 
 
 # ----------------------------------------------------------------------------
@@ -1868,8 +1884,8 @@ def drop_tail_beyond(tok, vocab_size):
         dropped = [tok.pieces[i][0].decode("utf-8", "replace") for i in range(keep, n)]
         if any(i >= keep for i in [tok.bos_id, tok.eot_id, *tok.eos_ids]):
             return
-        print(f"export.py: note: {n - keep} control token(s) {dropped[:4]} beyond the model's {vocab_size} "
-              "embedding rows are left out (a text model cannot produce them)", file=sys.stderr)
+        say_later(f"note: {n - keep} control token(s) {dropped[:4]} beyond the model's {vocab_size} embedding rows "
+                  "are left out (a text model cannot produce them)")
         tok.pieces = tok.pieces[:keep]
 
 
@@ -1877,12 +1893,11 @@ def tokenizer_bytes(tok):
     """The TOKN section (docs/format.md) as bytes."""
     if tok.kind == KIND_SENTENCEPIECE:
         tok.merges = np.zeros((0, 2), np.int32)
-    tables = [np.zeros((0, 3), "<u4")] * 4
-    if tok.kind == KIND_BYTE_LEVEL or tok.flags & FLAG_NFC:
-        classes, decompositions, compositions, ccc = unicode_tables()
-        tables[0] = classes if tok.kind == KIND_BYTE_LEVEL else tables[0]
-        if tok.flags & FLAG_NFC:
-            tables[1:] = [decompositions, compositions, ccc]
+    tables = [table([])] * 4
+    if tok.kind == KIND_BYTE_LEVEL:
+        tables[0] = class_ranges()
+    if tok.flags & FLAG_NFC:
+        tables[1:] = nfc_tables()
     eos = tok.eos_ids + [-1] * (MAX_END_TOKENS - len(tok.eos_ids))
     max_len = max(len(d) for d, _, _ in tok.pieces)
     header = TOKN_HEADER.pack(TOKN_MAGIC, TOKN_VERSION, tok.kind, len(tok.pieces), max_len, tok.bos_id, tok.add_bos,
@@ -1906,7 +1921,7 @@ def read_model_tokenizer(path, template_name=None):
     else:
         tok = read_sentencepiece_tokenizer(path)
     set_special_tokens(tok, template_name)
-    print(f"export.py: tokenizer {path}: {tok.describe()}", file=sys.stderr)
+    say_later(f"tokenizer {path}: {tok.describe()}")
     return tok
 
 
@@ -1931,7 +1946,9 @@ def hf_tokenizer(model_dir, vocab_size, template_name=None):
     tok = read_model_tokenizer(path, template_name)
     drop_tail_beyond(tok, vocab_size)
     check_tokenizer(tok, vocab_size)
-    return tokenizer_bytes(tok)
+    data = tokenizer_bytes(tok)
+    say_now()
+    return data
 
 
 def is_sentencepiece_path(path):
@@ -1954,6 +1971,7 @@ def export_tokn(path, out_path, template_name=None):
     tok = read_model_tokenizer(path, template_name)
     check_tokenizer(tok)
     data = tokenizer_bytes(tok)
+    say_now()
     write_atomically(out_path, lambda f: f.write(data))
     print(f"wrote {out_path} (TOKN): {len(tok.pieces)} tokens, {len(tok.merges)} merges, {len(data)} bytes")
 

