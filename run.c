@@ -2835,8 +2835,8 @@ static int inspect(Transformer *t, const Tokenizer *tok, const char *prompt, con
 // fresh session over it would; --shift rotate moves the kept keys and values down
 // and re-rotates the keys (kv_cache_shift), recomputing nothing.
 
-// ChatML with a default system prompt, numbered after the templates the tokenizer
-// section names (NOTES-tok.md asks export.py to store them).
+// ChatML with a default system prompt: numbered 7 and 8, after the templates the
+// tokenizer section numbers 1..6.
 enum { TEMPLATE_QWEN25 = TEMPLATE_MISTRAL + 1, TEMPLATE_SMOLLM2 };
 
 // One family's template. In the formats, %B is the model's BOS (nothing when it has
@@ -2860,8 +2860,8 @@ enum { TRIM_USER = 1, TRIM_SYSTEM = 2 };
 // add_generation_prompt (tests/test_chat_templates.py checks them against Jinja).
 static const ChatFormat chat_formats[] = {
     [TEMPLATE_NONE] = {"none", NULL, NULL, NULL, NULL, {NULL}, 0},
-    // Llama 2 chat (its template strips nothing that this one keeps: the reply's
-    // surrounding spaces are left to the model)
+    // Llama 2 chat, as run has always written it (Hugging Face's template also strips
+    // each message, and writes a space between a reply and its </s>)
     [TEMPLATE_LLAMA2] = {"llama2", "%B[INST] <<SYS>>\n%S\n<</SYS>>\n\n%U [/INST]", "%B[INST] %U [/INST]",
                          "%E%B[INST] %U [/INST]", NULL, {NULL}, 0},
     // Llama 3.2 Instruct: a system header always, with the knowledge cutoff and the date
@@ -2918,11 +2918,13 @@ typedef struct {
     char date[32];             // chat() sets it: today, for %D
 } ChatOptions;
 
-// Where one turn's tokens sit in the conversation, in three spans:
-//   [start, user_start)        the template's head: "</s><s>[INST]", or for the
-//                              first turn "<s>[INST]" or the system block
+// Where one turn's tokens sit in the conversation, in three spans (Llama 2's as
+// the example):
+//   [start, user_start)        the template's head: the previous reply's closing
+//                              token and the user header, "</s><s>[INST]"; for the
+//                              first turn BOS and the system block, "<s>[INST]" or
 //                              "<s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n"
-//   [user_start, reply_start)  "{user} [/INST]"
+//   [user_start, reply_start)  the user's text and the assistant header, "{user} [/INST]"
 //   [reply_start, end)         the reply
 // user_start is -1 when the head's tokens are not a prefix of the turn's (a merge
 // across the boundary); such a turn cannot be cut there, and rotate falls back to
@@ -2975,7 +2977,8 @@ static int check_chat_format(const Tokenizer *tok, const ChatFormat *f) {
     for (int i = 0; i < 4 && f->specials[i]; i++)
         if (special_token(tok, f->specials[i]) < 0)
             return fail("the tokenizer has no %s token: --template %s does not fit this model", f->specials[i], f->name);
-    if (strstr(f->next, "%E") && tok->n_eos < 1) return fail("the tokenizer has no end token: --template %s needs one", f->name);
+    if (strstr(f->next, "%E") && tok->n_eos < 1)
+        return fail("the tokenizer has no end token: --template %s does not fit this model", f->name);
     return 0;
 }
 
@@ -3021,6 +3024,23 @@ static void append_text(char *out, size_t *length, const char *text, int trim) {
     out[*length] = '\0';
 }
 
+enum { NOT_SPECIAL = -2 };
+
+// The special token the format writes at p: %B (the model's BOS; -1 when it has
+// none), %E (its first end token) or one of the format's specials by its text. Sets
+// *skip to the characters it takes. NOT_SPECIAL when p starts none.
+static int special_at(const Tokenizer *tok, const ChatFormat *f, const char *p, size_t *skip) {
+    if (p[0] == '%' && (p[1] == 'B' || p[1] == 'E')) {
+        *skip = 2;
+        return p[1] == 'B' ? tok->bos_id : tok->eos_ids[0];
+    }
+    for (int i = 0; i < 4 && f->specials[i]; i++) {
+        *skip = strlen(f->specials[i]);
+        if (strncmp(p, f->specials[i], *skip) == 0) return special_token(tok, f->specials[i]);
+    }
+    return NOT_SPECIAL;
+}
+
 // The tokens of one turn: format with its placeholders filled in. Text runs (the
 // format's own text with the system's and the user's substituted) are encoded
 // whole when a special token or the end comes. With head_only, stops before the
@@ -3029,24 +3049,18 @@ static void append_text(char *out, size_t *length, const char *text, int trim) {
 static int render_turn(const Tokenizer *tok, const ChatOptions *opt, const char *format, const char *system,
                        const char *user, int head_only, TokenList *out) {
     const ChatFormat *f = opt->format;
-    size_t cap = strlen(format) + strlen(system) + strlen(user) + strlen(opt->date) + 1, length = 0;
+    size_t cap = strlen(format) + strlen(system) + strlen(user) + strlen(opt->date) + 1, length = 0, skip;
     char *text = malloc(cap);
     if (!text) return fail("out of memory");
     text[0] = '\0';
     int result = 0;
     for (const char *p = format; *p && result == 0;) {
-        int special = -1;
-        size_t special_length = 0;
-        for (int i = 0; i < 4 && f->specials[i] && special < 0; i++) {
-            special_length = strlen(f->specials[i]);
-            if (strncmp(p, f->specials[i], special_length) == 0) special = special_token(tok, f->specials[i]);
-        }
-        if (p[0] == '%' && (p[1] == 'B' || p[1] == 'E')) special = p[1] == 'B' ? tok->bos_id : tok->eos_ids[0], special_length = 2;
-        if (special >= 0 || (p[0] == '%' && p[1] == 'B')) { // a special token (or a BOS the model lacks)
+        int special = special_at(tok, f, p, &skip);
+        if (special != NOT_SPECIAL) { // the text so far, then the special token
             result = push_text(tok, out, text, length);
             length = 0, text[0] = '\0';
             if (result == 0 && special >= 0) result = push_tokens(out, &special, 1);
-            p += special_length;
+            p += skip;
         } else if (p[0] == '%' && p[1] == 'U') {
             if (head_only) break;
             append_text(text, &length, user, f->trim & TRIM_USER);
@@ -3087,7 +3101,7 @@ static int *encode_turn(const Tokenizer *tok, const ChatOptions *opt, const char
     int is_prefix = head.n <= turn.n && memcmp(head.ids, turn.ids, head.n * sizeof(int)) == 0;
     *user_offset = is_prefix ? head.n : -1;
     free(head.ids);
-    if (!turn.ids) turn.ids = malloc(sizeof(int)); // an empty turn: a template of nothing but %U and no text
+    if (!turn.ids) fail("the chat template gives this turn no tokens"); // every format writes some
     return turn.ids;
 }
 
