@@ -16,7 +16,7 @@
 A Hugging Face directory's tokenizer (tokenizer.json, else tokenizer.model) is written
 into the checkpoint (ROPE version 2), so that run needs no -z; without one the weights
 are written alone. --template NAME (none, llama2, llama3, chatml, gemma, zephyr,
-mistral) overrides the chat template recognised from tokenizer_config.json.
+mistral, qwen2.5, smollm2) overrides the chat template recognised from tokenizer_config.json.
 
 --rope-theta and --rope-fraction replace the stored theta and p (for example for a
 model that was trained with p-RoPE); --legacy writes llama2.c's legacy format instead.
@@ -1278,7 +1278,7 @@ FLAG_IGNORE_MERGES = 4      # a pre-token that is a piece is one token (Llama 3)
 FLAG_SPLIT_DIGITS = 8       # every digit its own pre-token before the pattern (SmolLM2)
 FLAG_NFC = 16               # normalize the text to NFC first (Qwen)
 FLAG_PREFIX_EACH_SEGMENT = 32  # the dummy prefix goes before every text segment between user-defined pieces
-TEMPLATE_NAMES = ["none", "llama2", "llama3", "chatml", "gemma", "zephyr", "mistral"]
+TEMPLATE_NAMES = ["none", "llama2", "llama3", "chatml", "gemma", "zephyr", "mistral", "qwen2.5", "smollm2"]
 MAX_END_TOKENS = 8
 MAX_PIECE_BYTES = 65536
 ALIGN = 64  # version 2: tensors and the tokenizer section start at multiples of 64 bytes
@@ -1305,11 +1305,16 @@ TEMPLATE_MARKERS = [
     ("mistral", ["[INST]", "[/INST]"]),
 ]
 TEMPLATE_NOT = {"zephyr": ["<|end|>"], "mistral": ["<<SYS>>"]}  # Phi-3's <|end|>; Llama 2's <<SYS>>
+# ChatML templates that write a default system prompt when none is given (Qwen3's writes none: chatml)
+CHATML_DEFAULT_SYSTEM = [("qwen2.5", "You are Qwen, created by Alibaba Cloud"),
+                         ("smollm2", "You are a helpful AI assistant named SmolLM, trained by Hugging Face")]
 # the token that closes a turn, for the templates that have their own
-TEMPLATE_EOT = {"llama3": "<|eot_id|>", "chatml": "<|im_end|>", "gemma": "<end_of_turn>"}
+TEMPLATE_EOT = {"llama3": "<|eot_id|>", "chatml": "<|im_end|>", "gemma": "<end_of_turn>", "qwen2.5": "<|im_end|>",
+                "smollm2": "<|im_end|>"}
 # special tokens of a template that a tokenizer.json may list as plain vocabulary (Gemma 1)
 TEMPLATE_SPECIALS = {"llama3": ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
-                     "chatml": ["<|im_start|>", "<|im_end|>"], "gemma": ["<start_of_turn>", "<end_of_turn>"]}
+                     "chatml": ["<|im_start|>", "<|im_end|>"], "gemma": ["<start_of_turn>", "<end_of_turn>"],
+                     "qwen2.5": ["<|im_start|>", "<|im_end|>"], "smollm2": ["<|im_start|>", "<|im_end|>"]}
 
 
 LATER = []  # stderr lines about a tokenizer, printed once it has passed every check (a refusal is one line)
@@ -1707,6 +1712,8 @@ def classify_template(template):
         return 0, "no chat_template"
     for name, markers in TEMPLATE_MARKERS:
         if all(m in template for m in markers) and not any(m in template for m in TEMPLATE_NOT.get(name, [])):
+            if name == "chatml":
+                name = next((n for n, sentence in CHATML_DEFAULT_SYSTEM if sentence in template), name)
             return TEMPLATE_NAMES.index(name), ""
     return 0, "its chat_template is none of " + ", ".join(TEMPLATE_NAMES[1:])
 
@@ -1768,16 +1775,18 @@ def set_special_tokens(tok, template_name=None):
                       f"({', '.join(TEMPLATE_NAMES[1:])})")
     closer = TEMPLATE_EOT.get(TEMPLATE_NAMES[tok.chat_template])
     if closer is None and not tok.chat_template:
-        closer = next((t for t in TEMPLATE_EOT.values() if t in tok.names), None)
+        closer = next((t for t in dict.fromkeys(TEMPLATE_EOT.values()) if t in tok.names), None)
     tok.eot_id = tok.names.get(closer, tok.eos_ids[0])
 
     # the special tokens are control pieces, even where a tokenizer.json lists them as plain
-    # vocabulary (Gemma 1's <start_of_turn>), unless a merge can make one out of text
+    # vocabulary (Gemma 1's <start_of_turn>), unless text can produce them: a merge makes
+    # them, or they are a single character (where BPE starts)
     specials = [tok.bos_id, tok.eot_id, *tok.eos_ids]
     specials += [tok.names[t] for t in TEMPLATE_SPECIALS.get(TEMPLATE_NAMES[tok.chat_template], []) if t in tok.names]
     for i in specials:
-        data, kind_of, score = tok.pieces[i] if i >= 0 else (None, None, None)
-        if kind_of in (TYPE_NORMAL, TYPE_USER) and i not in tok.merged:
+        data, kind_of, score = tok.pieces[i] if i >= 0 else (b"", None, None)
+        single = len(data.decode("utf-8", errors="replace")) <= 1
+        if kind_of in (TYPE_NORMAL, TYPE_USER) and i not in tok.merged and not single:
             tok.pieces[i] = (data, TYPE_CONTROL, score)
 
 

@@ -1125,10 +1125,12 @@ static void kv_cache_shift(Transformer *t, int to, int from, int n) {
 // pre-tokenizers need. SentencePiece's '▁' is stored as a plain space in both.
 
 typedef enum { TOKENIZER_SENTENCEPIECE = 1, TOKENIZER_BYTE_LEVEL = 2, TOKENIZER_SP_JSON = 3 } TokenizerKind;
+// ChatML with Qwen2.5's or SmolLM2's default system prompt: QWEN25, SMOLLM2
 typedef enum {
-    TEMPLATE_NONE, TEMPLATE_LLAMA2, TEMPLATE_LLAMA3, TEMPLATE_CHATML, TEMPLATE_GEMMA, TEMPLATE_ZEPHYR, TEMPLATE_MISTRAL
+    TEMPLATE_NONE, TEMPLATE_LLAMA2, TEMPLATE_LLAMA3, TEMPLATE_CHATML, TEMPLATE_GEMMA, TEMPLATE_ZEPHYR, TEMPLATE_MISTRAL,
+    TEMPLATE_QWEN25, TEMPLATE_SMOLLM2
 } ChatTemplate; // numbered as the TOKN section stores them
-#define N_CHAT_TEMPLATES 7
+#define N_CHAT_TEMPLATES 9
 #define MAX_END_TOKENS 8
 
 #define MAGIC_TOKN 0x4E4B4F54u // the bytes "TOKN"
@@ -2150,6 +2152,8 @@ static int encode_sentencepiece(const Tokenizer *t, const char *text, size_t len
         buffer[str_len++] = text[i];
         buffer[str_len] = '\0';
         if (i + 1 < len && (text[i + 1] & 0xC0) == 0x80 && str_len < 4) continue;
+        if (t->kind == TOKENIZER_SP_JSON && strcmp(buffer, "\xE2\x96\x81") == 0) // a typed '▁' is a space to
+            strcpy(buffer, " ");                                                 // tokenizer.json's normalizer
         int id = str_lookup(buffer, t);
         if (id != -1) {
             tokens[n++] = id;
@@ -2606,6 +2610,22 @@ static int tokenize(const Tokenizer *tok, const char *prompt) {
     }
     free(tokens);
     return 0;
+}
+
+// -m tokenize -f FILE: each of the file's texts, separated by NUL bytes, as above,
+// with an empty line after each (a batch for the tokenizer tests).
+static int tokenize_file(const Tokenizer *tok, const char *path) {
+    size_t size = 0;
+    char *data = read_whole_file(path, "", &size);
+    if (!data) return -1;
+    int result = 0;
+    for (size_t start = 0; start <= size && result == 0;) {
+        result = tokenize(tok, data + start);
+        printf("\n");
+        start += strlen(data + start) + 1;
+    }
+    free(data);
+    return result;
 }
 
 // ----------------------------------------------------------------------------
@@ -4193,7 +4213,8 @@ static void usage(FILE *out) {
             "  -n INT             steps to run, >= 0 (default 256; 0 or > seq_len: seq_len);\n"
             "                     in chat: tokens per reply (default 0: until EOS)\n"
             "  -z PATH            tokenizer (default: the checkpoint's own, else tokenizer.bin)\n"
-            "  -f PATH            text file to score (-m ppl)\n"
+            "  -f PATH            text file to score (-m ppl); texts to tokenize, separated by\n"
+            "                     NUL bytes (-m tokenize: an empty line after each)\n"
             "  -y TEXT            system prompt (-m chat)\n"
             "  --template NAME    chat template (-m chat; default: the tokenizer's): llama2,\n"
             "                     llama3, chatml, qwen2.5, smollm2, gemma, zephyr, mistral\n"
@@ -4448,7 +4469,8 @@ int main(int argc, char *argv[]) {
     if (rope_scaling && scaling < 0) usage_error("unknown --rope-scaling '%s' (none, linear, ntk, yarn, llama3)", rope_scaling);
     if (scaling == ROPE_SCALING_NONE && rope_factor > 0) usage_error("--rope-factor has no effect with --rope-scaling none");
     if (is_ppl && !text_path == !prompt) usage_error("-m ppl needs exactly one of -f FILE or -p TEXT");
-    if (text_path && !is_ppl) usage_error("-f is for -m ppl");
+    if (text_path && !is_ppl && !is_tokenize) usage_error("-f is for -m ppl and -m tokenize");
+    if (is_tokenize && text_path && prompt) usage_error("-m tokenize takes -f FILE or -p TEXT, not both");
     if (is_inspect && !prompt) usage_error("-m inspect needs a prompt (-p TEXT)");
     if (csv_path && !is_inspect && !is_ppl) usage_error("--csv is for -m inspect and -m ppl");
     if ((system_prompt || no_cache || shift) && !is_chat) usage_error("-y, --no-cache and --shift are for -m chat");
@@ -4511,7 +4533,7 @@ int main(int argc, char *argv[]) {
     if (is_generate) {
         result = generate(&transformer, &tokenizer, &sampler, prompt ? prompt : "", (int)steps, verbose);
     } else if (is_tokenize) {
-        result = tokenize(&tokenizer, prompt ? prompt : "");
+        result = text_path ? tokenize_file(&tokenizer, text_path) : tokenize(&tokenizer, prompt ? prompt : "");
     } else if (is_ppl) {
         char *text = text_path ? read_text_file(text_path) : NULL;
         result = text_path && !text ? -1 : perplexity(&transformer, &tokenizer, text ? text : prompt, csv_path);

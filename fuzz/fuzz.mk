@@ -1,6 +1,6 @@
 # libFuzzer harnesses for run.c's input parsing (included by the top Makefile).
 #
-#   make fuzz          build the three harnesses, run each for FUZZ_SECONDS (60)
+#   make fuzz          build the four harnesses, run each for FUZZ_SECONDS (60)
 #   make fuzz-short    the same, 20 seconds each
 #   make fuzz-build    only build them
 #   make fuzz-corpus   regenerate the seed corpora (fuzz/make_corpus.py)
@@ -24,7 +24,7 @@ FUZZ_NATIVE = $(eval FUZZ_NATIVE := $(call native_flag,$(FUZZ_CC)))$(FUZZ_NATIVE
 FUZZ_CFLAGS = -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer \
               -ffp-contract=off $(FUZZ_NATIVE) -Wall -Wextra -Wno-unused-function -Wno-unknown-pragmas
 FUZZ_DEFS ?=
-FUZZ_NAMES = header tokenizer encode
+FUZZ_NAMES = header tokenizer encode tokn
 FUZZ_BINS = $(FUZZ_NAMES:%=fuzz/fuzz_%)
 FUZZ_WORK = fuzz/corpus-work
 FUZZ_TOKENIZER ?= $(MODELS)/tok512.bin
@@ -32,6 +32,7 @@ FUZZ_TOKENIZER ?= $(MODELS)/tok512.bin
 FUZZ_MAX_LEN_header = 4096
 FUZZ_MAX_LEN_tokenizer = 8192
 FUZZ_MAX_LEN_encode = 1024
+FUZZ_MAX_LEN_tokn = 16384
 FUZZ_RUN_FLAGS = -timeout=30 -rss_limit_mb=2048 -print_final_stats=1
 
 # rebuild the harnesses when the compiler or the flags change (e.g. FUZZ_DEFS)
@@ -56,6 +57,7 @@ fuzz: $(FUZZ_BINS)
 	        [ -e "$$work/$${f##*/}" ] || cp "$$f" "$$work/"; \
 	    done; \
 	    case $$name in header) max=$(FUZZ_MAX_LEN_header);; tokenizer) max=$(FUZZ_MAX_LEN_tokenizer);; \
+	        tokn) max=$(FUZZ_MAX_LEN_tokn);; \
 	        *) max=$(FUZZ_MAX_LEN_encode);; esac; \
 	    echo "fuzz: $$name for $(FUZZ_SECONDS) s (corpus $$work, log $$log)"; \
 	    if FUZZ_TOKENIZER=$(FUZZ_TOKENIZER) ./fuzz/fuzz_$$name $(FUZZ_RUN_FLAGS) -max_len=$$max \

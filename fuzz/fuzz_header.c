@@ -1,4 +1,5 @@
-// libFuzzer harness: checkpoint headers of the three formats (legacy, llama2.c v1, ROPE).
+// libFuzzer harness: checkpoint headers of the formats (legacy, llama2.c v1, ROPE v1
+// and v2, whose tokenizer section, when the file has one, is built too).
 //
 // The input is a whole checkpoint file. parse_header must either fail with a
 // message or return a config that validate_config accepts, a data offset inside the
@@ -30,14 +31,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     CheckpointFormat format;
     size_t offset = 0;
     uint64_t expected = 0;
+    SectionSpan section;
     error_message[0] = '\0';
-    if (parse_header(data, size, &c, &format, &offset, &expected) != 0) {
+    if (parse_header(data, size, &c, &format, &offset, &expected, &section) != 0) {
         CHECK(error_message[0] != '\0'); // every failure says why
         return 0;
     }
     CHECK(validate_config(&c) == 0);
     CHECK(offset == (format == FORMAT_LLAMA2C_LEGACY ? LEGACY_HEADER_BYTES : HEADER_BYTES));
-    CHECK(expected > offset && (expected - offset) % sizeof(float) == 0);
+    CHECK(expected > offset);
+    if (section.bytes == 0) CHECK(section.offset == 0 && (expected - offset) % sizeof(float) == 0);
+    else CHECK(format == FORMAT_ROPE_V2 && section.offset % 64 == 0 && section.offset + section.bytes == expected);
     // the bound that keeps the products from overflowing: far below 2^63
     CHECK(expected < (1ull << 62));
     CHECK(rope_angles_of(&c) >= 0 && rope_angles_of(&c) <= head_size_of(&c) / 2);
@@ -70,6 +74,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     check_inside(w->w2, layers * dim * hidden, lo, hi);
     check_inside(w->w3, layers * hidden * dim, lo, hi);
     check_inside(w->wcls, (uint64_t)c.vocab_size * dim, lo, hi);
+    if (section.bytes > 0) { // the tokenizer inside: after the tensors, and it loads or fails cleanly
+        const char *end_of_weights = (const char *)(w->wcls + (uint64_t)c.vocab_size * dim);
+        if (c.shared_classifier) end_of_weights = (const char *)(w->rms_final + dim);
+        CHECK(end_of_weights <= copy + section.offset);
+        Tokenizer tok;
+        if (build_tokenizer_from_memory(&tok, data + section.offset, section.bytes, c.vocab_size, "section") == 0)
+            free_tokenizer(&tok);
+    }
 
     // One forward step and one sample, with the context cut to 4 positions: the
     // weights do not depend on seq_len (legacy's freq_cis are skipped already).

@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Writes the fuzzers' seed corpora into fuzz/corpus/{header,tokenizer,encode}/.
+"""Writes the fuzzers' seed corpora into fuzz/corpus/{header,tokenizer,encode,tokn}/.
 
 Headers: the first 256 bytes of the shared models (headers only, not the models),
 tiny complete models in all three formats (a few hundred bytes, so the header
 fuzzer reaches map_weights and the forward pass), and crafted bad headers.
 Tokenizers: small tokenizer.bin files built here (two bytes of vocab size first,
-as fuzz_tokenizer.c reads them). Texts: short strings. Run from the repo:
+as fuzz_tokenizer.c reads them). TOKN sections: small ones of each kind and
+pre-tokenizer, written here from docs/format.md's table (two bytes of vocab size
+first, as fuzz_tokn.c reads them), and a ROPE v2 model holding one. Texts: short
+strings. Run from the repo:
     /usr/bin/python3 fuzz/make_corpus.py [MODELS_DIR]
 """
 import math
@@ -124,6 +127,119 @@ def tokenizers():
     write("tokenizer", "bad-trailing", tok_input(3, tokenizer_bytes(small[:3]) + b"\0\0"))
 
 
+# --- TOKN sections (docs/format.md, "Tokenizer section") -----------------------------------
+
+def tokn_section(kind, pieces, merges=(), bos=-1, add_bos=0, eot=-1, eos=(0,), pretokenizer=0, flags=0,
+                 template=0, classes=(), decompositions=(), compositions=(), ccc=()):
+    """pieces: [(bytes, type, score)]; merges: [(left id, right id)]; tables: rows of three ints."""
+    max_len = max([len(p) for p, _, _ in pieces] + [1])
+    head = struct.pack("<IiiiiiiiI", 0x4E4B4F54, 1, kind, len(pieces), max_len, bos, add_bos, eot, len(eos))
+    head += struct.pack("<8i", *(list(eos) + [-1] * (8 - len(eos))))
+    head += struct.pack("<iIiiiiii", pretokenizer, flags, template, len(merges), len(classes), len(decompositions),
+                        len(compositions), len(ccc))
+    out = bytearray(head + b"\0" * (128 - len(head)))
+    for piece, ptype, score in pieces:
+        out += struct.pack("<fii", score, ptype, len(piece)) + piece + b"\0" * (-len(piece) % 4)
+    for left, right in merges:
+        out += struct.pack("<ii", left, right)
+    for table in (classes, decompositions, compositions, ccc):
+        for row in table:
+            out += struct.pack("<III", *row)
+    return bytes(out)
+
+
+def tokn_input(vocab, data):
+    """fuzz_tokn's input: u16 with u16 + 1 == vocab, then the section."""
+    return struct.pack("<H", vocab - 1) + data
+
+
+# A tiny Unicode: A-Z Lu, a-z Ll, Latin-1 letters, combining acute and dot below (M),
+# Hangul (Lo), digits and circled digits (N), White_Space.
+CLASSES = [(0x09, 0x0D, 32), (0x20, 0x20, 32), (0x30, 0x39, 16), (0x41, 0x5A, 1), (0x61, 0x7A, 2),
+           (0xC0, 0xD6, 1), (0xDF, 0xF6, 2), (0x300, 0x36F, 8), (0x1100, 0x11FF, 4), (0x2460, 0x2473, 16),
+           (0x3000, 0x3000, 32), (0xAC00, 0xD7A3, 4)]
+DECOMPOSITIONS = [(0xC1, 0x41, 0x301), (0xE1, 0x61, 0x301), (0xE9, 0x65, 0x301), (0x1E05, 0x62, 0x323),
+                  (0x212B, 0xC5, 0), (0xC5, 0x41, 0x30A)]
+COMPOSITIONS = [(0x41, 0x301, 0xC1), (0x41, 0x30A, 0xC5), (0x61, 0x301, 0xE1), (0x62, 0x323, 0x1E05),
+                (0x65, 0x301, 0xE9)]
+CCC = [(0x300, 0x314, 230), (0x323, 0x323, 220)]
+CCC.sort()
+DECOMPOSITIONS.sort()
+
+
+def byte_level(pretokenizer, flags=0, nfc=False):
+    """256 byte pieces, a few merges (t h -> th, th e -> the, ' ' the -> ' the', ...), two controls."""
+    pieces = [(bytes([b]), 0, 0.0) for b in range(256)]
+    merged = []
+    def add(left, right):
+        pieces.append((pieces[left][0] + pieces[right][0], 0, 0.0))
+        merged.append((left, right))
+        return len(pieces) - 1
+    th = add(ord("t"), ord("h"))
+    the = add(th, ord("e"))
+    add(ord(" "), the)
+    add(ord("i"), ord("n"))
+    add(ord("1"), ord("2"))
+    add(ord(" "), ord(" "))
+    add(ord("'"), ord("s"))
+    pieces.append((b"<|endoftext|>", 1, 0.0))
+    pieces.append((b"<b>", 2, 0.0))
+    end = len(pieces) - 2
+    flags |= 16 if nfc else 0
+    return tokn_section(2, pieces, merged, eos=(end,), eot=end, pretokenizer=pretokenizer, flags=flags,
+                        template=3, classes=CLASSES, decompositions=DECOMPOSITIONS if nfc else (),
+                        compositions=COMPOSITIONS if nfc else (), ccc=CCC if nfc else ())
+
+
+def sentencepiece_like(kind, flags):
+    """<unk> <s> </s>, 256 byte pieces, ' ' and a-z; kind 3: merges by rank, kind 1: scores."""
+    pieces = [(b"<unk>", 1, 0.0), (b"<s>", 1, 0.0), (b"</s>", 1, 0.0)]
+    pieces += [(b"<0x%02X>" % b, 3, 0.0) for b in range(256)]
+    pieces += [(bytes([c]), 0, -float(i)) for i, c in enumerate(b" abcdefghijklmnopqrstuvwxyz")]
+    ids = {p: i for i, (p, _, _) in enumerate(pieces)}
+    merges = []
+    for left, right in [(b" ", b"a"), (b"i", b"n"), (b" a", b"b"), (b"t", b"h")]:
+        pieces.append((left + right, 0, -100.0 - len(merges)))
+        merges.append((ids[left], ids[right]))
+        ids[left + right] = len(pieces) - 1
+    pieces.append((b"<b>", 2, 0.0))
+    return tokn_section(kind, pieces, merges if kind == 3 else (), bos=1, add_bos=1, eos=(2,), flags=flags,
+                        template=1)
+
+
+def tokn():
+    for pretok, name in enumerate(["none", "gpt2", "llama3", "qwen2", "o200k"]):
+        write("tokn", f"byte-level-{name}", tokn_input(300, byte_level(pretok, flags=4 if pretok == 2 else 0)))
+    write("tokn", "byte-level-smollm2-digits", tokn_input(300, byte_level(1, flags=8)))
+    write("tokn", "byte-level-qwen2-nfc", tokn_input(270, byte_level(3, nfc=True)))
+    write("tokn", "sp-json-gemma", tokn_input(300, sentencepiece_like(3, 2)))
+    write("tokn", "sp-json-mistral", tokn_input(300, sentencepiece_like(3, 1 | 2 | 32)))
+    write("tokn", "sentencepiece", tokn_input(320, sentencepiece_like(1, 1 | 2)))
+    good = byte_level(2)
+    write("tokn", "bad-truncated", tokn_input(300, good[:-5]))
+    write("tokn", "bad-vocab-too-small", tokn_input(100, good))
+    bad_merge = bytearray(byte_level(1))
+    at = len(bad_merge) - 12 * len(CLASSES) - 8  # the last merge's left id
+    bad_merge[at:at + 4] = struct.pack("<i", ord("z"))
+    write("tokn", "bad-merge-result", tokn_input(300, bytes(bad_merge)))
+    # a ROPE v2 checkpoint with its tokenizer inside, for the header harness
+    dim, hidden, layers, heads, kv_heads, vocab, seq = 8, 16, 1, 2, 1, 270, 4
+    head = bytearray(rope_header(dim, hidden, layers, heads, kv_heads, vocab, seq))
+    head[4:8] = struct.pack("<i", 2)
+    hd = dim // heads
+    sizes = [vocab * dim, layers * dim, layers * dim * dim, layers * kv_heads * hd * dim, layers * kv_heads * hd * dim,
+             layers * dim * dim, layers * dim, layers * hidden * dim, layers * dim * hidden, layers * hidden * dim, dim]
+    body, offset = bytearray(), 256
+    for i, n in enumerate(sizes):
+        pad = -offset % 64
+        body += b"\0" * pad + floats(n, i)
+        offset += pad + 4 * n
+    section = byte_level(3, nfc=True)
+    pad = -offset % 64
+    head[96:112] = struct.pack("<QQ", offset + pad, len(section))
+    write("header", "tiny-rope-v2-with-tokenizer", bytes(head) + body + b"\0" * pad + section)
+
+
 def texts():
     samples = {
         "empty": b"",
@@ -143,6 +259,7 @@ def texts():
 if __name__ == "__main__":
     headers()
     tokenizers()
+    tokn()
     texts()
     total = sum(p.stat().st_size for p in OUT.rglob("*") if p.is_file())
     print(f"corpus: {sum(1 for p in OUT.rglob('*') if p.is_file())} files, {total} bytes in {OUT}")

@@ -235,6 +235,10 @@ TEMPLATES = {
     "llama2": ("{{ bos_token + '[INST] ' + '<<SYS>>\\n' + system + '\\n<</SYS>>\\n\\n' + content + ' [/INST]' }}", 1),
     "mistral": ("{{ bos_token }}{{ '[INST] ' + message['content'] + ' [/INST]' }}", 6),
     "phi3_is_not_zephyr": ("{{ '<|user|>\n' + message['content'] + '<|end|>\n<|assistant|>\n' }}", 0),
+    "qwen2.5": ("{{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.'"
+                " + '<|im_end|>\n' }}", 7),
+    "smollm2": ("{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+                "<|im_end|>\n' }}", 8),
     "named_list": ([{"name": "tool_use", "template": "x"}, {"name": "default", "template": "<|im_start|><|im_end|>"}], 3),
 }
 
@@ -465,7 +469,7 @@ def test_bad_template_options_are_usage_errors(tmp_path):
 
 REAL = {  # package: what their model cards and files say (kind, n_tokens, bos, add_bos, eot, pattern, flags, template)
     "llama3_2": (2, 128256, 128000, 1, 128009, 2, 4, 2),
-    "qwen2_5": (2, 151665, -1, 0, 151645, 3, 16, 3),
+    "qwen2_5": (2, 151665, -1, 0, 151645, 3, 16, 7),  # ChatML with Qwen's default system prompt
     "gpt4o": (2, 200019, 199999, 0, 199999, 4, 0, 0),
     "gemma3": (3, 262145, 2, 1, 106, 0, 2, 4),
     "llama2": (3, 32000, 1, 1, 2, 0, 1 | 2 | 32, 0),  # Mistral 7B's vocabulary
