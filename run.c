@@ -2855,10 +2855,6 @@ static int inspect(Transformer *t, const Tokenizer *tok, const char *prompt, con
 // fresh session over it would; --shift rotate moves the kept keys and values down
 // and re-rotates the keys (kv_cache_shift), recomputing nothing.
 
-// ChatML with a default system prompt: numbered 7 and 8, after the templates the
-// tokenizer section numbers 1..6.
-enum { TEMPLATE_QWEN25 = TEMPLATE_MISTRAL + 1, TEMPLATE_SMOLLM2 };
-
 // One family's template. In the formats, %B is the model's BOS (nothing when it has
 // none), %E its first end token (eos_ids[0]), %S the system prompt, %U the user's
 // text and %D today's date ("24 Nov 2026"); the texts in `specials` are special

@@ -38,7 +38,7 @@ DATE_STRING = "03 Jul 2024"
 # the data file's template (None: tokenizer_config.json's)
 MODELS = {
     "llama3_2": ("tokenizer-llama3_2", 128256, None, None),
-    "qwen2_5": ("tokenizer-qwen2_5", 151936, None, None),  # see PENDING
+    "qwen2_5": ("tokenizer-qwen2_5", 151936, None, None),
     "qwen3": ("tokenizer-qwen3", 151936, None, None),
     "gemma3": ("tokenizer-gemma3", 262208, None, None),
     "zephyr": ("tokenizer-llama2", 32000, "zephyr", "zephyr"),
@@ -140,13 +140,7 @@ def chat_prompts(model, tok, template, system):
     return turn_ids(r.stderr, "prompt")
 
 
-# Qwen2.5's and SmolLM2's templates write their own system prompt when none is given; export.py
-# must store template 7 (qwen2.5) or 8 (smollm2) rather than 3 (chatml); until it does, pending.
-PENDING = {"qwen2_5": pytest.mark.xfail(strict=True, reason="export.py does not store template qwen2.5 (7) yet"),
-           "smollm2": pytest.mark.xfail(strict=True, reason="export.py does not store template smollm2 (8) yet")}
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=PENDING.get(n, ())) for n in MODELS])
+@pytest.mark.parametrize("name", list(MODELS))
 def test_first_and_second_turn_prompts_equal_the_models_own_template(name, checkpoints):
     model, tok, tokenizer_dir = checkpoints(name)
     template = MODELS[name][2]
