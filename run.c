@@ -4544,7 +4544,8 @@ int main(int argc, char *argv[]) {
                            .shift = shift_rotate ? SHIFT_ROTATE : SHIFT_RECOMPUTE,
                            .template_id = template_id >= 0 ? template_id : (int)tokenizer.chat_template};
         if (opt.template_id <= TEMPLATE_NONE || opt.template_id >= N_CHAT_FORMATS)
-            usage_error("-m chat: the tokenizer names no chat template run knows; pass --template NAME");
+            usage_error("-m chat: the tokenizer names no chat template run knows; pass --template NAME (llama2, "
+                        "llama3, chatml, qwen2.5, smollm2, gemma, zephyr, mistral)");
         result = chat(&transformer, &tokenizer, &sampler, opt);
     }
     if (result != 0) runtime_error();

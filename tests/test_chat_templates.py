@@ -191,3 +191,26 @@ def test_chat_other_special_tokens_do_not_end_a_reply_and_print_nothing(name, ex
     assert r.returncode == 0, r.stderr
     assert turn_ids(r.stderr, "reply")[1] == [special] * 6
     assert r.stdout == b"\n"
+
+
+# --- turn boundaries in the new templates: the cache, and a conversation outgrowing the context
+
+TURNS = "".join(f"Question {i}: what comes after {i}?\n" for i in range(1, 13))
+
+
+@pytest.mark.parametrize("name", ["llama3_2", "gemma3"])
+def test_cached_turns_and_context_shifts_equal_a_fresh_recompute(name, checkpoints, tmp_path):
+    from ropefile import write_random_checkpoint
+    _, tok, _ = checkpoints(name)
+    model = write_random_checkpoint(tmp_path / "short.bin", dim=8, hidden_dim=16, n_layers=1, n_heads=1,
+                                    n_kv_heads=1, vocab_size=MODELS[name][1], seq_len=160, seed=4)
+    args = [model, "-z", tok, "-m", "chat", "-t", 0, "-n", 8, "-y", SYSTEM]
+    cached = run_dated(*args, "--shift", "recompute", input=TURNS)
+    fresh = run_dated(*args, "--no-cache", input=TURNS)
+    rotated = run_dated(*args, "--shift", "rotate", input=TURNS)
+    for r in (cached, fresh, rotated):
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert len(r.stdout.splitlines()) == 12  # every turn answered, one line each
+        assert re.search(rb"dropped the oldest \d+ turns?", r.stderr)
+    assert b"recomputing instead" not in rotated.stderr  # the head is a token prefix: rotate cuts there
+    assert cached.stdout == fresh.stdout
