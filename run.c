@@ -3283,7 +3283,7 @@ static const char *next_user_turn(const ChatOptions *opt, int turn, char **line,
             fflush(stdout);
         }
         const char *user = read_line(line, line_cap);
-        if (!user && opt->interactive) printf("\n");
+        if (opt->interactive && feof(stdin)) printf("\n"); // Ctrl-D, perhaps after some text: end the line
         if (!user || user[0] != '\0') return user;
     }
 }
