@@ -28,9 +28,10 @@ from test_tokenizers_models import MODELS as HF_MODELS, exported, smollm2_tokeni
 
 TEMPLATES = json.loads((ROOT / "tests" / "data" / "chat_templates.json").read_text())
 MARKER = "REPLYMARKER"
-SYSTEM = "You are a terse assistant. Answer in one line."
+# whitespace around the messages: Llama 3 trims both, Gemma the user's, the others neither
+SYSTEM = "You are a terse assistant. Answer in one line.\n"
 USER1 = "Hello there! What's the capital of France?"
-USER2 = "And of Italy? Café, 3 items: ☕ 🍕."
+USER2 = "  And of Italy? Café, 3 items: ☕ 🍕. "
 SOURCE_DATE_EPOCH = 1720000000  # 03 Jul 2024, UTC: Llama 3.2's "Today Date"
 DATE_STRING = "03 Jul 2024"
 
