@@ -26,7 +26,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    if (size < 2) return 0;
+    if (size < 6 || read_u32(data + 2) != MAGIC_TOKN) return 0; // tokenizer.bin is fuzz_tokenizer's
     int vocab_size = 1 + (data[0] | data[1] << 8);
     Tokenizer t;
     error_message[0] = '\0';

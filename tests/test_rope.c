@@ -456,7 +456,285 @@ static void test_shifted_keys_equal_fresh_keys(const char *checkpoint, float fra
     free_transformer(&b);
 }
 
+// ---------------------------------------------------------------------------
+// The tokenizer's pure-C parts, on hand-made tables: the pre-tokenizer scanners
+// (expected words derived by hand from each pattern's regex), NFC (from Unicode's
+// definitions), the TOKN loader's checks, rank merging, ROPE v2's layout.
+
+// A tiny Unicode class table: Latin letters by case, a combining mark, Hangul (Lo),
+// digits and circled digits (N), White_Space.
+static const CodeRange TEST_CLASSES[] = {
+    {0x09, 0x0D, CLASS_SPACE}, {0x20, 0x20, CLASS_SPACE}, {0x30, 0x39, CLASS_N}, {0x41, 0x5A, CLASS_LU},
+    {0x61, 0x7A, CLASS_LL}, {0xC0, 0xD6, CLASS_LU}, {0xDF, 0xF6, CLASS_LL}, {0x300, 0x36F, CLASS_M},
+    {0x1100, 0x11FF, CLASS_LO}, {0x2460, 0x2473, CLASS_N}, {0xAC00, 0xD7A3, CLASS_LO},
+};
+
+// The words of text by the pre-tokenizer, joined with '|'.
+static void split_words(int pretokenizer, uint32_t flags, const char *text, char *out, size_t out_size) {
+    Tokenizer t = {0};
+    t.classes = (CodeRange *)TEST_CLASSES;
+    t.n_classes = sizeof(TEST_CLASSES) / sizeof(TEST_CLASSES[0]);
+    t.pretokenizer = pretokenizer;
+    t.flags = flags;
+    size_t len = strlen(text), n = 0, used = 0;
+    uint32_t cps[256];
+    unsigned char cls[256];
+    n = utf8_decode((const unsigned char *)text, len, cps);
+    for (size_t i = 0; i < n; i++) cls[i] = (unsigned char)char_classes(&t, cps[i]);
+    out[0] = '\0';
+    for (size_t start = 0; start < n;) { // split_digits as encode_byte_level does it
+        size_t end = start + 1;
+        if (!(flags & FLAG_SPLIT_DIGITS)) end = n;
+        else if (!(cls[start] & CLASS_N))
+            while (end < n && !(cls[end] & CLASS_N)) end++;
+        Scan s = {cps, cls, end};
+        for (size_t i = start; i < end;) {
+            size_t e = next_word(&t, &s, i);
+            if (used > 0 && used + 1 < out_size) out[used++] = '|';
+            for (size_t k = i; k < e && used + 5 < out_size; k++) used += utf8_encode(cps[k], (unsigned char *)out + used);
+            out[used] = '\0';
+            i = e;
+        }
+        start = end;
+    }
+}
+
+static void check_words(const char *name, int pretokenizer, uint32_t flags, const char *text, const char *want) {
+    char got[1024], detail[2400];
+    split_words(pretokenizer, flags, text, got, sizeof(got));
+    snprintf(detail, sizeof(detail), "got \"%s\", expected \"%s\"", got, want);
+    check(strcmp(got, want) == 0, name, detail);
+}
+
+static void test_pretokenizer_scanners_follow_their_patterns(void) {
+    // gpt2: 's only in lower case; \s+(?!\S) leaves the last space to the next word
+    check_words("gpt2_splits_letters_numbers_contractions_and_space_runs", PRETOKENIZER_GPT2, 0,
+                "Hello world's  end 123!!\n", "Hello| world|'s| | end| 123|!!|\n");
+    check_words("gpt2_contractions_are_case_sensitive", PRETOKENIZER_GPT2, 0, "DON'T", "DON|'|T");
+    // llama3: (?i) contractions, digits by three, one non-letter before letters, newlines
+    check_words("llama3_splits_digits_by_three_and_keeps_newline_runs", PRETOKENIZER_LLAMA3, 0,
+                "I'M 12345 a\r\n\nb  (x)", "I|'M| |123|45| a|\r\n\n|b| | (|x|)");
+    check_words("llama3_takes_any_non_letter_before_a_word", PRETOKENIZER_LLAMA3, 0, "(hi)\tyo", "(hi|)|\tyo");
+    check_words("llama3_gives_trailing_spaces_back_before_a_word", PRETOKENIZER_LLAMA3, 0, "a   b  ", "a|  | b|  ");
+    check_words("qwen2_splits_every_digit", PRETOKENIZER_QWEN2, 0, "x12345", "x|1|2|3|4|5");
+    // o200k: a word is upper-case letters then lower-case ones; marks go with either
+    check_words("o200k_splits_camel_case_and_keeps_upper_case_contractions", PRETOKENIZER_O200K, 0,
+                "HelloWorld DON'T x", "Hello|World| DON'T| x");
+    check_words("o200k_keeps_combining_marks_in_words", PRETOKENIZER_O200K, 0, "Cafe\xcc\x81s ABc",
+                "Cafe\xcc\x81s| ABc");
+    check_words("o200k_ends_punctuation_with_slashes_and_newlines", PRETOKENIZER_O200K, 0, "a //\n\nb",
+                "a| //\n\n|b");
+    check_words("o200k_digits_by_three", PRETOKENIZER_O200K, 0, "1234\xe2\x91\xa0", "123|4\xe2\x91\xa0");
+    // SmolLM2: every digit (any \p{N}) its own word, then GPT-2's pattern within the rest
+    check_words("split_digits_isolates_each_digit_before_gpt2", PRETOKENIZER_GPT2, FLAG_SPLIT_DIGITS,
+                "a12 b \xe2\x91\xa0", "a|1|2| b| |\xe2\x91\xa0");
+    check_words("malformed_utf8_is_punctuation_to_the_scanners", PRETOKENIZER_GPT2, 0, "ab\xff\xfe cd", "ab|\xff\xfe| cd");
+}
+
+// NFC on a tiny table: e + acute, b + dot below, A + ring, the Angstrom sign's
+// singleton, and Devanagari QA (U+0958, excluded from composition).
+static const Decomposition TEST_DECOMPOSITIONS[] = {
+    {0xC5, 0x41, 0x30A}, {0xE9, 0x65, 0x301}, {0x958, 0x915, 0x93C}, {0x1E05, 0x62, 0x323}, {0x212B, 0xC5, 0},
+};
+static const Composition TEST_COMPOSITIONS[] = {{0x41, 0x30A, 0xC5}, {0x62, 0x323, 0x1E05}, {0x65, 0x301, 0xE9}};
+static const CodeRange TEST_CCC[] = {{0x300, 0x314, 230}, {0x323, 0x323, 220}, {0x93C, 0x93C, 7}};
+
+static void check_nfc(const char *name, const uint32_t *in, size_t n, const uint32_t *want, size_t n_want) {
+    Tokenizer t = {0};
+    t.decompositions = (Decomposition *)TEST_DECOMPOSITIONS;
+    t.n_decompositions = sizeof(TEST_DECOMPOSITIONS) / sizeof(TEST_DECOMPOSITIONS[0]);
+    t.compositions = (Composition *)TEST_COMPOSITIONS;
+    t.n_compositions = sizeof(TEST_COMPOSITIONS) / sizeof(TEST_COMPOSITIONS[0]);
+    t.ccc = (CodeRange *)TEST_CCC;
+    t.n_ccc = sizeof(TEST_CCC) / sizeof(TEST_CCC[0]);
+    uint32_t out[64];
+    uint64_t keys[64];
+    size_t m = nfc(&t, in, n, out, keys);
+    char detail[256];
+    int ok = m == n_want && memcmp(out, want, m * sizeof(uint32_t)) == 0;
+    snprintf(detail, sizeof(detail), "got %zu code points, first U+%04X", m, m > 0 ? out[0] : 0);
+    check(ok, name, detail);
+}
+
+static void test_nfc_on_a_tiny_table(void) {
+    check_nfc("nfc_composes_e_acute", (uint32_t[]){0x65, 0x301}, 2, (uint32_t[]){0xE9}, 1);
+    // marks are reordered by combining class (220 before 230), then b composes with the dot
+    check_nfc("nfc_orders_marks_then_composes", (uint32_t[]){0x62, 0x301, 0x323}, 3, (uint32_t[]){0x1E05, 0x301}, 2);
+    check_nfc("nfc_maps_a_singleton_and_recomposes", (uint32_t[]){0x212B}, 1, (uint32_t[]){0xC5}, 1);
+    check_nfc("nfc_leaves_composition_exclusions_decomposed", (uint32_t[]){0x958}, 1, (uint32_t[]){0x915, 0x93C}, 2);
+    check_nfc("nfc_composes_hangul_jamo_by_arithmetic", (uint32_t[]){0x1112, 0x1161, 0x11AB}, 3, (uint32_t[]){0xD55C}, 1);
+    check_nfc("nfc_adds_a_final_jamo_to_a_syllable", (uint32_t[]){0xD558, 0x11AB}, 2, (uint32_t[]){0xD55C}, 1);
+    check_nfc("nfc_does_not_compose_across_a_blocking_mark", (uint32_t[]){0x65, 0x302, 0x301}, 3,
+              (uint32_t[]){0x65, 0x302, 0x301}, 3);
+    check_nfc("nfc_keeps_a_leading_mark", (uint32_t[]){0x301, 0x65}, 2, (uint32_t[]){0x301, 0x65}, 2);
+}
+
+// A TOKN section in memory (docs/format.md), for the loader and merge tests.
+typedef struct {
+    unsigned char data[16384];
+    size_t size;
+} TestSection;
+
+static void put_i32(TestSection *s, size_t at, int32_t v) {
+    for (int k = 0; k < 4; k++) s->data[at + k] = (unsigned char)((uint32_t)v >> (8 * k));
+}
+static void append_i32(TestSection *s, int32_t v) { put_i32(s, s->size, v), s->size += 4; }
+
+// Byte-level: the 256 bytes, then the pieces made by `merges` (pairs of ids, rank
+// order), then <|end|> (control). Pre-tokenizer none: the text is one word.
+static int byte_level_section(TestSection *s, const int (*merges)[2], int n_merges, uint32_t flags) {
+    char pieces[300][16];
+    int lengths[300];
+    for (int b = 0; b < 256; b++) pieces[b][0] = (char)b, lengths[b] = 1;
+    for (int m = 0; m < n_merges; m++) {
+        int l = merges[m][0], r = merges[m][1];
+        memcpy(pieces[256 + m], pieces[l], lengths[l]);
+        memcpy(pieces[256 + m] + lengths[l], pieces[r], lengths[r]);
+        lengths[256 + m] = lengths[l] + lengths[r];
+    }
+    int n = 256 + n_merges + 1;
+    memcpy(pieces[n - 1], "<|end|>", 7);
+    lengths[n - 1] = 7;
+    memset(s, 0, sizeof(*s));
+    put_i32(s, 0, (int32_t)MAGIC_TOKN), put_i32(s, 4, 1), put_i32(s, 8, TOKENIZER_BYTE_LEVEL), put_i32(s, 12, n);
+    put_i32(s, 16, 16), put_i32(s, 20, -1), put_i32(s, 28, n - 1), put_i32(s, 32, 1);
+    for (int k = 0; k < 8; k++) put_i32(s, 36 + 4 * k, k == 0 ? n - 1 : -1);
+    put_i32(s, 72, (int32_t)flags), put_i32(s, 80, n_merges);
+    s->size = TOKN_HEADER_BYTES;
+    for (int i = 0; i < n; i++) {
+        append_i32(s, 0), append_i32(s, i == n - 1 ? PIECE_CONTROL : PIECE_NORMAL), append_i32(s, lengths[i]);
+        memcpy(s->data + s->size, pieces[i], lengths[i]);
+        s->size += (lengths[i] + 3) / 4 * 4;
+    }
+    for (int m = 0; m < n_merges; m++) append_i32(s, merges[m][0]), append_i32(s, merges[m][1]);
+    return n;
+}
+
+static void check_ids(const char *name, const Tokenizer *t, const char *text, const int *want, int n_want) {
+    int tokens[64], n = 0;
+    int ok = encode(t, text, 0, 0, tokens, &n) == 0 && n == n_want && memcmp(tokens, want, n * sizeof(int)) == 0;
+    char detail[256];
+    snprintf(detail, sizeof(detail), "%d ids, first %d", n, n > 0 ? tokens[0] : -1);
+    check(ok, name, detail);
+}
+
+static void test_rank_merges_lowest_rank_first_leftmost_on_ties(void) {
+    TestSection s;
+    Tokenizer t;
+    // ranks: 0 (b, c) -> 256 "bc"; 1 (a, b) -> 257 "ab"; 2 (a, a) -> 258 "aa"; 3 (257 "ab", c) -> 259 "abc"
+    static const int merges[][2] = {{'b', 'c'}, {'a', 'b'}, {'a', 'a'}, {257, 'c'}};
+    byte_level_section(&s, merges, 4, 0);
+    if (build_tokenizer_from_memory(&t, s.data, s.size, 300, "test") != 0) {
+        check(0, "rank_merge_tokenizer_loads", error_message);
+        return;
+    }
+    // "abc": (b, c) has rank 0, so a + bc, though "abc" is a piece (reached only from ab + c)
+    check_ids("rank_merge_takes_the_lowest_rank_not_the_longest_piece", &t, "abc", (int[]){'a', 256}, 2);
+    check_ids("rank_merge_breaks_ties_leftmost", &t, "aaa", (int[]){258, 'a'}, 2);
+    check_ids("rank_merge_never_produces_a_control_piece_from_text", &t, "<|end|>",
+              (int[]){'<', '|', 'e', 'n', 'd', '|', '>'}, 7);
+    check(strcmp(decode(&t, -1, t.eos_ids[0]), "") == 0 && is_end_token(&t, t.n_tokens - 1) &&
+              special_token(&t, "<|end|>") == t.n_tokens - 1,
+          "control_pieces_decode_to_nothing_and_end_generation", "decode, is_end_token or special_token");
+    free_tokenizer(&t);
+    // ignore_merges: a word that is a piece is one token, whatever the merges say
+    byte_level_section(&s, merges, 4, FLAG_IGNORE_MERGES);
+    build_tokenizer_from_memory(&t, s.data, s.size, 300, "test");
+    check_ids("ignore_merges_takes_a_whole_word_that_is_a_piece", &t, "abc", (int[]){259}, 1);
+    free_tokenizer(&t);
+}
+
+static void check_rejected(const char *name, TestSection *s, int vocab_size, const char *message) {
+    Tokenizer t;
+    error_message[0] = '\0';
+    int result = build_tokenizer_from_memory(&t, s->data, s->size, vocab_size, "test");
+    char detail[700];
+    snprintf(detail, sizeof(detail), "result %d, message \"%s\", expected \"%s\"", result, error_message, message);
+    check(result != 0 && strstr(error_message, message) != NULL && t.vocab == NULL, name, detail);
+    if (result == 0) free_tokenizer(&t);
+}
+
+static void test_tokn_loader_refuses_bad_sections(void) {
+    static const int merges[][2] = {{'b', 'c'}, {'a', 'b'}};
+    TestSection s;
+    int n = byte_level_section(&s, merges, 2, 0);
+    TestSection bad = s;
+    check_rejected("tokn_more_tokens_than_the_model_is_refused", &bad, n - 1, "more than the model's");
+    put_i32(&bad, s.size - 8, 'z'); // merge 1 becomes (z, b): "zb" is no piece
+    check_rejected("tokn_merge_without_a_result_piece_is_refused", &bad, 300, "makes no piece");
+    bad = s;
+    put_i32(&bad, s.size - 4, 5000);
+    check_rejected("tokn_merge_naming_an_unknown_id_is_refused", &bad, 300, "out of range");
+    bad = s;
+    bad.size -= 3;
+    check_rejected("tokn_truncated_section_is_refused", &bad, 300, "ends inside its merges");
+    bad = s;
+    put_i32(&bad, 36 + 4, 7); // eos_ids[1] set while n_eos is 1
+    check_rejected("tokn_unused_eos_slot_must_be_minus_one", &bad, 300, "unused eos_ids[1]");
+    bad = s;
+    put_i32(&bad, 12 * 0 + 128 + 4, 9); // token 0's type
+    check_rejected("tokn_unknown_piece_type_is_refused", &bad, 300, "bad type 9");
+    bad = s;
+    put_i32(&bad, 128 + 16 * 1 + 12, 0x00); // token 1's byte becomes 0x00, a second "\0"
+    check_rejected("tokn_duplicate_pieces_are_refused", &bad, 300, "are the same piece");
+    bad = s;
+    bad.data[120] = 1;
+    check_rejected("tokn_reserved_header_bytes_must_be_zero", &bad, 300, "reserved header byte 120");
+    // class ranges out of order
+    bad = s;
+    put_i32(&bad, 84, 2);
+    append_i32(&bad, 0x61), append_i32(&bad, 0x7A), append_i32(&bad, CLASS_LL);
+    append_i32(&bad, 0x41), append_i32(&bad, 0x5A), append_i32(&bad, CLASS_LU);
+    check_rejected("tokn_unsorted_class_ranges_are_refused", &bad, 300, "class row 1");
+}
+
+// ROPE version 2: tensors at multiples of 64 bytes, then the tokenizer section.
+static void test_rope_v2_header_places_tensors_and_tokenizer(void) {
+    unsigned char h[HEADER_BYTES] = {0};
+    int32_t fields[] = {(int32_t)MAGIC_ROPE, 2, 4, 6, 1, 1, 1, 5, 4, 1}; // tensors of 16 to 96 bytes
+    for (int i = 0; i < 10; i++) memcpy(h + 4 * i, &fields[i], 4);
+    float f[] = {1e-5f, 10000.0f, 1.0f, 1.0f};
+    memcpy(h + 40, f, sizeof(f));
+    // by hand: embedding 5*4 floats at 256; rms_att at 384; wq, wk, wv, wo (64 bytes each) at 448,
+    // 512, 576, 640; rms_ffn at 704; w1, w2, w3 (96 bytes each) at 768, 896, 1024; rms_final at
+    // 1152, ending at 1168; the tokenizer at 1216
+    uint64_t offset = 1216, bytes = 300;
+    memcpy(h + 96, &offset, 8), memcpy(h + 104, &bytes, 8);
+    Config c;
+    CheckpointFormat format;
+    size_t data_offset;
+    uint64_t expected;
+    SectionSpan section;
+    int ok = parse_header(h, sizeof(h), &c, &format, &data_offset, &expected, &section) == 0;
+    check(ok && format == FORMAT_ROPE_V2 && expected == 1216 + 300 && section.offset == 1216,
+          "rope_v2_tokenizer_follows_the_64_byte_aligned_tensors", error_message);
+    offset = 1168;
+    memcpy(h + 96, &offset, 8);
+    check(parse_header(h, sizeof(h), &c, &format, &data_offset, &expected, &section) != 0 &&
+              strstr(error_message, "first multiple of 64") != NULL,
+          "rope_v2_tokenizer_must_start_at_the_next_multiple_of_64", error_message);
+    offset = 1216;
+    memcpy(h + 96, &offset, 8);
+    h[88] = 1; // weight_type bf16: not yet
+    check(parse_header(h, sizeof(h), &c, &format, &data_offset, &expected, &section) != 0 &&
+              strstr(error_message, "weight_type 1") != NULL,
+          "rope_v2_refuses_weight_types_other_than_float32", error_message);
+    h[88] = 0;
+    // the weights map to the same offsets
+    static float file[1216 / 4] __attribute__((aligned(64)));
+    TransformerWeights w;
+    map_weights(&w, &c, FORMAT_ROPE_V2, file + HEADER_BYTES / 4);
+    check((const char *)w.wq - (const char *)file == 448 && (const char *)w.w1 - (const char *)file == 768 &&
+              (const char *)w.rms_final - (const char *)file == 1152,
+          "rope_v2_map_weights_aligns_every_tensor", "wq or rms_final misplaced");
+}
+
 int main(int argc, char **argv) {
+    test_pretokenizer_scanners_follow_their_patterns();
+    test_nfc_on_a_tiny_table();
+    test_rank_merges_lowest_rank_first_leftmost_on_ties();
+    test_tokn_loader_refuses_bad_sections();
+    test_rope_v2_header_places_tensors_and_tokenizer();
     test_rotation_equals_block_diagonal_matrix();
     test_score_depends_only_on_relative_position();
     test_rotation_preserves_norm();

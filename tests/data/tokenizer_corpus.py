@@ -326,6 +326,31 @@ CASING = [
 ]
 
 
+# ---------------------------------------------------------------------------
+# Harder cases: merge-rank ties in repeated characters, long combining sequences (canonical
+# reordering), format and private-use characters, supplementary-plane ideographs, U+2581
+# typed (the SentencePiece space symbol), C0 controls.
+HARDER = [
+    "a" * 7, "a" * 16, "a" * 33, "ab" * 20, "aab" * 9, "=" * 24, "-" * 40, "!" * 11, "0" * 12,
+    "\U0001F600" * 5, "中" * 7, "ーー" * 4, "  " * 9 + "x",
+    "Z\u0351\u036b\u0343\u036a\u0302\u036b\u033d\u034f\u0334\u0319\u0324\u031e\u0349\u035a\u032f\u031e\u0320\u034d A\u0335\u0358",
+    "o\u031b\u0323\u0301 u\u0301\u031b\u0323 \u1ee3",   # ợ from three orders of its marks
+    "\U00020000\U00020001 \U0002A6D6 CJK extension B",
+    "private \ue000\uf8ff use",
+    "soft\u00adhyphen lrm\u200emark word\u2060joiner",
+    "ctrl\x01\x02\x7f chars\x1b[0m",
+    "\n\u0301 mark after newline",
+    "\u00a0leading nbsp",
+    "   \n\n   \t\t\n \r\n\r\n  x",
+    "x \n\n\n y\n\n\n\n z",
+    "'s's 'S'S 'sS",
+    "I'M'S",
+    "A'LL B'Ve c'RE",
+    "..., ... ;; ,, .",
+    "1.000.000,00 1'000'000",
+]
+
+
 def nfd_variants(strings):
     out = []
     for s in strings:
@@ -375,7 +400,8 @@ def check(strings):
 
 def main():
     strings = (ENGLISH + CONTRACTIONS + SCRIPTS + ACCENTED + nfd_variants(ACCENTED + SCRIPTS[:10])
-               + HAND_NORMALIZATION + WHITESPACE + DIGITS + CODE + EMOJI + SYMBOLS + CASING + generated())
+               + HAND_NORMALIZATION + WHITESPACE + DIGITS + CODE + EMOJI + SYMBOLS + CASING + HARDER
+               + generated())
     strings = check(strings)
     json.dump(strings, sys.stdout, ensure_ascii=False, indent=0)
     sys.stdout.write("\n")
