@@ -4207,7 +4207,7 @@ static void usage(FILE *out) {
             "  --top-p FLOAT      top-p (nucleus) sampling, in (0, 1] (default 0.9; 1 = off)\n"
             "  -s INT             random seed, >= 0 (default or 0: from the clock)\n"
             "  -n INT             steps to run, >= 0 (default 256; 0 or > seq_len: seq_len);\n"
-            "                     in chat: tokens per reply (default 0: until EOS)\n"
+            "                     in chat: tokens per reply (default 0: until an end token)\n"
             "  -z PATH            tokenizer (default: the checkpoint's own, else tokenizer.bin)\n"
             "  -f PATH            text file to score (-m ppl); texts to tokenize, separated by\n"
             "                     NUL bytes (-m tokenize: an empty line after each)\n"
