@@ -215,3 +215,23 @@ def test_cached_turns_and_context_shifts_equal_a_fresh_recompute(name, checkpoin
         assert re.search(rb"dropped the oldest \d+ turns?", r.stderr)
     assert b"recomputing instead" not in rotated.stderr  # the head is a token prefix: rotate cuts there
     assert cached.stdout == fresh.stdout
+
+
+def test_llama3_date_is_today_unless_source_date_epoch_fixes_it(checkpoints):
+    import time
+    model, tok, _ = checkpoints("llama3_2")
+    args = [RUN_BIN, model, "-z", tok, "-m", "chat", "-t", 0, "-n", 1, "-v", "-p", USER1]
+
+    def prompt(**env):
+        r = subprocess.run(RUN_PREFIX + [str(a) for a in args], capture_output=True, timeout=120,
+                           stdin=subprocess.DEVNULL, env={k: v for k, v in dict(os.environ, TZ="UTC", **env).items()
+                                                          if v is not None})
+        return r, turn_ids(r.stderr, "prompt").get(1)
+
+    now = str(int(time.time()))
+    today, dated = prompt(SOURCE_DATE_EPOCH=None)[1], prompt(SOURCE_DATE_EPOCH=now)[1]
+    fixed = prompt(SOURCE_DATE_EPOCH=str(SOURCE_DATE_EPOCH))[1]
+    assert today == dated and today != fixed  # the date is in the prompt, and it is today's
+    r, _ = prompt(SOURCE_DATE_EPOCH="yesterday")
+    assert r.returncode == 1
+    assert r.stderr.decode().splitlines()[-1] == "run: error: SOURCE_DATE_EPOCH must be a number of seconds, got 'yesterday'"
