@@ -3,7 +3,10 @@
    One file, read top to bottom: the model first, then the machinery that makes it
    fast. The checkpoint (config, weights, loading); rotary position embeddings (RoPE
    and p-RoPE); the forward pass, in the plain form that reads like the equations;
-   moving the KV cache; the BPE tokenizer; the sampler; the programs built from them
+   moving the KV cache; the BPE tokenizer (SentencePiece's, as in llama2.c, and the
+   byte-level BPE of GPT-2, Llama 3, Qwen and SmolLM2: the text cut into words by a
+   pattern, each word's UTF-8 bytes merged pair by pair in the order the model
+   learned them); the sampler; the programs built from them
    (generate, tokenize, perplexity, inspect, chat); then "Making it fast" (SIMD
    kernels, prefill tiles, threads, memory), each piece a refinement of a plain
    function above that computes the same bits; then the command line. The README's
@@ -1114,7 +1117,11 @@ static void kv_cache_shift(Transformer *t, int to, int from, int n) {
 //    token crosses a word boundary; (c) each word becomes one token per UTF-8 byte
 //    (every byte is a token: no text is unknown); (d) merge the adjacent pair with
 //    the lowest rank in the model's merge list, again and again. Ties go to the
-//    leftmost pair, in every kind.
+//    leftmost pair, in every kind. For example, GPT-2 cuts "Hello world" into
+//    "Hello" and " world"; " world" starts as its six bytes ' ' w o r l d, and the
+//    merges join pairs of them ("or", " w", then " wor", ...), lowest rank first,
+//    until " world" is one token. A merge list is the training run replayed:
+//    merge k joined the most frequent pair left after merges 0 .. k-1.
 // Pieces of type "control" (<s>, <|eot_id|>) are never produced from user text; a
 // typed "<|eot_id|>" is text. "User-defined" pieces are matched whole first.
 //
@@ -1375,18 +1382,14 @@ static int section_has(SectionReader *r, uint64_t n, const char *what) {
 static uint32_t utf8_length_of(uint32_t cp) { return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4; }
 
 // The TOKN header: the kind, the special ids, the flags and the table sizes.
-static int read_tokn_header(Tokenizer *t, const unsigned char *h, int vocab_size, const char *name, int counts[6]) {
+static int read_tokn_header(Tokenizer *t, const unsigned char *h, const char *name, int counts[6]) {
     int version = read_i32(h + 4), kind = read_i32(h + 8), n_tokens = read_i32(h + 12);
     if (version != 1) return fail("tokenizer %s: TOKN version %d is not supported (only 1)", name, version);
     if (kind < TOKENIZER_SENTENCEPIECE || kind > TOKENIZER_SP_JSON)
         return fail("tokenizer %s: kind %d is not one this program knows (1, 2, 3)", name, kind);
     t->kind = (TokenizerKind)kind;
     if (n_tokens < 1 || n_tokens > MAX_VOCAB) return fail("tokenizer %s: n_tokens %d is out of range", name, n_tokens);
-    if (n_tokens > vocab_size) {
-        fail("tokenizer %s has %d tokens, more than the model's %d", name, n_tokens, vocab_size);
-        return TOKENIZER_WRONG_SIZE;
-    }
-    t->n_tokens = n_tokens;
+    t->n_tokens = n_tokens; // more than vocab_size only if the extra ones are control pieces (drop_extra_pieces)
     t->max_token_length = read_i32(h + 16);
     if (t->max_token_length < 1 || t->max_token_length > MAX_PIECE_BYTES)
         return fail("tokenizer %s: max_token_length %d is out of range", name, t->max_token_length);
@@ -1481,8 +1484,11 @@ static int find_byte_tokens(Tokenizer *t, const char *name) {
 // keeps its last rank, as Hugging Face's tokenizers builds its map.
 static MergeSlot *merge_slot(const Tokenizer *t, int left, int right) {
     uint64_t pair = (uint64_t)(left + 1) << 32 | (uint32_t)(right + 1);
-    uint64_t h = pair * 0x9E3779B97F4A7C15ull;
-    for (uint64_t i = h >> 20;; i++) {
+    uint64_t h = pair; // splitmix64's finalizer: every bit of the pair moves every bit of the hash
+    h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
+    h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
+    h ^= h >> 31;
+    for (uint64_t i = h;; i++) {
         MergeSlot *s = &t->merges[i & t->merge_mask];
         if (s->pair == pair || s->pair == 0) return s; // the pair's slot, or the empty one it would take
     }
@@ -1633,16 +1639,37 @@ static int index_user_pieces(Tokenizer *t, const char *name) {
     return 0;
 }
 
+// A tokenizer with more pieces than the model has rows fits if the extra ones are
+// control or unused pieces that no special id names (Gemma 3's <image_soft_token>
+// is piece 262144 of an embedding of 262144 rows): they are dropped.
+static int drop_extra_pieces(Tokenizer *t, int vocab_size, const char *name) {
+    if (t->n_tokens <= vocab_size) return 0;
+    int named = t->bos_id >= vocab_size || t->eot_id >= vocab_size;
+    for (int k = 0; k < t->n_eos; k++) named |= t->eos_ids[k] >= vocab_size;
+    for (int i = vocab_size; i < t->n_tokens && !named; i++)
+        named = t->vocab_type[i] != PIECE_CONTROL && t->vocab_type[i] != PIECE_UNUSED;
+    if (named) {
+        fail("tokenizer %s has %d tokens, more than the model's %d", name, t->n_tokens, vocab_size);
+        return TOKENIZER_WRONG_SIZE;
+    }
+    t->n_tokens = vocab_size;
+    return 0;
+}
+
 // Builds a tokenizer from a TOKN section (docs/format.md) for a model of
 // vocab_size rows, checking every field, count, id, length and table order.
 static int build_tokn_tokenizer(Tokenizer *t, const unsigned char *data, size_t size, int vocab_size, const char *name) {
     if (size < TOKN_HEADER_BYTES) return fail("tokenizer %s is too small (%zu bytes) for its TOKN header", name, size);
     int counts[6] = {0};
-    int result = read_tokn_header(t, data, vocab_size, name, counts);
+    int result = read_tokn_header(t, data, name, counts);
     if (result != 0) return result;
-    if (alloc_vocab(t, vocab_size, size, name) != 0) return -1;
+    if ((uint64_t)t->n_tokens * 12 > size - TOKN_HEADER_BYTES) // a piece takes 12 bytes at least
+        return fail("tokenizer %s ends inside its pieces", name);
+    if (alloc_vocab(t, t->n_tokens > vocab_size ? t->n_tokens : vocab_size, size, name) != 0) return -1;
     SectionReader r = {data, size, TOKN_HEADER_BYTES, name};
     if (read_tokn_pieces(t, &r) != 0) return -1;
+    if ((result = drop_extra_pieces(t, vocab_size, name)) != 0) return result;
+    t->vocab_size = vocab_size;
     sort_vocab(t, PIECE_NORMAL, PIECE_USER);
     for (int i = 1; i < t->n_sorted; i++)
         if (compare_tokens(&t->sorted_vocab[i - 1], &t->sorted_vocab[i]) == 0)

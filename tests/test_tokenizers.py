@@ -156,7 +156,7 @@ class Case:
                 assert r.returncode == 0, f"export.py --tokenizer {name}: {r.stderr}"
                 vocab_size, self.special = vocab_size_of(src / "tokenizer.json")
             self.model = write_random_checkpoint(tmp / f"{name}_model.bin", dim=8, hidden_dim=16, n_layers=1,
-                                                 n_heads=1, n_kv_heads=1, vocab_size=vocab_size, seq_len=64)
+                                                 n_heads=1, n_kv_heads=1, vocab_size=vocab_size, seq_len=512)
             self.run_ids = tokenize_all(self.model, self.tokenizer, CORPUS, tmp)
         finally:
             outs = [node.communicate(timeout=300) for node in nodes]
@@ -229,3 +229,24 @@ def test_decode_of_encode_gives_the_text_back(name, case_of):
             bad.append(f"  {text!r}: decoded {decoded!r}")
     print(f"\n{name}: {len(CORPUS) - len(bad)}/{len(CORPUS)} strings decode to themselves")
     assert not bad, f"{name}: {len(bad)} strings do not round-trip:\n" + "\n".join(bad[:8])
+
+
+# Strings whose tokens split UTF-8 characters, in scripts and with whitespace of several kinds
+# (no C0 controls: run's safe_print leaves those out of what it prints).
+ECHO_TEXTS = ["👨‍👩‍👧‍👦 family", "你好，世界！今天天气很好。", "Tiếng Việt có nhiều dấu: ắ ằ ẳ ẵ ặ, ố ồ ổ ỗ ộ, ướ ườ.",
+              "for i in range(10):\n\tif i % 2 == 0:\n\t\tprint(i)\n", "a \u00a0 b\u00a0 \u00a0c",
+              "🏴󠁧󠁢󠁳󠁣󠁴󠁿 🏴󠁧󠁢󠁷󠁬󠁳󠁿", unicodedata.normalize("NFD", "café naïve résumé façade jalapeño")]
+
+
+@pytest.mark.parametrize("name", list(BYTE_LEVEL))
+def test_generation_prints_the_prompt_back_byte_for_byte(name, case_of):
+    """run -p TEXT -n N, N the prompt's tokens less one: run prints the prompt through decode
+    (llama2.c's rule: one token per position), so exactly the text (NFC for Qwen), nothing sampled."""
+    c = case_of(name)
+    for text in ECHO_TEXTS:
+        assert text in CORPUS
+        n_prompt = len(c.run_ids[CORPUS.index(text)])
+        r = run(c.model, "-z", c.tokenizer, "-p", text, "-n", n_prompt - 1, "-t", 0)
+        assert r.returncode == 0, r.stderr
+        want = (unicodedata.normalize("NFC", text) if BYTE_LEVEL[name] else text).encode("utf-8")
+        assert r.stdout == want + b"\n", text

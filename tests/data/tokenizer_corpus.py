@@ -351,6 +351,22 @@ HARDER = [
 ]
 
 
+# ---------------------------------------------------------------------------
+# Added tokens that are not special (Qwen's <tool_call>, <think>, <|fim_prefix|>; Gemma 3's
+# <unusedN>, <mask>, [multimodal]): Hugging Face splits them out of the text before the
+# pre-tokenizer and BPE, so typed text produces them. Also near misses that must stay text.
+ADDED_TOKENS = [
+    "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+    "<think>\nLet me think.\n</think>\n\nThe answer is 42.",
+    "<|fim_prefix|>def add(a, b):\n<|fim_suffix|>\n    return c<|fim_middle|>",
+    "<|repo_name|>run.c<|file_sep|>README.md",
+    "<tool_response>ok</tool_response>",
+    "x<think>y</think>z <tool_call><tool_call>",
+    "<unused0><unused1> <mask> [multimodal] x<unused6241>y",
+    "<tool_call <think </think <unused <unused0 <|fim_prefix| <<think>>",
+]
+
+
 def nfd_variants(strings):
     out = []
     for s in strings:
@@ -400,7 +416,7 @@ def check(strings):
 
 def main():
     strings = (ENGLISH + CONTRACTIONS + SCRIPTS + ACCENTED + nfd_variants(ACCENTED + SCRIPTS[:10])
-               + HAND_NORMALIZATION + WHITESPACE + DIGITS + CODE + EMOJI + SYMBOLS + CASING + HARDER
+               + HAND_NORMALIZATION + WHITESPACE + DIGITS + CODE + EMOJI + SYMBOLS + CASING + HARDER + ADDED_TOKENS
                + generated())
     strings = check(strings)
     json.dump(strings, sys.stdout, ensure_ascii=False, indent=0)
