@@ -2545,8 +2545,8 @@ static double rate(int n, double seconds) { return seconds > 0 ? n / seconds : 0
 
 // Generation ends at any of the model's end tokens (is_end_token: its EOS set and its
 // end of turn), and with a SentencePiece tokenizer at BOS: llama2.c's models end a
-// document by starting the next.
-// The end token is not printed; other special tokens print as nothing (decode).
+// document by starting the next. The end token is not printed; other special tokens
+// print as nothing (decode).
 static int ends_generation(const Tokenizer *tok, int id) {
     return is_end_token(tok, id) || (tok->kind == TOKENIZER_SENTENCEPIECE && id == tok->bos_id);
 }
@@ -2917,7 +2917,8 @@ static const ChatFormat chat_formats[] = {
                          "<|start_header_id|>assistant<|end_header_id|>\n\n",
                          NULL, {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}, TRIM_USER | TRIM_SYSTEM},
     // ChatML: Qwen3, SmolLM3 and others without a default system prompt
-    [TEMPLATE_CHATML] = {"chatml", "<|im_start|>system\n%S<|im_end|>\n<|im_start|>user\n%U<|im_end|>\n<|im_start|>assistant\n",
+    [TEMPLATE_CHATML] = {"chatml",
+                         "<|im_start|>system\n%S<|im_end|>\n<|im_start|>user\n%U<|im_end|>\n<|im_start|>assistant\n",
                          "<|im_start|>user\n%U<|im_end|>\n<|im_start|>assistant\n",
                          "<|im_end|>\n<|im_start|>user\n%U<|im_end|>\n<|im_start|>assistant\n", NULL,
                          {"<|im_start|>", "<|im_end|>"}, 0},
@@ -2929,17 +2930,20 @@ static const ChatFormat chat_formats[] = {
     // Zephyr (TinyLlama-Chat): <|user|> and friends are plain text; every message ends
     // with EOS. The template writes no BOS; the tokenizer adds it, as the model card's
     // pipeline does.
-    [TEMPLATE_ZEPHYR] = {"zephyr", "%B<|system|>\n%S%E\n<|user|>\n%U%E\n<|assistant|>\n", "%B<|user|>\n%U%E\n<|assistant|>\n",
-                         "%E\n<|user|>\n%U%E\n<|assistant|>\n", NULL, {NULL}, 0},
+    [TEMPLATE_ZEPHYR] = {"zephyr", "%B<|system|>\n%S%E\n<|user|>\n%U%E\n<|assistant|>\n",
+                         "%B<|user|>\n%U%E\n<|assistant|>\n", "%E\n<|user|>\n%U%E\n<|assistant|>\n", NULL,
+                         {NULL}, 0},
     // Mistral Instruct: [INST] without <<SYS>>; the system prompt opens the first user turn
-    [TEMPLATE_MISTRAL] = {"mistral", "%B [INST] %S\n\n%U [/INST]", "%B [INST] %U [/INST]", "%E [INST] %U [/INST]", NULL,
-                          {NULL}, 0},
+    [TEMPLATE_MISTRAL] = {"mistral", "%B [INST] %S\n\n%U [/INST]", "%B [INST] %U [/INST]", "%E [INST] %U [/INST]",
+                          NULL, {NULL}, 0},
     // ChatML with a default system prompt: Qwen2.5, SmolLM2
-    [TEMPLATE_QWEN25] = {"qwen2.5", "<|im_start|>system\n%S<|im_end|>\n<|im_start|>user\n%U<|im_end|>\n<|im_start|>assistant\n",
+    [TEMPLATE_QWEN25] = {"qwen2.5",
+                         "<|im_start|>system\n%S<|im_end|>\n<|im_start|>user\n%U<|im_end|>\n<|im_start|>assistant\n",
                          NULL, "<|im_end|>\n<|im_start|>user\n%U<|im_end|>\n<|im_start|>assistant\n",
                          "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",
                          {"<|im_start|>", "<|im_end|>"}, 0},
-    [TEMPLATE_SMOLLM2] = {"smollm2", "<|im_start|>system\n%S<|im_end|>\n<|im_start|>user\n%U<|im_end|>\n<|im_start|>assistant\n",
+    [TEMPLATE_SMOLLM2] = {"smollm2",
+                          "<|im_start|>system\n%S<|im_end|>\n<|im_start|>user\n%U<|im_end|>\n<|im_start|>assistant\n",
                           NULL, "<|im_end|>\n<|im_start|>user\n%U<|im_end|>\n<|im_start|>assistant\n",
                           "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
                           {"<|im_start|>", "<|im_end|>"}, 0},
@@ -3019,7 +3023,8 @@ static int chat_date(char *out, size_t size) {
 static int check_chat_format(const Tokenizer *tok, const ChatFormat *f) {
     for (int i = 0; i < 4 && f->specials[i]; i++)
         if (special_token(tok, f->specials[i]) < 0)
-            return fail("the tokenizer has no %s token: --template %s does not fit this model", f->specials[i], f->name);
+            return fail("the tokenizer has no %s token: --template %s does not fit this model", f->specials[i],
+                        f->name);
     if (strstr(f->next, "%E") && tok->n_eos < 1)
         return fail("the tokenizer has no end token: --template %s does not fit this model", f->name);
     return 0;
