@@ -3097,7 +3097,11 @@ static int special_at(const Tokenizer *tok, const ChatFormat *f, const char *p, 
 static int render_turn(const Tokenizer *tok, const ChatOptions *opt, const char *format, const char *system,
                        const char *user, int head_only, TokenList *out) {
     const ChatFormat *f = opt->format;
-    size_t cap = strlen(format) + strlen(system) + strlen(user) + strlen(opt->date) + 1, length = 0, skip;
+    // room for the text: the format's, and at each % the longest thing it may stand for
+    size_t longest = strlen(system) > strlen(user) ? strlen(system) : strlen(user), length = 0, skip;
+    if (strlen(opt->date) > longest) longest = strlen(opt->date);
+    size_t cap = strlen(format) + 1;
+    for (const char *p = format; *p; p++) cap += *p == '%' ? longest : 0;
     char *text = malloc(cap);
     if (!text) return fail("out of memory");
     text[0] = '\0';
