@@ -644,6 +644,63 @@ static void test_rank_merges_lowest_rank_first_leftmost_on_ties(void) {
     free_tokenizer(&t);
 }
 
+// A kind 3 (SentencePiece-style tokenizer.json) section: <unk> <s> </s>, the 256
+// byte pieces, then `pieces` (text, type), merges by rank over their ids.
+static void sp_json_section(TestSection *s, const char *const *pieces, const int *types, int n_pieces,
+                            const int (*merges)[2], int n_merges, uint32_t flags) {
+    memset(s, 0, sizeof(*s));
+    int n = 3 + 256 + n_pieces;
+    put_i32(s, 0, (int32_t)MAGIC_TOKN), put_i32(s, 4, 1), put_i32(s, 8, TOKENIZER_SP_JSON), put_i32(s, 12, n);
+    put_i32(s, 16, 16), put_i32(s, 20, 1), put_i32(s, 24, 1), put_i32(s, 28, -1), put_i32(s, 32, 1);
+    for (int k = 0; k < 8; k++) put_i32(s, 36 + 4 * k, k == 0 ? 2 : -1);
+    put_i32(s, 72, (int32_t)flags), put_i32(s, 80, n_merges);
+    s->size = TOKN_HEADER_BYTES;
+    for (int i = 0; i < n; i++) {
+        char byte_piece[8];
+        const char *text = i == 0 ? "<unk>" : i == 1 ? "<s>" : i == 2 ? "</s>" : i < 259 ? byte_piece : pieces[i - 259];
+        if (i >= 3 && i < 259) snprintf(byte_piece, sizeof(byte_piece), "<0x%02X>", i - 3);
+        int type = i < 3 ? PIECE_CONTROL : i < 259 ? PIECE_BYTE : types[i - 259], length = (int)strlen(text);
+        append_i32(s, 0), append_i32(s, type), append_i32(s, length);
+        memcpy(s->data + s->size, text, length);
+        s->size += (length + 3) / 4 * 4;
+    }
+    for (int m = 0; m < n_merges; m++) append_i32(s, merges[m][0]), append_i32(s, merges[m][1]);
+}
+
+static void test_sp_json_prefix_user_pieces_and_byte_fallback(void) {
+    // ids: 259 " ", 260 "a", 261 "b", 262 " a" (merge 0: " " + "a"), 263 "<b>" user-defined, 264 "<bb>" user-defined
+    static const char *const pieces[] = {" ", "a", "b", " a", "<b>", "<bb>"};
+    static const int types[] = {PIECE_NORMAL, PIECE_NORMAL, PIECE_NORMAL, PIECE_NORMAL, PIECE_USER, PIECE_USER};
+    static const int merges[][2] = {{259, 260}};
+    TestSection s;
+    Tokenizer t;
+    sp_json_section(&s, pieces, types, 6, merges, 1, FLAG_DUMMY_PREFIX | FLAG_BYTE_FALLBACK);
+    if (build_tokenizer_from_memory(&t, s.data, s.size, 300, "test") != 0) {
+        check(0, "sp_json_tokenizer_loads", error_message);
+        return;
+    }
+    check_ids("sp_json_adds_the_dummy_prefix_and_merges_by_rank", &t, "ab", (int[]){262, 261}, 2);
+    // "<bb>" is matched whole (longest first); the text after it gets no prefix ("first" scheme)
+    check_ids("sp_json_matches_user_pieces_whole_longest_first", &t, "a<bb>a<b>", (int[]){262, 264, 260, 263}, 4);
+    check_ids("sp_json_falls_back_to_bytes_for_unknown_characters", &t, "\xc3\xa9", (int[]){259, 3 + 0xC3, 3 + 0xA9}, 3);
+    check_ids("sp_json_reads_a_typed_lower_one_eighth_block_as_a_space", &t, "b\xe2\x96\x81" "a", (int[]){259, 261, 262}, 3);
+    check_ids("sp_json_never_produces_control_pieces_from_text", &t, "<s>", (int[]){259, 3 + '<', 3 + 's', 3 + '>'}, 4);
+    check(strcmp(decode(&t, 1, 262), "a") == 0 && strcmp(decode(&t, 261, 262), " a") == 0 &&
+              strcmp(decode(&t, 262, 3 + 0x41), "A") == 0,
+          "sp_json_decode_drops_the_prefix_after_bos_and_turns_byte_pieces_into_bytes", "decode");
+    free_tokenizer(&t);
+    // Prepend-normalizer semantics (flag bit 5): every segment between user pieces gets a prefix
+    sp_json_section(&s, pieces, types, 6, merges, 1, FLAG_DUMMY_PREFIX | FLAG_BYTE_FALLBACK | FLAG_PREFIX_EACH_SEGMENT);
+    build_tokenizer_from_memory(&t, s.data, s.size, 300, "test");
+    check_ids("sp_json_prefix_each_segment_prefixes_text_after_user_pieces", &t, "a<bb>a", (int[]){262, 264, 262}, 3);
+    free_tokenizer(&t);
+    // Gemma: no dummy prefix
+    sp_json_section(&s, pieces, types, 6, merges, 1, FLAG_BYTE_FALLBACK);
+    build_tokenizer_from_memory(&t, s.data, s.size, 300, "test");
+    check_ids("sp_json_without_dummy_prefix_starts_at_the_text", &t, "a a", (int[]){260, 262}, 2);
+    free_tokenizer(&t);
+}
+
 static void check_rejected(const char *name, TestSection *s, int vocab_size, const char *message) {
     Tokenizer t;
     error_message[0] = '\0';
@@ -733,6 +790,7 @@ int main(int argc, char **argv) {
     test_pretokenizer_scanners_follow_their_patterns();
     test_nfc_on_a_tiny_table();
     test_rank_merges_lowest_rank_first_leftmost_on_ties();
+    test_sp_json_prefix_user_pieces_and_byte_fallback();
     test_tokn_loader_refuses_bad_sections();
     test_rope_v2_header_places_tensors_and_tokenizer();
     test_rotation_equals_block_diagonal_matrix();

@@ -23,6 +23,7 @@ Run with -s to see the match counts per tokenizer.
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -263,3 +264,30 @@ def test_generation_prints_the_prompt_back_byte_for_byte(name, case_of):
         assert r.returncode == 0, r.stderr
         want = (unicodedata.normalize("NFC", text) if BYTE_LEVEL[name] else text).encode("utf-8")
         assert r.stdout == want + b"\n", text
+
+
+def test_corpus_covers_what_the_comparison_needs():
+    """The corpus (tests/data/tokenizer_corpus.py writes it): at least 300 strings, English and at
+    least 15 other scripts, decomposed accents, digits of every length, runs of spaces, tabs,
+    CR LF, emoji with skin tones and ZWJ, flags, contractions in every case, mathematical letters;
+    none of U+0085, U+FEFF, NUL, nor a code point this Python's Unicode data does not know."""
+    assert len(CORPUS) >= 300 and len(set(CORPUS)) == len(CORPUS)
+    text = "".join(CORPUS)
+    scripts = {unicodedata.name(ch).split()[0] for ch in text if unicodedata.category(ch).startswith("L")}
+    others = {"GREEK", "CYRILLIC", "ARMENIAN", "GEORGIAN", "HEBREW", "ARABIC", "DEVANAGARI", "BENGALI",
+              "TAMIL", "TELUGU", "KANNADA", "MALAYALAM", "GURMUKHI", "GUJARATI", "SINHALA", "THAI", "LAO",
+              "KHMER", "MYANMAR", "TIBETAN", "ETHIOPIC", "CJK", "HIRAGANA", "KATAKANA", "HANGUL", "MONGOLIAN",
+              "CHEROKEE", "CANADIAN", "COPTIC", "RUNIC", "GOTHIC"}
+    assert "LATIN" in scripts and len(scripts & others) >= 15, sorted(scripts)
+    assert any(unicodedata.normalize("NFC", s) != s for s in CORPUS)           # decomposed
+    digit_runs = {len(run) for s in CORPUS for run in re.findall(r"[0-9]+", s)}
+    assert set(range(1, 21)) <= digit_runs
+    assert any(" " * 8 in s for s in CORPUS) and "\t" in text and "\r\n" in text
+    assert "\u200d" in text and any(0x1F3FB <= ord(ch) <= 0x1F3FF for ch in text)  # ZWJ, skin tones
+    assert any(0x1F1E6 <= ord(ch) <= 0x1F1FF for ch in text)                    # flags
+    assert any(0x1D400 <= ord(ch) <= 0x1D7FF for ch in text)                    # mathematical letters
+    for suffix in ("s", "t", "re", "ve", "m", "ll", "d"):
+        for form in (suffix, suffix.upper(), suffix.capitalize()):
+            assert "'" + form in text, form
+    assert not set(text) & {"\x85", "\ufeff", "\0"}
+    assert all(unicodedata.category(ch) != "Cn" for ch in text)

@@ -16,6 +16,7 @@ Left out on purpose:
 - NUL (run's texts are C strings) and invalid UTF-8 (not representable in JSON).
 """
 import json
+import random
 import sys
 import unicodedata
 
@@ -401,6 +402,25 @@ def generated():
     return out
 
 
+# Pieces the random strings below are made of: letters of several scripts and cases, marks,
+# digits, every kind of whitespace, punctuation, contractions, emoji, numbers beyond ASCII,
+# added tokens, common words.
+PALETTE = (list("aAzZéÉüßçñøåÆŒ") + ["e\u0301", "E\u0301", "a\u0308", "\u0301", "\u0323"] + list("0123456789")
+           + [" ", "  ", "   ", "\t", "\n", "\r\n", "\r", "\n\n", " \n", "\u00a0", "\u3000", "\u2009", "\x0b", "\x0c"]
+           + list("'\"’`.,;:!?-_/\\()[]{}<>@#$%^&*+=|~")
+           + ["'s", "'S", "'re", "'RE", "'Ve", "'ll", "'LL", "'d", "'M", "'t"]
+           + list("日本語中文한국어ひらがなカタカナПриветمرحباनमस्तेสวัสดีΩωǅʰ")
+           + ["😀", "👍🏽", "👨\u200d👩\u200d👧", "🇫🇷", "❤️", "1️⃣", "½", "²", "①", "٣", "𝐀", "𝑎", "ﬁ", "Ａ", "\u200d",
+              "\u200b", "\ue000", "<unused0>", "<tool_call>", "<think>", "<h1>", "<table>"]
+           + ["hello", "Hello", "HELLO", "world", "the", " the", "ing", "tion", "123", "2024", "    ", "\t\t"])
+
+
+def random_strings(n, seed=1):
+    """n strings of 1 to 14 palette pieces, from a fixed seed."""
+    rng = random.Random(seed)
+    return ["".join(rng.choice(PALETTE) for _ in range(rng.randint(1, 14))) for _ in range(n)]
+
+
 def check(strings):
     seen = set()
     unique = []
@@ -417,7 +437,7 @@ def check(strings):
 def main():
     strings = (ENGLISH + CONTRACTIONS + SCRIPTS + ACCENTED + nfd_variants(ACCENTED + SCRIPTS[:10])
                + HAND_NORMALIZATION + WHITESPACE + DIGITS + CODE + EMOJI + SYMBOLS + CASING + HARDER + ADDED_TOKENS
-               + generated())
+               + generated() + random_strings(150))
     strings = check(strings)
     json.dump(strings, sys.stdout, ensure_ascii=False, indent=0)
     sys.stdout.write("\n")
