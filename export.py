@@ -2078,6 +2078,7 @@ def main(argv=None):
         message = f"unexpected {type(e).__name__}: {e}"
     else:
         return 0
+    LATER.clear()  # notes about a tokenizer that was refused
     print(f"export.py: error: {' '.join(message.split())}", file=sys.stderr)
     return EXIT_BAD_INPUT
 
