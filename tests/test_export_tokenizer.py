@@ -451,6 +451,26 @@ def test_bad_special_tokens_are_refused(tmp_path, name):
     assert_fails(run_export("--tokenizer", path, "-o", tmp_path / "out.bin"), EXIT_BAD_INPUT, *words)
 
 
+def sentencepiece_proto(model_type, normalizer=b""):
+    """A one-piece SentencePiece ModelProto: field 1 a piece {1: "a"}, field 2 the trainer spec
+    {3: model_type}, field 3 the normalizer spec {1: name} (protobuf: key = field << 3 | wire type)."""
+    piece = b"\x0a\x01a"
+    trainer = b"\x18" + bytes([model_type])
+    proto = b"\x0a" + bytes([len(piece)]) + piece + b"\x12" + bytes([len(trainer)]) + trainer
+    if normalizer:
+        spec = b"\x0a" + bytes([len(normalizer)]) + normalizer
+        proto += b"\x1a" + bytes([len(spec)]) + spec
+    return proto
+
+
+@pytest.mark.parametrize("model_type, normalizer, words", [(1, b"", ["model type unigram"]),
+                                                           (2, b"nmt_nfkc", ["normalizer 'nmt_nfkc'"])])
+def test_unsupported_tokenizer_model_in_a_directory_is_refused(tmp_path, model_type, normalizer, words):
+    os.makedirs(tmp_path / "d")
+    (tmp_path / "d" / "tokenizer.model").write_bytes(sentencepiece_proto(model_type, normalizer))
+    assert_fails(run_export("--tokenizer", tmp_path / "d", "-o", tmp_path / "o.bin"), EXIT_BAD_INPUT, *words)
+
+
 def test_tokenizer_larger_than_the_model_is_refused_before_writing(tmp_path):
     model = model_with_tokenizer(tmp_path / "m", byte_level_json(extra=[chr(c) for c in range(ord("A"), ord("K"))]))
     assert_fails(run_export(model, tmp_path / "out.bin"), EXIT_BAD_INPUT, "17 tokens but the model only 16")
