@@ -2030,7 +2030,7 @@ def parse_args(argv):
     """Parse and cross-check the command line."""
     p = ArgumentParser(prog="export.py", description=__doc__.split("\n\n")[0],
                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="\n\n".join(__doc__.split("\n\n")[1:3]))
+                       epilog="\n\n".join(__doc__.split("\n\n")[1:4]))
     p.add_argument("input", nargs="?", help="Hugging Face directory, llama2.c checkpoint or ROPE file")
     p.add_argument("output", nargs="?", help="the file to write")
     p.add_argument("--rope-theta", type=rope_theta_arg, metavar="F", help="store this theta (> 0)")
@@ -2039,8 +2039,8 @@ def parse_args(argv):
     p.add_argument("--tokenizer", metavar="PATH", help="a tokenizer.model (to llama2.c's tokenizer.bin), or a "
                    "tokenizer.json or model directory (to a TOKN file) to convert")
     p.add_argument("-o", dest="tokenizer_out", metavar="OUT", help="where --tokenizer writes")
-    p.add_argument("--template", choices=TEMPLATE_NAMES, help="the chat template to store, instead of the one "
-                   "recognised in tokenizer_config.json")
+    p.add_argument("--template", choices=TEMPLATE_NAMES, metavar="NAME", help="the chat template to store instead "
+                   f"of the one recognised in tokenizer_config.json: {', '.join(TEMPLATE_NAMES)}")
     args = p.parse_args(argv)
     if args.tokenizer is not None:
         if args.input is not None:
