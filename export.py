@@ -1517,6 +1517,8 @@ def post_processor_bos(node, special_ids):
             raise ExportError(f"post_processor {t or brief(p)} is not supported (only TemplateProcessing and "
                               "ByteLevel)")
         single = p.get("single") or []
+        if not isinstance(single, list):
+            raise ExportError(f"post_processor TemplateProcessing: single {brief(single)} is not a list")
         names = [item["SpecialToken"].get("id") for item in single
                  if isinstance(item, dict) and isinstance(item.get("SpecialToken"), dict)]
         sequence_at = next((i for i, item in enumerate(single) if isinstance(item, dict) and "Sequence" in item), None)
@@ -1557,11 +1559,12 @@ def read_tokenizer_json(path):
         raise ExportError(f"{path}: model.vocab is not a non-empty object of token ids")
     if not isinstance(merges, list) or not isinstance(added, list):
         raise ExportError(f"{path}: model.merges and added_tokens must be lists")
-    byte_level = any(p.get("type") == "ByteLevel" for p in json_items(j.get("pre_tokenizer"), "pretokenizers")) \
-        or (j.get("decoder") or {}).get("type") == "ByteLevel"
-    kind = KIND_BYTE_LEVEL if byte_level else KIND_SP_JSON
-    tok = Tokenizer(kind, path)
     try:
+        decoder = j.get("decoder")
+        byte_level = any(p.get("type") == "ByteLevel" for p in json_items(j.get("pre_tokenizer"), "pretokenizers")) \
+            or (isinstance(decoder, dict) and decoder.get("type") == "ByteLevel")
+        kind = KIND_BYTE_LEVEL if byte_level else KIND_SP_JSON
+        tok = Tokenizer(kind, path)
         flags, replaces_spaces = json_normalizer(j.get("normalizer"), kind)
         if kind == KIND_BYTE_LEVEL:
             tok.pretokenizer, more = byte_level_pretokenizer(j.get("pre_tokenizer"))
@@ -1570,12 +1573,13 @@ def read_tokenizer_json(path):
             if not model.get("byte_fallback"):
                 raise ExportError("a SentencePiece-style tokenizer.json without byte_fallback is not supported")
             more |= FLAG_BYTE_FALLBACK
+        tok.flags = flags | more | (FLAG_IGNORE_MERGES if model.get("ignore_merges") else 0)
+        tok.pieces, tok.names = json_pieces(path, kind, vocab, added)
+        tok.merges, tok.merged = merge_pairs(path, merges, vocab)
+        tok.post_bos = post_processor_bos(j.get("post_processor"), tok.names)
     except ExportError as e:
-        raise ExportError(f"{path}: {e}")
-    tok.flags = flags | more | (FLAG_IGNORE_MERGES if model.get("ignore_merges") else 0)
-    tok.pieces, tok.names = json_pieces(path, kind, vocab, added)
-    tok.merges, tok.merged = merge_pairs(path, merges, vocab)
-    tok.post_bos = post_processor_bos(j.get("post_processor"), tok.names)
+        message = str(e)
+        raise ExportError(message if message.startswith(f"{path}: ") else f"{path}: {message}")
     return tok
 
 
@@ -1601,9 +1605,13 @@ def json_pieces(path, kind, vocab, added):
                 and is_int(a.get("id")) and 0 <= a["id"] < INT32_MAX):
             raise ExportError(f"{path}: added token {brief(a)} has no content or id")
         i, content = a["id"], a["content"]
-        if i in texts and texts[i][0] != content and not (kind == KIND_BYTE_LEVEL and i in vocab):
-            raise ExportError(f"{path}: added token {content!r} has id {i}, which the vocabulary gives to "
-                              f"{texts[i][0]!r}")
+        if i in texts:  # the vocabulary's piece must be the same text (in GPT-2's alphabet, for byte-level)
+            same = texts[i][0] == content
+            if kind == KIND_BYTE_LEVEL and not same and all(c in alphabet for c in texts[i][0]):
+                same = bytes(alphabet[c] for c in texts[i][0]) == content.encode("utf-8")
+            if not same:
+                raise ExportError(f"{path}: added token {content!r} has id {i}, which the vocabulary gives to "
+                                  f"{texts[i][0]!r}")
         if a.get("special"):
             kind_of = TYPE_CONTROL
         else:
@@ -1614,9 +1622,10 @@ def json_pieces(path, kind, vocab, added):
         texts[i] = (content, kind_of, True)
         names[content] = i
     n_tokens = max(texts) + 1
-    if n_tokens > INT32_MAX:
-        raise ExportError(f"{path}: token id {n_tokens - 1} does not fit an int32")
     gaps = n_tokens - len(texts)
+    if gaps > len(texts):  # before a list of n_tokens pieces is made
+        raise ExportError(f"{path}: token id {n_tokens - 1} leaves {gaps} ids without a token, more than there are "
+                          "tokens (a corrupt vocabulary?)")
     if gaps:
         say_later(f"warning: {path}: {gaps} ids below {n_tokens} have no token; they are stored as unused pieces")
     pieces = [(b"", TYPE_UNUSED, 0.0)] * n_tokens

@@ -418,6 +418,12 @@ BAD_JSON = {
     "sp_without_byte_fallback": (sentencepiece_json(model={"type": "BPE", "byte_fallback": False, "vocab": {"a": 0},
                                                            "merges": []}), ["byte_fallback"]),
     "no_model": ({"version": "1.0"}, ["no \"model\""]),
+    "id_far_beyond_the_vocabulary": (with_model(vocab={"h": 0, "i": 1, "Ġ": 2, "hi": 3, "Ġhi": 4, "Ċ": 2**31 - 2}),
+                                     ["2147483646", "corrupt"]),
+    "added_token_renames_a_piece": (byte_level_json(added_tokens=[{"id": 1, "content": "<x>", "special": True}]),
+                                    ["'<x>' has id 1", "'i'"]),
+    "template_processing_not_a_list": (byte_level_json(post_processor={"type": "TemplateProcessing", "single": 5}),
+                                       ["single 5"]),
 }
 
 
