@@ -1764,6 +1764,8 @@ def post_processor_bos(node, special_ids):
             raise ExportError(f"post_processor {t or brief(p)} is not supported (only TemplateProcessing and "
                               "ByteLevel)")
         single = p.get("single") or []
+        if not isinstance(single, list):
+            raise ExportError(f"post_processor TemplateProcessing: single {brief(single)} is not a list")
         names = [item["SpecialToken"].get("id") for item in single
                  if isinstance(item, dict) and isinstance(item.get("SpecialToken"), dict)]
         sequence_at = next((i for i, item in enumerate(single) if isinstance(item, dict) and "Sequence" in item), None)
@@ -1804,11 +1806,12 @@ def read_tokenizer_json(path):
         raise ExportError(f"{path}: model.vocab is not a non-empty object of token ids")
     if not isinstance(merges, list) or not isinstance(added, list):
         raise ExportError(f"{path}: model.merges and added_tokens must be lists")
-    byte_level = any(p.get("type") == "ByteLevel" for p in json_items(j.get("pre_tokenizer"), "pretokenizers")) \
-        or (j.get("decoder") or {}).get("type") == "ByteLevel"
-    kind = KIND_BYTE_LEVEL if byte_level else KIND_SP_JSON
-    tok = Tokenizer(kind, path)
     try:
+        decoder = j.get("decoder")
+        byte_level = any(p.get("type") == "ByteLevel" for p in json_items(j.get("pre_tokenizer"), "pretokenizers")) \
+            or (isinstance(decoder, dict) and decoder.get("type") == "ByteLevel")
+        kind = KIND_BYTE_LEVEL if byte_level else KIND_SP_JSON
+        tok = Tokenizer(kind, path)
         flags, replaces_spaces = json_normalizer(j.get("normalizer"), kind)
         if kind == KIND_BYTE_LEVEL:
             tok.pretokenizer, more = byte_level_pretokenizer(j.get("pre_tokenizer"))
@@ -1817,12 +1820,13 @@ def read_tokenizer_json(path):
             if not model.get("byte_fallback"):
                 raise ExportError("a SentencePiece-style tokenizer.json without byte_fallback is not supported")
             more |= FLAG_BYTE_FALLBACK
+        tok.flags = flags | more | (FLAG_IGNORE_MERGES if model.get("ignore_merges") else 0)
+        tok.pieces, tok.names = json_pieces(path, kind, vocab, added)
+        tok.merges, tok.merged = merge_pairs(path, merges, vocab)
+        tok.post_bos = post_processor_bos(j.get("post_processor"), tok.names)
     except ExportError as e:
-        raise ExportError(f"{path}: {e}")
-    tok.flags = flags | more | (FLAG_IGNORE_MERGES if model.get("ignore_merges") else 0)
-    tok.pieces, tok.names = json_pieces(path, kind, vocab, added)
-    tok.merges, tok.merged = merge_pairs(path, merges, vocab)
-    tok.post_bos = post_processor_bos(j.get("post_processor"), tok.names)
+        message = str(e)
+        raise ExportError(message if message.startswith(f"{path}: ") else f"{path}: {message}")
     return tok
 
 
@@ -1848,9 +1852,13 @@ def json_pieces(path, kind, vocab, added):
                 and is_int(a.get("id")) and 0 <= a["id"] < INT32_MAX):
             raise ExportError(f"{path}: added token {brief(a)} has no content or id")
         i, content = a["id"], a["content"]
-        if i in texts and texts[i][0] != content and not (kind == KIND_BYTE_LEVEL and i in vocab):
-            raise ExportError(f"{path}: added token {content!r} has id {i}, which the vocabulary gives to "
-                              f"{texts[i][0]!r}")
+        if i in texts:  # the vocabulary's piece must be the same text (in GPT-2's alphabet, for byte-level)
+            same = texts[i][0] == content
+            if kind == KIND_BYTE_LEVEL and not same and all(c in alphabet for c in texts[i][0]):
+                same = bytes(alphabet[c] for c in texts[i][0]) == content.encode("utf-8")
+            if not same:
+                raise ExportError(f"{path}: added token {content!r} has id {i}, which the vocabulary gives to "
+                                  f"{texts[i][0]!r}")
         if a.get("special"):
             kind_of = TYPE_CONTROL
         else:
@@ -1861,9 +1869,10 @@ def json_pieces(path, kind, vocab, added):
         texts[i] = (content, kind_of, True)
         names[content] = i
     n_tokens = max(texts) + 1
-    if n_tokens > INT32_MAX:
-        raise ExportError(f"{path}: token id {n_tokens - 1} does not fit an int32")
     gaps = n_tokens - len(texts)
+    if gaps > len(texts):  # before a list of n_tokens pieces is made
+        raise ExportError(f"{path}: token id {n_tokens - 1} leaves {gaps} ids without a token, more than there are "
+                          "tokens (a corrupt vocabulary?)")
     if gaps:
         say_later(f"warning: {path}: {gaps} ids below {n_tokens} have no token; they are stored as unused pieces")
     pieces = [(b"", TYPE_UNUSED, 0.0)] * n_tokens
@@ -2277,7 +2286,7 @@ def parse_args(argv):
     """Parse and cross-check the command line."""
     p = ArgumentParser(prog="export.py", description=__doc__.split("\n\n")[0],
                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="\n\n".join(__doc__.split("\n\n")[1:3]))
+                       epilog="\n\n".join(__doc__.split("\n\n")[1:4]))
     p.add_argument("input", nargs="?", help="Hugging Face directory, llama2.c checkpoint or ROPE file")
     p.add_argument("output", nargs="?", help="the file to write")
     p.add_argument("--rope-theta", type=rope_theta_arg, metavar="F", help="store this theta (> 0)")
@@ -2288,8 +2297,8 @@ def parse_args(argv):
     p.add_argument("--tokenizer", metavar="PATH", help="a tokenizer.model (to llama2.c's tokenizer.bin), or a "
                    "tokenizer.json or model directory (to a TOKN file) to convert")
     p.add_argument("-o", dest="tokenizer_out", metavar="OUT", help="where --tokenizer writes")
-    p.add_argument("--template", choices=TEMPLATE_NAMES, help="the chat template to store, instead of the one "
-                   "recognised in tokenizer_config.json")
+    p.add_argument("--template", choices=TEMPLATE_NAMES, metavar="NAME", help="the chat template to store instead "
+                   f"of the one recognised in tokenizer_config.json: {', '.join(TEMPLATE_NAMES)}")
     args = p.parse_args(argv)
     if args.tokenizer is not None:
         if args.input is not None:
@@ -2332,6 +2341,7 @@ def main(argv=None):
         message = f"unexpected {type(e).__name__}: {e}"
     else:
         return 0
+    LATER.clear()  # notes about a tokenizer that was refused
     print(f"export.py: error: {' '.join(message.split())}", file=sys.stderr)
     return EXIT_BAD_INPUT
 
