@@ -71,6 +71,7 @@ import argparse
 import csv
 import datetime
 import io
+import json
 import os
 import platform
 import re
@@ -722,6 +723,56 @@ def bench_16bit(runner, name, path, weight_type, threads, runs, stream_reps, cpu
     return rows, raw, any_disturbed
 
 
+def bench_tokenizer(run_bin):
+    """Tokenizer speed, the largest vocabulary the tests use: Gemma 3's 262,144 tokens (its own
+    tokenizer.json, converted by export.py), loaded alone, then with 1 MB of multilingual text
+    (tests/data/tokenizer_corpus.json repeated) tokenized as one text (-m tokenize -f). Best of
+    three of each, in wall-clock seconds. Returns a line, or why there is none."""
+    npm = os.environ.get("RUNC_NPM_DIR", os.path.join(os.path.expanduser("~"), ".cache", "runc-npm"))
+    source = os.path.join(npm, "node_modules", "@lenml", "tokenizer-gemma3", "models", "tokenizer.json")
+    if not os.path.exists(source):
+        return f"tokenizer: no line ({source} is missing: tests/install_npm_refs.sh installs it)"
+    tok = os.path.join(BENCH, "gemma3_tok.bin")
+    if not os.path.exists(tok):
+        subprocess.run([sys.executable, os.path.join(ROOT, "export.py"), "--tokenizer", source, "-o", tok],
+                       check=True, capture_output=True)
+    model = os.path.join(BENCH, "vocab262145.bin")  # one row per piece (its last is a control token)
+    if not os.path.exists(model):
+        ropefile.write_random_checkpoint(model, dim=8, hidden_dim=8, n_layers=1, n_heads=1, n_kv_heads=1,
+                                         vocab_size=262145, seq_len=64)
+    with open(os.path.join(ROOT, "tests", "data", "tokenizer_corpus.json"), encoding="utf-8") as f:
+        corpus = "\n".join(t for t in json.load(f) if "\0" not in t).encode()
+    text = (corpus * (2**20 // len(corpus) + 1))[:2**20]
+    while text and (text[-1] & 0xC0) == 0x80:  # end on a whole UTF-8 character
+        text = text[:-1]
+    text_path = os.path.join(BENCH, "tokenizer_1mb.txt")
+    with open(text_path, "wb") as f:
+        f.write(text)
+
+    def best_of_three(*args):  # (wall seconds, CPU seconds, stdout), the best of three runs
+        best = None
+        for _ in range(3):
+            with tempfile.TemporaryFile() as out:
+                t0 = time.perf_counter()
+                p = subprocess.Popen([run_bin, model, "-z", tok, "-m", "tokenize", *args], stdout=out,
+                                     stderr=subprocess.PIPE)
+                _, status, usage = os.wait4(p.pid, 0)
+                wall = time.perf_counter() - t0
+                if os.waitstatus_to_exitcode(status) != 0:
+                    raise SystemExit(f"bench: tokenizer run failed: {p.stderr.read().decode(errors='replace')}")
+                out.seek(0)
+                reading = (wall, usage.ru_utime + usage.ru_stime, out.read())
+            best = reading if best is None or reading[0] < best[0] else best
+        return best
+
+    load, load_cpu, _ = best_of_three("-p", "")
+    both, both_cpu, out = best_of_three("-f", text_path)
+    n_tokens = out.count(b"\n") - 1  # an id per line, then the empty line that closes the text
+    return (f"tokenizer: Gemma 3's 262,144-token vocabulary loads in {load:.2f} s ({load_cpu:.2f} s of CPU); "
+            f"1 MB of multilingual text ({n_tokens} tokens) tokenizes in {both - load:.2f} s more "
+            f"({both_cpu - load_cpu:.2f} s of CPU; best of 3)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="smoke test: 15M only, one run each")
@@ -1004,6 +1055,7 @@ def main():
                f"other processes used {busy:.1f} of {NCPU} cores at the start"
                + ("; (!) marks figures measured while other processes took the cores they needed: "
                   "treat them with care" if any_disturbed else ""))
+    out.append("- " + bench_tokenizer(run_bin))
     print("\n".join(out))
 
 
