@@ -3409,15 +3409,18 @@ static void prepare_to_run(Transformer *t, int n_positions) {
 // Chooses the decode matmul's reading order (section 2) on this machine, for this
 // model: each order streams the model's own matrices through the decode kernels a
 // few times, and the fastest pass wins. Every order computes the same bits, so the
-// choice changes only the speed. Done once, before the clock starts, in at most
-// about READ_ORDER_BUDGET seconds: when a whole token's matrices take longer, the
-// passes read the first layers only, still far more bytes than any cache holds.
+// choice changes only the speed. Done once, before the clock starts, in about
+// READ_ORDER_BUDGET seconds: when a whole token's matrices take longer, the passes
+// read the first layers only, still more than READ_ORDER_PASS_BYTES (far more than
+// the last-level caches of today's CPUs, up to about 100 MB, hold), and fewer
+// passes are made when the budget runs out (at least one of each order).
 // The passes alternate between the orders (a machine shared with other work slows
 // them alike), and an order replaces the default only when its best pass is
 // READ_ORDER_MARGIN faster: a closer result is noise. Matrices that fit in a
 // large cache (READ_ORDER_MIN_BYTES) are not timed: decode there is not bound by
 // streaming memory, and the choice cannot matter.
 #define READ_ORDER_MIN_BYTES (8 << 20)
+#define READ_ORDER_PASS_BYTES ((size_t)256 << 20)
 #define READ_ORDER_BUDGET 0.25
 #define READ_ORDER_PASSES 3
 #define READ_ORDER_MARGIN 0.03
@@ -3467,17 +3470,29 @@ static void choose_read_order(Transformer *t, int forced, int verbose) {
                     read_order_names[read_order], bytes / 1e6);
         return;
     }
-    // one layer first, to see how many fit in the budget
-    double one_layer = time_decode_matmuls(t, 1), per_pass = READ_ORDER_BUDGET / (N_READ_ORDERS * READ_ORDER_PASSES);
-    int n_layers = one_layer * c->n_layers <= per_pass ? c->n_layers : (int)(per_pass / one_layer);
-    if (n_layers < 1) n_layers = 1;
+    // two layers first (one layer of a model this size may still sit in a cache), to
+    // see how many fit in a pass's share of the budget
+    double start = time_in_s(), per_pass = READ_ORDER_BUDGET / (N_READ_ORDERS * READ_ORDER_PASSES);
+    int probe = c->n_layers < 2 ? c->n_layers : 2;
+    double per_layer_s = time_decode_matmuls(t, probe) / probe;
+    int n_layers = per_layer_s * c->n_layers <= per_pass ? c->n_layers : (int)(per_pass / per_layer_s);
+    // but never fewer than READ_ORDER_PASS_BYTES: a pass that fits in the last-level
+    // cache times the cache, not the stream from memory that decode reads
+    size_t layer_bytes = per_layer * weight_type_bytes(c->weight_type);
+    if ((size_t)n_layers * layer_bytes < READ_ORDER_PASS_BYTES) n_layers = (int)(READ_ORDER_PASS_BYTES / layer_bytes) + 1;
+    if (n_layers > c->n_layers) n_layers = c->n_layers;
+    // rounds of one pass per order, until READ_ORDER_PASSES rounds or the budget is
+    // spent (a machine busy with other work reads slower than the estimate said)
     double best[N_READ_ORDERS];
     for (int o = 0; o < N_READ_ORDERS; o++) best[o] = INFINITY;
-    for (int pass = 0; pass < READ_ORDER_PASSES; pass++)
+    int rounds = 0;
+    while (rounds < READ_ORDER_PASSES && (rounds == 0 || time_in_s() - start < READ_ORDER_BUDGET)) {
         for (int o = 0; o < N_READ_ORDERS; o++) {
             read_order = (ReadOrder)o;
             best[o] = fmin(best[o], time_decode_matmuls(t, n_layers));
         }
+        rounds++;
+    }
     ReadOrder fastest = READ_QUARTERS_PREFETCH, chosen = READ_QUARTERS_PREFETCH;
     for (int o = 0; o < N_READ_ORDERS; o++)
         if (best[o] < best[fastest]) fastest = (ReadOrder)o;
@@ -3485,7 +3500,7 @@ static void choose_read_order(Transformer *t, int forced, int verbose) {
     read_order = chosen;
     if (verbose) {
         fprintf(stderr, "run: decode read order: %s (best of %d passes over %d of %d layers, ms:", read_order_names[chosen],
-                READ_ORDER_PASSES, n_layers, c->n_layers);
+                rounds, n_layers, c->n_layers);
         for (int o = 0; o < N_READ_ORDERS; o++) fprintf(stderr, " %s %.2f", read_order_names[o], best[o] * 1e3);
         fprintf(stderr, ")\n");
     }

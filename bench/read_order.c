@@ -11,7 +11,10 @@
      forward     run.c's forward(): one decode step, positions 0..255 in turn
    and prints GB/s (1e9 bytes a second) for each, the mean over the rounds, and the
    ratios. "matrices" against "one region" is what reading many matrices costs;
-   "forward" against "matrices" what the work between them costs.
+   "forward" against "matrices" what the work between them costs. Then "matrices"
+   once more in each of the decode matmul's reading orders (run.c, "Making it fast",
+   section 2), in the same alternating rounds, as GB/s and as a ratio to the first
+   order: what run's start-up timing (choose_read_order) chooses between.
    Usage: OMP_NUM_THREADS=N bench/read_order MODEL [ROUNDS]   (make bench/read_order) */
 #define RUN_TESTING
 #include "../run.c"
@@ -76,9 +79,17 @@ int main(int argc, char **argv) {
     }
     double bytes[3] = {(double)element_bytes * region_rows * c->dim, matmul_bytes(c), matmul_bytes(c)};
     const char *names[3] = {"one region", "matrices", "forward"};
-    double gbs[3] = {0};
+    double gbs[3] = {0}, order_gbs[N_READ_ORDERS] = {0};
     int pos = 0;
+    ReadOrder chosen = read_order;
     for (int r = 0; r < rounds; r++) {
+        for (int o = 0; o < N_READ_ORDERS; o++) {
+            read_order = (ReadOrder)o;
+            double t0 = time_in_s();
+            for (int p = 0; p < PASSES; p++) all_matmuls(&t);
+            order_gbs[o] += PASSES * matmul_bytes(c) / (time_in_s() - t0) / 1e9 / rounds;
+        }
+        read_order = chosen;
         for (int k = 0; k < 3; k++) {
             double t0 = time_in_s();
             for (int p = 0; p < PASSES; p++) {
@@ -96,6 +107,9 @@ int main(int argc, char **argv) {
     for (int k = 0; k < 3; k++) printf("%-10s  %6.1f GB/s\n", names[k], gbs[k]);
     printf("matrices / one region %.0f%%, forward / matrices %.0f%%, forward / one region %.0f%%\n",
            100 * gbs[1] / gbs[0], 100 * gbs[2] / gbs[1], 100 * gbs[2] / gbs[0]);
+    printf("matrices by reading order (the first three above: %s):\n", read_order_names[chosen]);
+    for (int o = 0; o < N_READ_ORDERS; o++)
+        printf("  %-18s %6.1f GB/s  %.3fx\n", read_order_names[o], order_gbs[o], order_gbs[o] / order_gbs[0]);
     free(region_out);
     free_transformer(&t);
     return 0;
