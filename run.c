@@ -3407,58 +3407,65 @@ static void prepare_to_run(Transformer *t, int n_positions) {
 }
 
 // Chooses the decode matmul's reading order (section 2) on this machine, for this
-// model: each order streams the model's own matrices through the decode kernels a
-// few times, and the fastest pass wins. Every order computes the same bits, so the
-// choice changes only the speed. Done once, before the clock starts, in about
-// READ_ORDER_BUDGET seconds: when a whole token's matrices take longer, the passes
-// read the first layers only, still more than READ_ORDER_PASS_BYTES (far more than
-// the last-level caches of today's CPUs, up to about 100 MB, hold), and fewer
-// passes are made when the budget runs out (at least one of each order).
-// The passes alternate between the orders (a machine shared with other work slows
-// them alike), and an order replaces the default only when its best pass is
-// READ_ORDER_MARGIN faster: a closer result is noise. Matrices that fit in a
-// large cache (READ_ORDER_MIN_BYTES) are not timed: decode there is not bound by
+// model, by timing each order on the model's own layers. Every order computes the
+// same bits, so the choice changes only the speed. Done once, before the clock
+// starts. The samples are one layer's decode matmuls each (all layers have the same
+// shapes, so their times compare), taken in steps: at step s, order o reads layer
+// (s + o L/4) mod L of the L layers. So the orders take turns (a machine shared
+// with other work slows them alike), and between two readings of a layer about a
+// whole model's bytes are read, as between two tokens of decode: the times are of
+// the stream from memory decode sees, not of a cache that an immediate re-read
+// would hit. Which order goes first in a step rotates as well: on a busy machine
+// the scheduler's time slices recur with a period of their own, and a fixed
+// sequence could put the same order at the same phase each step. Each order's
+// figure is the lower quartile of its samples: the speed it keeps when not
+// interrupted, without resting on one lucky sample (the minimum), while samples
+// the host's scheduler interrupted fall above it. Steps go on for
+// READ_ORDER_BUDGET seconds, or up to READ_ORDER_LIMIT until READ_ORDER_MIN_STEPS
+// are done (a busy machine), and stop sooner after READ_ORDER_MAX_STEPS or two
+// readings of every layer per order. An order replaces the default only when its
+// figure is READ_ORDER_MARGIN faster: a closer result is noise. Matrices that fit in
+// a large cache (READ_ORDER_MIN_BYTES) are not timed: decode there is not bound by
 // streaming memory, and the choice cannot matter.
 #define READ_ORDER_MIN_BYTES (8 << 20)
-#define READ_ORDER_PASS_BYTES ((size_t)256 << 20)
 #define READ_ORDER_BUDGET 0.25
-#define READ_ORDER_PASSES 3
+#define READ_ORDER_LIMIT 1.0
+#define READ_ORDER_MIN_STEPS 5
+#define READ_ORDER_MAX_STEPS 64
 #define READ_ORDER_MARGIN 0.03
 
-// One token's decode matmuls of layers 0 .. n_layers-1 (and the classifier when
-// that is all of them), as forward() calls them, on the run state's arrays.
-static void decode_matmuls(Transformer *t, int n_layers) {
+// One token's decode matmuls of layer l, as forward() calls them, on the run
+// state's arrays; returns the seconds they took.
+static double time_layer_matmuls(Transformer *t, int l) {
     Config *c = &t->config;
     TransformerWeights *w = &t->weights;
     RunState *s = &t->state;
     int dim = c->dim, kv_dim = kv_dim_of(c), hidden = c->hidden_dim;
-    for (int l = 0; l < n_layers; l++) {
-        Projection qkv[3] = {{s->q, matrix_at(w->wq, (size_t)l * dim * dim), dim},
-                             {s->k, matrix_at(w->wk, (size_t)l * kv_dim * dim), kv_dim},
-                             {s->v, matrix_at(w->wv, (size_t)l * kv_dim * dim), kv_dim}};
-        matmuls_fast(s->xb, dim, qkv, 3);
-        matmul_fast(s->xb2, s->xb, matrix_at(w->wo, (size_t)l * dim * dim), dim, dim);
-        Projection w13[2] = {{s->hb, matrix_at(w->w1, (size_t)l * hidden * dim), hidden},
-                             {s->hb2, matrix_at(w->w3, (size_t)l * hidden * dim), hidden}};
-        matmuls_fast(s->xb, dim, w13, 2);
-        matmul_fast(s->xb2, s->hb, matrix_at(w->w2, (size_t)l * dim * hidden), hidden, dim);
-    }
-    if (n_layers == c->n_layers) matmul_fast(s->logits, s->xb, w->wcls, dim, c->vocab_size);
+    double start = time_in_s();
+    Projection qkv[3] = {{s->q, matrix_at(w->wq, (size_t)l * dim * dim), dim},
+                         {s->k, matrix_at(w->wk, (size_t)l * kv_dim * dim), kv_dim},
+                         {s->v, matrix_at(w->wv, (size_t)l * kv_dim * dim), kv_dim}};
+    matmuls_fast(s->xb, dim, qkv, 3);
+    matmul_fast(s->xb2, s->xb, matrix_at(w->wo, (size_t)l * dim * dim), dim, dim);
+    Projection w13[2] = {{s->hb, matrix_at(w->w1, (size_t)l * hidden * dim), hidden},
+                         {s->hb2, matrix_at(w->w3, (size_t)l * hidden * dim), hidden}};
+    matmuls_fast(s->xb, dim, w13, 2);
+    matmul_fast(s->xb2, s->hb, matrix_at(w->w2, (size_t)l * dim * hidden), hidden, dim);
+    return time_in_s() - start;
 }
 
-static double time_decode_matmuls(Transformer *t, int n_layers) {
-    double start = time_in_s();
-    decode_matmuls(t, n_layers);
-    return time_in_s() - start;
+static int compare_seconds(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
 }
 
 // forced: an order from RUN_READ_ORDER, or -1 to time them. With verbose, says on
 // stderr which order decode uses and why.
 static void choose_read_order(Transformer *t, int forced, int verbose) {
     const Config *c = &t->config;
+    int L = c->n_layers;
     size_t per_layer = (size_t)c->dim * (2 * c->dim + 2 * kv_dim_of(c) + 3 * c->hidden_dim);
-    size_t bytes = ((size_t)c->n_layers * per_layer + (size_t)c->vocab_size * c->dim) *
-                   weight_type_bytes(c->weight_type);
+    size_t bytes = ((size_t)L * per_layer + (size_t)c->vocab_size * c->dim) * weight_type_bytes(c->weight_type);
     if (forced >= 0) {
         read_order = (ReadOrder)forced;
         if (verbose) fprintf(stderr, "run: decode read order: %s (RUN_READ_ORDER)\n", read_order_names[read_order]);
@@ -3470,38 +3477,31 @@ static void choose_read_order(Transformer *t, int forced, int verbose) {
                     read_order_names[read_order], bytes / 1e6);
         return;
     }
-    // two layers first (one layer of a model this size may still sit in a cache), to
-    // see how many fit in a pass's share of the budget
-    double start = time_in_s(), per_pass = READ_ORDER_BUDGET / (N_READ_ORDERS * READ_ORDER_PASSES);
-    int probe = c->n_layers < 2 ? c->n_layers : 2;
-    double per_layer_s = time_decode_matmuls(t, probe) / probe;
-    int n_layers = per_layer_s * c->n_layers <= per_pass ? c->n_layers : (int)(per_pass / per_layer_s);
-    // but never fewer than READ_ORDER_PASS_BYTES: a pass that fits in the last-level
-    // cache times the cache, not the stream from memory that decode reads
-    size_t layer_bytes = per_layer * weight_type_bytes(c->weight_type);
-    if ((size_t)n_layers * layer_bytes < READ_ORDER_PASS_BYTES) n_layers = (int)(READ_ORDER_PASS_BYTES / layer_bytes) + 1;
-    if (n_layers > c->n_layers) n_layers = c->n_layers;
-    // rounds of one pass per order, until READ_ORDER_PASSES rounds or the budget is
-    // spent (a machine busy with other work reads slower than the estimate said)
-    double best[N_READ_ORDERS];
-    for (int o = 0; o < N_READ_ORDERS; o++) best[o] = INFINITY;
-    int rounds = 0;
-    while (rounds < READ_ORDER_PASSES && (rounds == 0 || time_in_s() - start < READ_ORDER_BUDGET)) {
-        for (int o = 0; o < N_READ_ORDERS; o++) {
+    double samples[N_READ_ORDERS][READ_ORDER_MAX_STEPS], quartile[N_READ_ORDERS], start = time_in_s();
+    int max_steps = 2 * L < READ_ORDER_MAX_STEPS ? 2 * L : READ_ORDER_MAX_STEPS, steps = 0;
+    if (max_steps < READ_ORDER_MIN_STEPS) max_steps = READ_ORDER_MIN_STEPS;
+    while (steps < max_steps) {
+        double elapsed = time_in_s() - start;
+        if (steps > 0 && elapsed >= (steps < READ_ORDER_MIN_STEPS ? READ_ORDER_LIMIT : READ_ORDER_BUDGET)) break;
+        for (int k = 0; k < N_READ_ORDERS; k++) {
+            int o = (steps + k) % N_READ_ORDERS; // which order goes first rotates too
             read_order = (ReadOrder)o;
-            best[o] = fmin(best[o], time_decode_matmuls(t, n_layers));
+            samples[o][steps] = time_layer_matmuls(t, (int)((steps + (long)o * L / N_READ_ORDERS) % L));
         }
-        rounds++;
+        steps++;
     }
     ReadOrder fastest = READ_QUARTERS_PREFETCH, chosen = READ_QUARTERS_PREFETCH;
-    for (int o = 0; o < N_READ_ORDERS; o++)
-        if (best[o] < best[fastest]) fastest = (ReadOrder)o;
-    if (best[fastest] < best[chosen] * (1.0 - READ_ORDER_MARGIN)) chosen = fastest;
+    for (int o = 0; o < N_READ_ORDERS; o++) {
+        qsort(samples[o], steps, sizeof(double), compare_seconds);
+        quartile[o] = samples[o][steps / 4];
+        if (quartile[o] < quartile[fastest]) fastest = (ReadOrder)o;
+    }
+    if (quartile[fastest] < quartile[chosen] * (1.0 - READ_ORDER_MARGIN)) chosen = fastest;
     read_order = chosen;
     if (verbose) {
-        fprintf(stderr, "run: decode read order: %s (best of %d passes over %d of %d layers, ms:", read_order_names[chosen],
-                rounds, n_layers, c->n_layers);
-        for (int o = 0; o < N_READ_ORDERS; o++) fprintf(stderr, " %s %.2f", read_order_names[o], best[o] * 1e3);
+        fprintf(stderr, "run: decode read order: %s (%d layers each in %.2f s, lower quartile ms:",
+                read_order_names[chosen], steps, time_in_s() - start);
+        for (int o = 0; o < N_READ_ORDERS; o++) fprintf(stderr, " %s %.3f", read_order_names[o], quartile[o] * 1e3);
         fprintf(stderr, ")\n");
     }
 }

@@ -14,8 +14,11 @@
    "forward" against "matrices" what the work between them costs. Then "matrices"
    once more in each of the decode matmul's reading orders (run.c, "Making it fast",
    section 2), in the same alternating rounds, as GB/s and as a ratio to the first
-   order: what run's start-up timing (choose_read_order) chooses between.
-   Usage: OMP_NUM_THREADS=N bench/read_order MODEL [ROUNDS]   (make bench/read_order) */
+   order: what run's start-up timing (choose_read_order) chooses between. On a
+   shared machine the rounds' speeds move together, so the ratio is taken within
+   each round, and its median over the rounds printed with its range.
+   Usage: OMP_NUM_THREADS=N bench/read_order MODEL [ROUNDS [orders]]   (make bench/read_order)
+   ("orders": the reading orders only) */
 #define RUN_TESTING
 #include "../run.c"
 
@@ -48,12 +51,18 @@ static double matmul_bytes(const Config *c) {
            (c->n_layers * (2 * dim * dim + 2 * dim * kv_dim + 3 * dim * hidden) + dim * c->vocab_size);
 }
 
+static int compare_doubles(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
 int main(int argc, char **argv) {
-    if (argc < 2 || argc > 3) {
-        fprintf(stderr, "usage: OMP_NUM_THREADS=N bench/read_order MODEL [ROUNDS]\n");
+    int orders_only = argc == 4 && strcmp(argv[3], "orders") == 0;
+    if (argc < 2 || argc > 4 || (argc == 4 && !orders_only)) {
+        fprintf(stderr, "usage: OMP_NUM_THREADS=N bench/read_order MODEL [ROUNDS [orders]]\n");
         return 2;
     }
-    int rounds = argc == 3 ? atoi(argv[2]) : 10;
+    int rounds = argc >= 3 ? atoi(argv[2]) : 10;
     Transformer t;
     if (rounds < 1) {
         fprintf(stderr, "read_order: ROUNDS must be a positive number\n");
@@ -80,6 +89,8 @@ int main(int argc, char **argv) {
     double bytes[3] = {(double)element_bytes * region_rows * c->dim, matmul_bytes(c), matmul_bytes(c)};
     const char *names[3] = {"one region", "matrices", "forward"};
     double gbs[3] = {0}, order_gbs[N_READ_ORDERS] = {0};
+    double *ratios = malloc(sizeof(double) * N_READ_ORDERS * rounds); // [order][round]: this round's ratio to order 0
+    double this_round[N_READ_ORDERS];
     int pos = 0;
     ReadOrder chosen = read_order;
     for (int r = 0; r < rounds; r++) {
@@ -87,10 +98,12 @@ int main(int argc, char **argv) {
             read_order = (ReadOrder)o;
             double t0 = time_in_s();
             for (int p = 0; p < PASSES; p++) all_matmuls(&t);
-            order_gbs[o] += PASSES * matmul_bytes(c) / (time_in_s() - t0) / 1e9 / rounds;
+            this_round[o] = PASSES * matmul_bytes(c) / (time_in_s() - t0) / 1e9;
+            order_gbs[o] += this_round[o] / rounds;
         }
+        for (int o = 0; o < N_READ_ORDERS; o++) ratios[o * rounds + r] = this_round[o] / this_round[0];
         read_order = chosen;
-        for (int k = 0; k < 3; k++) {
+        for (int k = 0; k < 3 && !orders_only; k++) {
             double t0 = time_in_s();
             for (int p = 0; p < PASSES; p++) {
                 if (k == 0) matmul(region_out, t.state.xb, region, c->dim, region_rows);
@@ -104,12 +117,19 @@ int main(int argc, char **argv) {
         }
     }
     printf("read_order: %s, %d rounds of %d passes each\n", argv[1], rounds, PASSES);
-    for (int k = 0; k < 3; k++) printf("%-10s  %6.1f GB/s\n", names[k], gbs[k]);
-    printf("matrices / one region %.0f%%, forward / matrices %.0f%%, forward / one region %.0f%%\n",
-           100 * gbs[1] / gbs[0], 100 * gbs[2] / gbs[1], 100 * gbs[2] / gbs[0]);
+    if (!orders_only) {
+        for (int k = 0; k < 3; k++) printf("%-10s  %6.1f GB/s\n", names[k], gbs[k]);
+        printf("matrices / one region %.0f%%, forward / matrices %.0f%%, forward / one region %.0f%%\n",
+               100 * gbs[1] / gbs[0], 100 * gbs[2] / gbs[1], 100 * gbs[2] / gbs[0]);
+    }
     printf("matrices by reading order (the first three above: %s):\n", read_order_names[chosen]);
-    for (int o = 0; o < N_READ_ORDERS; o++)
-        printf("  %-18s %6.1f GB/s  %.3fx\n", read_order_names[o], order_gbs[o], order_gbs[o] / order_gbs[0]);
+    for (int o = 0; o < N_READ_ORDERS; o++) {
+        double *own = ratios + o * rounds;
+        qsort(own, rounds, sizeof(double), compare_doubles);
+        printf("  %-18s %6.1f GB/s  ratio to %s by round: median %.3f, %.3f-%.3f\n", read_order_names[o],
+               order_gbs[o], read_order_names[0], own[rounds / 2], own[0], own[rounds - 1]);
+    }
+    free(ratios);
     free(region_out);
     free_transformer(&t);
     return 0;
