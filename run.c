@@ -1130,7 +1130,7 @@ static float dot_weights(Matrix w, const float *x, int n) {
 // W (d,n) @ x (n,) -> xout (d,): one token, xout[i] = W[i,:] . x.
 static void matmul(float *xout, const float *x, Matrix w, int n, int d) {
     if (use_fast_kernels) {
-        matmul_fast(xout, x, w, n, d); // four rows at a time, split across threads
+        matmul_fast(xout, x, w, n, d); // rows in groups of four, split across threads
         return;
     }
     for (int i = 0; i < d; i++) xout[i] = dot_weights(matrix_at(w, (size_t)i * n), x, n);
@@ -3826,11 +3826,12 @@ static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOpti
 // registers as they are loaded (lanes_load_weights), and the arithmetic after the
 // load is the float32 kernels': the same bits from half the bytes.
 //   1. dot() in SIMD registers
-//   2. decode: four rows at a time, the rows split across threads
+//   2. decode: rows in groups of four, in the reading order timed fastest, the
+//      rows split across threads
 //   3. prefill: tiles of rows x tokens
 //   4. attention and SwiGLU across threads
 //   5. memory: the KV cache in huge pages, pages touched before the clock starts,
-//      threads pinned to cores
+//      threads pinned to cores; the decode reading order timed
 
 // 1. dot() in SIMD registers --------------------------------------------------
 //
@@ -3967,7 +3968,7 @@ static float dot_weights_simd(Matrix w, const float *x, int n) {
 }
 #endif
 
-// 2. Decode: four rows at a time, the rows split across threads ---------------
+// 2. Decode: rows in groups of four, split across threads ----------------------
 
 #ifdef USE_SIMD
 // Asks for the cache line `ahead` bytes past p, into L1 (a hint: it never faults,
@@ -4049,14 +4050,39 @@ static int worth_a_parallel_region(long work) {
 #endif
 }
 
-// matmul() for one token: four independent chains (dot_rows4) on the rows i, i + d/4,
-// i + d/2, i + 3d/4. The rows a quarter of the matrix apart give every core four
-// plain sequential streams, which every prefetcher design follows (four adjacent
-// rows, interleaved eight floats at a time, confuse some). The threads split i
-// into contiguous bands (matmul_band), one of them also taking the d % 4 rows left.
+// The reading orders of a decode matmul. Every order computes each output row with
+// exactly dot()'s lanes and roundings (one row is one chain, whatever is read beside
+// it), so they give the same bits and differ only in the pattern of addresses they
+// ask memory for. Which pattern streams fastest depends on the CPU's prefetchers
+// (docs/performance.md), so the program times them on the model's own matrices at
+// start-up (choose_read_order, section 5) and keeps the fastest.
+//   quarters-prefetch: four chains (dot_rows4) on the rows i, i + d/4, i + d/2,
+//     i + 3d/4, with a software prefetch ahead in each: four plain sequential
+//     streams, plus more reads in flight than the hardware prefetchers keep.
+//   quarters: the same four streams, left to the hardware prefetchers.
+//   adjacent: four chains on the rows 4i .. 4i+3: one stream, read four rows at once.
+//   rows: one row at a time (one chain): a single stream, as a plain loop reads it.
+typedef enum { READ_QUARTERS_PREFETCH, READ_QUARTERS, READ_ADJACENT, READ_ROWS, N_READ_ORDERS } ReadOrder;
+static const char *read_order_names[N_READ_ORDERS] = {"quarters-prefetch", "quarters", "adjacent", "rows"};
+
+// The order decode uses: a property of the machine (and the model's sizes), one for
+// the process. quarters-prefetch until timed: the measured best on Zen 3, Zen 5 and
+// Sapphire Rapids.
+static ReadOrder read_order = READ_QUARTERS_PREFETCH;
+
+// matmul() for one token, rows in groups of four: group i of d/4 is the rows i, i +
+// d/4, i + d/2, i + 3d/4 (quarters) or 4i .. 4i+3 (adjacent, rows). The threads split
+// the groups into contiguous bands (matmul_band), one of them also taking the d % 4
+// rows left.
 static void matmul_band(float *xout, const float *x, Matrix w, int n, int d, int lo, int hi) {
-    int quarter = d / 4, prefetch = n >= PREFETCH_MIN_ROW;
-    for (int i = lo; i < hi; i++) dot_rows4(xout + i, matrix_at(w, (size_t)i * n), x, n, quarter, prefetch);
+    int quarter = d / 4, prefetch = read_order == READ_QUARTERS_PREFETCH && n >= PREFETCH_MIN_ROW;
+    if (read_order == READ_QUARTERS_PREFETCH || read_order == READ_QUARTERS) {
+        for (int i = lo; i < hi; i++) dot_rows4(xout + i, matrix_at(w, (size_t)i * n), x, n, quarter, prefetch);
+    } else if (read_order == READ_ADJACENT) {
+        for (int i = lo; i < hi; i++) dot_rows4(xout + 4 * i, matrix_at(w, (size_t)4 * i * n), x, n, 1, 0);
+    } else {
+        for (int i = 4 * lo; i < 4 * hi; i++) xout[i] = dot_weights(matrix_at(w, (size_t)i * n), x, n);
+    }
 }
 
 static void matmul_leftover_rows(float *xout, const float *x, Matrix w, int n, int d) {
@@ -4182,7 +4208,7 @@ static int matmuls_in_bands(const float *x, int n, const Projection *p, int n_pr
 }
 
 // matmuls() for one token: in one parallel region when that is worth it, else on
-// the calling thread, four rows at a time.
+// the calling thread.
 static void matmuls_fast(const float *x, int n, const Projection *p, int n_proj) {
     long work = 0;
     for (int j = 0; j < n_proj; j++) work += (long)n * p[j].d;
@@ -4535,7 +4561,7 @@ static int swiglu_fast(float *hb, const float *hb2, long n) {
     return 1;
 }
 
-// 5. Memory and threads -------------------------------------------------------
+// 5. Memory, threads and the reading order --------------------------------------
 
 // The KV cache, in 2 MB pages where the system gives them. Every decoded token's
 // attention reads the whole cache as far as the positions go, one head's run of
@@ -4640,6 +4666,106 @@ static void prepare_to_run(Transformer *t, int n_positions) {
     touch_run_state(t, n_positions);
 }
 
+// Chooses the decode matmul's reading order (section 2) on this machine, for this
+// model, by timing each order on the model's own layers. Every order computes the
+// same bits, so the choice changes only the speed. Done once, before the clock
+// starts. The samples are one layer's decode matmuls each (all layers have the same
+// shapes, so their times compare), taken in steps: at step s, order o reads layer
+// (s + o L/4) mod L of the L layers. So the orders take turns (a machine shared
+// with other work slows them alike), and between two readings of a layer about a
+// whole model's bytes are read, as between two tokens of decode: the times are of
+// the stream from memory decode sees, not of a cache that an immediate re-read
+// would hit. Which order goes first in a step rotates as well: on a busy machine
+// the scheduler's time slices recur with a period of their own, and a fixed
+// sequence could put the same order at the same phase each step. Each order's
+// figure is the lower quartile of its samples: the speed it keeps when not
+// interrupted, without resting on one lucky sample (the minimum), while samples
+// the host's scheduler interrupted fall above it. Steps go on for
+// READ_ORDER_BUDGET seconds, or up to READ_ORDER_LIMIT until READ_ORDER_MIN_STEPS
+// are done (a busy machine), and stop sooner after READ_ORDER_MAX_STEPS or two
+// readings of every layer per order. An order replaces the default only when its
+// figure is READ_ORDER_MARGIN faster: a closer result is noise. Matrices that fit in
+// a large cache (READ_ORDER_MIN_BYTES) are not timed: decode there is not bound by
+// streaming memory, and the choice cannot matter.
+#define READ_ORDER_MIN_BYTES (8 << 20)
+#define READ_ORDER_BUDGET 0.25
+#define READ_ORDER_LIMIT 1.0
+#define READ_ORDER_MIN_STEPS 5
+#define READ_ORDER_MAX_STEPS 64
+#define READ_ORDER_MARGIN 0.03
+
+// One token's decode matmuls of layer l, as forward() calls them, on the run
+// state's arrays; returns the seconds they took.
+static double time_layer_matmuls(Transformer *t, int l) {
+    Config *c = &t->config;
+    TransformerWeights *w = &t->weights;
+    RunState *s = &t->state;
+    int dim = c->dim, kv_dim = kv_dim_of(c), hidden = c->hidden_dim;
+    double start = time_in_s();
+    Projection qkv[3] = {{s->q, matrix_at(w->wq, (size_t)l * dim * dim), dim},
+                         {s->k, matrix_at(w->wk, (size_t)l * kv_dim * dim), kv_dim},
+                         {s->v, matrix_at(w->wv, (size_t)l * kv_dim * dim), kv_dim}};
+    matmuls_fast(s->xb, dim, qkv, 3);
+    matmul_fast(s->xb2, s->xb, matrix_at(w->wo, (size_t)l * dim * dim), dim, dim);
+    Projection w13[2] = {{s->hb, matrix_at(w->w1, (size_t)l * hidden * dim), hidden},
+                         {s->hb2, matrix_at(w->w3, (size_t)l * hidden * dim), hidden}};
+    matmuls_fast(s->xb, dim, w13, 2);
+    matmul_fast(s->xb2, s->hb, matrix_at(w->w2, (size_t)l * dim * hidden), hidden, dim);
+    return time_in_s() - start;
+}
+
+static int compare_seconds(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+// forced: an order from RUN_READ_ORDER, or -1 to time them. With verbose, says on
+// stderr which order decode uses and why.
+static void choose_read_order(Transformer *t, int forced, int verbose) {
+    const Config *c = &t->config;
+    int L = c->n_layers;
+    size_t per_layer = (size_t)c->dim * (2 * c->dim + 2 * kv_dim_of(c) + 3 * c->hidden_dim);
+    size_t bytes = ((size_t)L * per_layer + (size_t)c->vocab_size * c->dim) * weight_type_bytes(c->weight_type);
+    if (forced >= 0) {
+        read_order = (ReadOrder)forced;
+        if (verbose) fprintf(stderr, "run: decode read order: %s (RUN_READ_ORDER)\n", read_order_names[read_order]);
+        return;
+    }
+    if (bytes < READ_ORDER_MIN_BYTES) {
+        if (verbose)
+            fprintf(stderr, "run: decode read order: %s (not timed: %.1f MB of matrices fit in a cache)\n",
+                    read_order_names[read_order], bytes / 1e6);
+        return;
+    }
+    double samples[N_READ_ORDERS][READ_ORDER_MAX_STEPS], quartile[N_READ_ORDERS], start = time_in_s();
+    int max_steps = 2 * L < READ_ORDER_MAX_STEPS ? 2 * L : READ_ORDER_MAX_STEPS, steps = 0;
+    if (max_steps < READ_ORDER_MIN_STEPS) max_steps = READ_ORDER_MIN_STEPS;
+    while (steps < max_steps) {
+        double elapsed = time_in_s() - start;
+        if (steps > 0 && elapsed >= (steps < READ_ORDER_MIN_STEPS ? READ_ORDER_LIMIT : READ_ORDER_BUDGET)) break;
+        for (int k = 0; k < N_READ_ORDERS; k++) {
+            int o = (steps + k) % N_READ_ORDERS; // which order goes first rotates too
+            read_order = (ReadOrder)o;
+            samples[o][steps] = time_layer_matmuls(t, (int)((steps + (long)o * L / N_READ_ORDERS) % L));
+        }
+        steps++;
+    }
+    ReadOrder fastest = READ_QUARTERS_PREFETCH, chosen = READ_QUARTERS_PREFETCH;
+    for (int o = 0; o < N_READ_ORDERS; o++) {
+        qsort(samples[o], steps, sizeof(double), compare_seconds);
+        quartile[o] = samples[o][steps / 4];
+        if (quartile[o] < quartile[fastest]) fastest = (ReadOrder)o;
+    }
+    if (quartile[fastest] < quartile[chosen] * (1.0 - READ_ORDER_MARGIN)) chosen = fastest;
+    read_order = chosen;
+    if (verbose) {
+        fprintf(stderr, "run: decode read order: %s (%d layers each in %.2f s, lower quartile ms:",
+                read_order_names[chosen], steps, time_in_s() - start);
+        for (int o = 0; o < N_READ_ORDERS; o++) fprintf(stderr, " %s %.3f", read_order_names[o], quartile[o] * 1e3);
+        fprintf(stderr, ")\n");
+    }
+}
+
 // ----------------------------------------------------------------------------
 // Rope: the rotation in force, pair by pair (-m rope)
 //
@@ -4717,7 +4843,8 @@ static void usage(FILE *out) {
             "  --shift MODE       chat, when the context is full: drop the oldest turns and\n"
             "                     recompute (default) or rotate the cached keys\n"
             "  -T INT             threads (default: OMP_NUM_THREADS or all cores)\n"
-            "  -v                 print the generated token ids on stderr (chat: each turn's)\n"
+            "  -v                 print the generated token ids on stderr (chat: each turn's), and\n"
+            "                     the decode matmul's reading order (RUN_READ_ORDER=NAME forces one)\n"
             "  -h, --help         this help\n"
             "Exit codes: 0 success, 1 bad input file or runtime error, 2 bad command line.\n",
             DEFAULT_CONTEXT);
@@ -4873,6 +5000,17 @@ static long threads_from_environment(void) {
         usage_error("OMP_NUM_THREADS expects an integer, got '%s'", value);
     if (n < 1 || n > MAX_THREADS) usage_error("OMP_NUM_THREADS must be in [1, %d], got %ld", MAX_THREADS, n);
     return n;
+}
+
+// RUN_READ_ORDER: the decode matmul's reading order by name (for tests and
+// benchmarks), instead of the fastest timed at start-up. -1 when it is not set.
+static int read_order_from_environment(void) {
+    const char *value = getenv("RUN_READ_ORDER");
+    if (!value || value[0] == '\0') return -1;
+    for (int o = 0; o < N_READ_ORDERS; o++)
+        if (strcmp(value, read_order_names[o]) == 0) return o;
+    usage_error("unknown RUN_READ_ORDER '%s' (quarters-prefetch, quarters, adjacent, rows)", value);
+    return -1;
 }
 
 // The threads to run on: -T, else OMP_NUM_THREADS, else the runtime's default (all
@@ -5068,6 +5206,7 @@ int main(int argc, char *argv[]) {
     int shift_rotate = shift && strcmp(shift, "rotate") == 0;
     if (shift_rotate && no_cache) usage_error("--shift rotate moves the cache, and --no-cache keeps none");
     set_threads(threads);
+    int forced_read_order = read_order_from_environment();
 
     // 2. load the model; apply the rotary overrides before the RoPE tables are built
     refuse_hugging_face_files(checkpoint_path);
@@ -5120,7 +5259,10 @@ int main(int argc, char *argv[]) {
     if (steps == 0 || steps > c->seq_len) steps = c->seq_len;
     // the KV cache positions to map in before the clock: generation's steps; chat
     // fills the whole context in a long session; ppl and inspect map theirs as they go
-    if (!is_tokenize) prepare_to_run(&transformer, is_generate ? (int)steps : is_chat ? c->seq_len : 0);
+    if (!is_tokenize) {
+        prepare_to_run(&transformer, is_generate ? (int)steps : is_chat ? c->seq_len : 0);
+        choose_read_order(&transformer, forced_read_order, verbose);
+    }
 
     // 4. run the mode
     int result;

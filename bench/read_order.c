@@ -11,8 +11,18 @@
      forward     run.c's forward(): one decode step, positions 0..255 in turn
    and prints GB/s (1e9 bytes a second) for each, the mean over the rounds, and the
    ratios. "matrices" against "one region" is what reading many matrices costs;
-   "forward" against "matrices" what the work between them costs.
-   Usage: OMP_NUM_THREADS=N bench/read_order MODEL [ROUNDS]   (make bench/read_order) */
+   "forward" against "matrices" what the work between them costs. Then "matrices"
+   once more in each of the decode matmul's reading orders (run.c, "Making it fast",
+   section 2), in the same alternating rounds, as GB/s and as a ratio to the first
+   order: what run's start-up timing (choose_read_order) chooses between. On a
+   shared machine the rounds' speeds move together, so the ratio is taken within
+   each round, and its median over the rounds printed with its range.
+   Usage: OMP_NUM_THREADS=N bench/read_order MODEL [ROUNDS [orders]]   (make bench/read_order)
+   "orders" times the reading orders only, and as run's start-up does (choose_read_order):
+   one layer's matmuls per sample, the orders taking turns on layers a quarter of the
+   model apart, ROUNDS x n_layers samples per order; it prints each order's GB/s at the
+   lower quartile and the median of its samples' times, and their ratio to the first
+   order's: on a busy machine the robust figures. */
 #define RUN_TESTING
 #include "../run.c"
 
@@ -45,12 +55,43 @@ static double matmul_bytes(const Config *c) {
            (c->n_layers * (2 * dim * dim + 2 * dim * kv_dim + 3 * dim * hidden) + dim * c->vocab_size);
 }
 
+static int compare_doubles(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+// The orders-only probe: choose_read_order's sampling, rounds x n_layers steps.
+static void time_orders_by_layer(Transformer *t, int rounds) {
+    const Config *c = &t->config;
+    int L = c->n_layers, steps = rounds * L;
+    double layer_bytes = (matmul_bytes(c) - (double)weight_type_bytes(c->weight_type) * c->dim * c->vocab_size) / L;
+    double *samples = malloc(sizeof(double) * N_READ_ORDERS * steps); // [order][step]
+    for (int step = 0; step < steps; step++)
+        for (int k = 0; k < N_READ_ORDERS; k++) {
+            int o = (step + k) % N_READ_ORDERS;
+            read_order = (ReadOrder)o;
+            samples[o * steps + step] = time_layer_matmuls(t, (int)((step + (long)o * L / N_READ_ORDERS) % L));
+        }
+    double q[N_READ_ORDERS], m[N_READ_ORDERS];
+    printf("by layer, %d samples per order (%.1f MB each): GB/s at the lower quartile and the median\n", steps,
+           layer_bytes / 1e6);
+    for (int o = 0; o < N_READ_ORDERS; o++) {
+        double *own = samples + o * steps;
+        qsort(own, steps, sizeof(double), compare_doubles);
+        q[o] = layer_bytes / own[steps / 4] / 1e9, m[o] = layer_bytes / own[steps / 2] / 1e9;
+        printf("  %-18s %6.1f GB/s (%.3fx)  %6.1f GB/s (%.3fx)\n", read_order_names[o], q[o], q[o] / q[0], m[o],
+               m[o] / m[0]);
+    }
+    free(samples);
+}
+
 int main(int argc, char **argv) {
-    if (argc < 2 || argc > 3) {
-        fprintf(stderr, "usage: OMP_NUM_THREADS=N bench/read_order MODEL [ROUNDS]\n");
+    int orders_only = argc == 4 && strcmp(argv[3], "orders") == 0;
+    if (argc < 2 || argc > 4 || (argc == 4 && !orders_only)) {
+        fprintf(stderr, "usage: OMP_NUM_THREADS=N bench/read_order MODEL [ROUNDS [orders]]\n");
         return 2;
     }
-    int rounds = argc == 3 ? atoi(argv[2]) : 10;
+    int rounds = argc >= 3 ? atoi(argv[2]) : 10;
     Transformer t;
     if (rounds < 1) {
         fprintf(stderr, "read_order: ROUNDS must be a positive number\n");
@@ -76,9 +117,27 @@ int main(int argc, char **argv) {
     }
     double bytes[3] = {(double)element_bytes * region_rows * c->dim, matmul_bytes(c), matmul_bytes(c)};
     const char *names[3] = {"one region", "matrices", "forward"};
-    double gbs[3] = {0};
+    double gbs[3] = {0}, order_gbs[N_READ_ORDERS] = {0};
+    double *ratios = malloc(sizeof(double) * N_READ_ORDERS * rounds); // [order][round]: this round's ratio to order 0
+    double this_round[N_READ_ORDERS];
     int pos = 0;
+    ReadOrder chosen = read_order;
+    if (orders_only) {
+        printf("read_order: %s\n", argv[1]);
+        time_orders_by_layer(&t, rounds);
+        free_transformer(&t);
+        return 0;
+    }
     for (int r = 0; r < rounds; r++) {
+        for (int o = 0; o < N_READ_ORDERS; o++) {
+            read_order = (ReadOrder)o;
+            double t0 = time_in_s();
+            for (int p = 0; p < PASSES; p++) all_matmuls(&t);
+            this_round[o] = PASSES * matmul_bytes(c) / (time_in_s() - t0) / 1e9;
+            order_gbs[o] += this_round[o] / rounds;
+        }
+        for (int o = 0; o < N_READ_ORDERS; o++) ratios[o * rounds + r] = this_round[o] / this_round[0];
+        read_order = chosen;
         for (int k = 0; k < 3; k++) {
             double t0 = time_in_s();
             for (int p = 0; p < PASSES; p++) {
@@ -96,6 +155,14 @@ int main(int argc, char **argv) {
     for (int k = 0; k < 3; k++) printf("%-10s  %6.1f GB/s\n", names[k], gbs[k]);
     printf("matrices / one region %.0f%%, forward / matrices %.0f%%, forward / one region %.0f%%\n",
            100 * gbs[1] / gbs[0], 100 * gbs[2] / gbs[1], 100 * gbs[2] / gbs[0]);
+    printf("matrices by reading order (the first three above: %s):\n", read_order_names[chosen]);
+    for (int o = 0; o < N_READ_ORDERS; o++) {
+        double *own = ratios + o * rounds;
+        qsort(own, rounds, sizeof(double), compare_doubles);
+        printf("  %-18s %6.1f GB/s  ratio to %s by round: median %.3f, %.3f-%.3f\n", read_order_names[o],
+               order_gbs[o], read_order_names[0], own[rounds / 2], own[0], own[rounds - 1]);
+    }
+    free(ratios);
     free(region_out);
     free_transformer(&t);
     return 0;

@@ -417,6 +417,62 @@ static void test_uneven_split_keeps_matmul_bitwise(int n, int d, const char *nam
     free(out);
 }
 
+// every decode reading order (quarters with and without prefetch, adjacent rows,
+// one row at a time) gives, bit for bit, the plain matmul (use_fast_kernels = 0: one
+// dot_weights per row), for float32, bf16 and f16 weights, on one thread and on two
+static int read_order_matches_plain(ReadOrder order, WeightType type, int n, int d, int threads) {
+    size_t count = (size_t)n * d;
+    uint16_t *h = malloc(sizeof(uint16_t) * count);
+    float *w = malloc(sizeof(float) * count), *x = malloc(sizeof(float) * n);
+    float *plain = malloc(sizeof(float) * d), *out = malloc(sizeof(float) * d);
+    unsigned long long rng = 23 + (unsigned long long)n * d;
+    random_vector(x, n, &rng);
+    Matrix m = {w, WEIGHT_F32};
+    if (type == WEIGHT_F32) random_vector(w, n * d, &rng);
+    else random_16bit_weights(h, w, count, type, &rng), m = (Matrix){h, type};
+    use_fast_kernels = 0;
+    matmul(plain, x, m, n, d);
+    use_fast_kernels = 1;
+    ReadOrder saved = read_order;
+    read_order = order;
+#ifdef _OPENMP
+    int saved_threads = omp_get_max_threads();
+    omp_set_num_threads(threads);
+#else
+    (void)threads;
+#endif
+    memset(out, 0xff, sizeof(float) * d); // NaN: a row not written differs
+    matmul(out, x, m, n, d);
+#ifdef _OPENMP
+    omp_set_num_threads(saved_threads);
+#endif
+    read_order = saved;
+    int same = memcmp(plain, out, sizeof(float) * d) == 0;
+    free(h), free(w), free(x), free(plain), free(out);
+    return same;
+}
+
+static void test_every_read_order_equals_plain_matmul(void) {
+    static const struct {
+        int n, d;
+    } sizes[] = {{13, 5}, {3, 7}, {37 * 8 + 5, 23}, {37 * 8, 251}, {37 * 8 + 5, 253}, {PREFETCH_MIN_ROW + 13, 251}};
+    for (int o = 0; o < N_READ_ORDERS; o++)
+        for (WeightType type = WEIGHT_F32; type <= WEIGHT_F16; type++) {
+            int ok = 1;
+            char detail[128] = "";
+            for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
+                for (int threads = 1; threads <= 2; threads++)
+                    if (!read_order_matches_plain((ReadOrder)o, type, sizes[i].n, sizes[i].d, threads)) {
+                        ok = 0;
+                        snprintf(detail, sizeof(detail), "n %d d %d, %d threads", sizes[i].n, sizes[i].d, threads);
+                    }
+            char name[128];
+            snprintf(name, sizeof(name), "read_order_%s_equals_plain_matmul_bitwise_%s", read_order_names[o],
+                     weight_type_names[type]);
+            check(ok, name, detail);
+        }
+}
+
 // a checkpoint loaded with its run state, ready for forward(); nonzero (and
 // error_message set) when either fails
 static int load_model(Transformer *t, const char *checkpoint) {
@@ -1092,6 +1148,7 @@ int main(int argc, char **argv) {
                                            "matmul_under_uneven_thread_split_equals_one_dot_per_row_bitwise_with_tail");
     test_uneven_split_keeps_matmul_bitwise(PREFETCH_MIN_ROW + 13, 251,
                                            "prefetching_matmul_under_uneven_thread_split_equals_one_dot_per_row_bitwise");
+    test_every_read_order_equals_plain_matmul();
     test_cgroup_limit_is_the_smallest_of_its_ancestors();
     if (argc > 1) {
         test_block_forward_equals_token_forward(argv[1]);
