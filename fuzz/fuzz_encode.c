@@ -113,7 +113,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         memcpy(decoded + out, piece, piece_len);
         out += piece_len;
     }
-    CHECK(out == text_len && memcmp(decoded, text, text_len) == 0); // decode(encode(text)) == text
+    // decode(encode(text)) == text, but for a typed U+2581 ("\xe2\x96\x81" as a whole
+    // character, split as encode splits text: a lead byte and at most three continuation
+    // bytes): SentencePiece stores a space as that very character, so it reads one as a
+    // space, and decodes a space
+    size_t expected_len = 0;
+    for (size_t i = 0; i < text_len;) {
+        size_t end = i + 1;
+        while (end < text_len && end - i < 4 && (text[end] & 0xC0) == 0x80) end++;
+        if (end - i == 3 && memcmp(text + i, "\xe2\x96\x81", 3) == 0) {
+            text[expected_len++] = ' ';
+        } else {
+            memmove(text + expected_len, text + i, end - i);
+            expected_len += end - i;
+        }
+        i = end;
+    }
+    CHECK(out == expected_len && memcmp(decoded, text, expected_len) == 0);
     free(decoded);
     free(tokens);
     free(text);
