@@ -32,19 +32,6 @@ static unsigned char *read_file(const char *path, size_t *size) {
     return data;
 }
 
-// The number of pieces in a tokenizer.bin: walk its records to the end.
-static int count_pieces(const unsigned char *data, size_t size) {
-    size_t off = 4;
-    int n = 0;
-    while (size - off >= 8) {
-        int len = read_i32(data + off + 4);
-        if (len < 0 || (size_t)len > size - off - 8) return -1;
-        off += 8 + (size_t)len;
-        n++;
-    }
-    return off == size ? n : -1;
-}
-
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     char candidates[4][PATH_MAX];
@@ -68,7 +55,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
         size_t size = 0;
         unsigned char *data = read_file(candidates[i], &size);
         if (!data) continue;
-        int vocab = size >= 4 ? count_pieces(data, size) : -1;
+        int vocab = size >= 4 ? (int)count_legacy_pieces(data, size) : -1; // run.c's
         int ok = vocab > 0 && build_tokenizer_from_memory(&tokenizer, data, size, vocab, candidates[i]) == 0;
         free(data);
         if (ok) {

@@ -242,6 +242,25 @@ static double widened_by_definition(unsigned s, unsigned e, unsigned f, int frac
     return s ? -magnitude : magnitude;
 }
 
+#ifdef USE_SIMD
+// Every 16-bit value of a type, widened eight at a time by the SIMD kernel's load,
+// against the plain widening, bit for bit.
+static int simd_widening_agrees(WeightType type) {
+    uint16_t values[8];
+    float lanes[8];
+    int agree = 1;
+    for (unsigned h = 0; h < 65536; h += 8) {
+        for (unsigned l = 0; l < 8; l++) values[l] = (uint16_t)(h + l);
+        lanes_store(lanes, lanes_load_weights(values, 0, type));
+        for (unsigned l = 0; l < 8; l++) {
+            float plain = type == WEIGHT_F16 ? f16_to_f32(values[l]) : bf16_to_f32(values[l]);
+            agree &= memcmp(&plain, &lanes[l], sizeof(float)) == 0;
+        }
+    }
+    return agree;
+}
+#endif
+
 // every one of the 65536 f16 values: f16_to_f32 (the plain path) gives the value of
 // the definition (inf as inf; NaN as a quiet NaN), and the SIMD widening gives the
 // same bits
@@ -257,16 +276,7 @@ static void test_f16_widening_is_exact_for_every_half(void) {
         else exact &= (double)got == widened_by_definition(s, e, f, 10, 15) && (bits >> 31) == s; // -0 keeps its sign
     }
 #ifdef USE_SIMD
-    uint16_t halves[8];
-    float lanes[8];
-    for (unsigned h = 0; h < 65536; h += 8) {
-        for (unsigned l = 0; l < 8; l++) halves[l] = (uint16_t)(h + l);
-        lanes_store(lanes, lanes_load_weights(halves, 0, WEIGHT_F16));
-        for (unsigned l = 0; l < 8; l++) {
-            float plain = f16_to_f32(halves[l]);
-            lanes_agree &= memcmp(&plain, &lanes[l], sizeof(float)) == 0;
-        }
-    }
+    lanes_agree = simd_widening_agrees(WEIGHT_F16);
 #endif
     check(exact, "f16_widening_equals_the_ieee_definition_for_every_half", "a value differs");
     check(lanes_agree, "f16_simd_widening_equals_plain_widening_bitwise_for_every_half", "a lane differs");
@@ -283,16 +293,7 @@ static void test_bf16_widening_is_exact_for_every_value(void) {
         else exact &= f ? isnan(got) : isinf(got);
     }
 #ifdef USE_SIMD
-    uint16_t values[8];
-    float lanes[8];
-    for (unsigned h = 0; h < 65536; h += 8) {
-        for (unsigned l = 0; l < 8; l++) values[l] = (uint16_t)(h + l);
-        lanes_store(lanes, lanes_load_weights(values, 0, WEIGHT_BF16));
-        for (unsigned l = 0; l < 8; l++) {
-            float plain = bf16_to_f32(values[l]);
-            lanes_agree &= memcmp(&plain, &lanes[l], sizeof(float)) == 0;
-        }
-    }
+    lanes_agree = simd_widening_agrees(WEIGHT_BF16);
 #endif
     check(exact, "bf16_widening_equals_the_definition_for_every_value", "a value differs");
     check(lanes_agree, "bf16_simd_widening_equals_plain_widening_bitwise_for_every_value", "a lane differs");
