@@ -66,6 +66,18 @@ TENSOR_ALIGNMENT = 64  # version 2: every tensor starts at a multiple of this fr
 MATRIX_TENSORS = {"token_embedding", "wq", "wk", "wv", "wo", "w1", "w2", "w3", "wcls"}
 # head_size (0: dim / n_heads), weight_type, reserved (bytes 84..95 of a version 2 header)
 ROPE_V2_FIELDS = struct.Struct("<3i")
+# version 2's block options (bytes 112..151): block_flags, activation, embedding_multiplier,
+# attention_scale, attention_softcap, final_softcap, layer_table_offset, layer_table_bytes
+ROPE_V2_BLOCK = struct.Struct("<Ii4f2Q")
+BLOCK_OPTIONS_AT = 112
+# the second RoPE setting (bytes 152..191): the first's fields from rope_theta on, in the
+# header's order: theta, fraction, factor, rule, original length, the five rule fields
+ROPE_V2_SECOND = struct.Struct("<3f2i5f")
+SECOND_ROPE_AT = 152
+FLAG_QKV_BIAS, FLAG_QK_NORM, FLAG_POST_NORMS = 1, 2, 4
+ACTIVATIONS = ["swiglu", "geglu-tanh"]  # the header's activation codes 0, 1
+LAYER_NOPE, LAYER_ROPE_FIRST, LAYER_ROPE_SECOND = 0, 1, 2  # the per-layer table's rope field
+LAYER_RECORD = struct.Struct("<2i")  # per layer: rope, window (0: full attention)
 LLAMA2C_MAGIC = 0x616B3432  # "ak42": llama2.c's version 1 and 2 exports
 LLAMA2C_VERSION = 1  # float32; llama2.c's version 2 is int8-quantized
 HEADER_BYTES = 256  # ROPE and llama2.c version 1 headers are zero-padded to this
@@ -88,7 +100,10 @@ HF_DEFAULTS = {  # transformers' LlamaConfig defaults for keys a config.json may
     "max_position_embeddings": 2048,
     "hidden_act": "silu",
 }
-SUPPORTED_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
+SUPPORTED_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                         "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
+# the families whose config.json may give a head_dim other than hidden_size / num_attention_heads
+EXPLICIT_HEAD_DIM = {"qwen3"}
 INT32_MAX = 2**31 - 1
 # run.c's limits on the header (validate_config): a file beyond them would be written and then refused
 RUN_LIMITS = {"dim": 1 << 16, "hidden_dim": 1 << 20, "n_layers": 1024, "vocab_size": 1 << 22, "seq_len": 1 << 20}
@@ -164,11 +179,32 @@ class Config:
         # none), rope_original_len (the trained length L; 0: seq_len), and RULE_FIELDS (0:
         # the rule's default)
         self.set_scaling(rope_scaling, rope_factor, rope_original_len, **rule_fields)
+        # version 2's block options (docs/format.md); these defaults are the Llama block
+        self.head_size = 0            # 0: dim / n_heads
+        self.qkv_bias = False         # q, k, v biases (Qwen2)
+        self.qk_norm = False          # per-head q/k RMSNorm before RoPE (Qwen3)
+        self.post_norms = False       # post-attention and post-feed-forward norms (Gemma 2, 3)
+        self.activation = 0           # 0 SwiGLU, 1 GeGLU with the tanh GELU
+        self.embedding_multiplier = 0.0  # 0: 1
+        self.attention_scale = 0.0    # 0: 1 / sqrt(head_size)
+        self.attention_softcap = 0.0  # 0: none
+        self.final_softcap = 0.0      # 0: none
+        self.layers = None            # per layer (rope, window), or None: every layer rotates, full attention
 
     @property
     def head_dim(self):
         """Width of one attention head."""
-        return self.dim // self.n_heads
+        return self.head_size or self.dim // self.n_heads
+
+    @property
+    def block_flags(self):
+        return FLAG_QKV_BIAS * self.qkv_bias | FLAG_QK_NORM * self.qk_norm | FLAG_POST_NORMS * self.post_norms
+
+    def needs_block_fields(self):
+        """Whether the file needs version 2's block fields (a Llama block with no table does not)."""
+        return bool(self.head_size or self.block_flags or self.activation or self.embedding_multiplier
+                    or self.attention_scale or self.attention_softcap or self.final_softcap
+                    or self.layers is not None)
 
     @property
     def rule(self):
@@ -197,8 +233,11 @@ class Config:
         if self.vocab_size < MIN_VOCAB:
             raise ExportError(f"vocab_size {self.vocab_size} is below {MIN_VOCAB}: run.c needs the ids of <unk>, "
                               "<s> and </s>")
-        if self.dim % self.n_heads:
+        if self.dim % self.n_heads and not self.head_size:
             raise ExportError(f"dim {self.dim} is not a multiple of n_heads {self.n_heads}")
+        if self.n_heads * self.head_dim > RUN_LIMITS["dim"]:
+            raise ExportError(f"n_heads {self.n_heads} x head_dim {self.head_dim} is above run.c's limit of "
+                              f"{RUN_LIMITS['dim']}")
         if self.n_heads % self.n_kv_heads:
             raise ExportError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
         if self.head_dim % 2:
@@ -309,6 +348,13 @@ def tensor_shapes(c):
     ]
     if not c.shared_classifier:
         shapes.append(("wcls", (c.vocab_size, c.dim)))
+    # version 2's optional tensors, after version 1's, in this order (float32)
+    if c.qkv_bias:
+        shapes += [("bq", (L, q_dim)), ("bk", (L, kv_dim)), ("bv", (L, kv_dim))]
+    if c.qk_norm:
+        shapes += [("q_norm", (L, hd)), ("k_norm", (L, hd))]
+    if c.post_norms:
+        shapes += [("rms_post_att", (L, c.dim)), ("rms_post_ffn", (L, c.dim))]
     return shapes
 
 
@@ -707,7 +753,13 @@ def hf_number(value, what):
 
 
 def check_architecture(config):
-    """Refuse models that are not Llama-like (Llama and Mistral are)."""
+    """Refuse models whose block this format cannot describe (Llama, Mistral, Qwen2, Qwen3 and
+    SmolLM3 it can), each refusal one line naming what it found."""
+    if config.get("vision_config") is not None:
+        raise ExportError("config.json: a vision tower (vision_config) is not supported: export the text model only")
+    for key in ("num_experts", "num_local_experts", "n_routed_experts"):
+        if config.get(key):
+            raise ExportError(f"config.json: {key} {json.dumps(config[key])}: mixtures of experts are not supported")
     model_type = json_str(config, "model_type")
     if model_type is not None and model_type not in SUPPORTED_MODEL_TYPES:
         raise ExportError(f"config.json: model_type {model_type!r} is not supported (only "
@@ -716,6 +768,9 @@ def check_architecture(config):
         if arch not in SUPPORTED_MODEL_TYPES.values():
             raise ExportError(f"config.json: architecture {arch!r} is not supported (only "
                               f"{', '.join(SUPPORTED_MODEL_TYPES.values())})")
+        if model_type is not None and arch != SUPPORTED_MODEL_TYPES[model_type]:
+            raise ExportError(f"config.json: architecture {arch!r} does not match model_type {model_type!r} "
+                              f"(expected {SUPPORTED_MODEL_TYPES[model_type]!r})")
     act = json_str(config, "hidden_act")
     act = HF_DEFAULTS["hidden_act"] if act is None else act
     if act != "silu":
@@ -726,9 +781,45 @@ def check_architecture(config):
     window = config.get("sliding_window")
     if window is not None and not is_int(window):
         raise ExportError(f"config.json: sliding_window {json.dumps(window)} must be an integer or null")
-    if window is not None and window < hf_int(config, "max_position_embeddings",
-                                              HF_DEFAULTS["max_position_embeddings"]):
-        warn(f"sliding_window {window} is ignored: run.c attends to the whole context")
+    if window is not None and window < 1:
+        raise ExportError(f"config.json: sliding_window {window} must be at least 1")
+
+
+def hf_layers(config, model_type, n_layers, seq_len):
+    """The per-layer table [(rope, window)], or None when every layer rotates with full
+    attention. As transformers builds each family's layer types:
+      mistral: sliding_window W on every layer (query t sees keys t - W < s <= t);
+      qwen2, qwen3: W only with use_sliding_window, on layers i >= max_window_layers;
+      smollm3: no_rope_layers[i] == 0 marks a NoPE layer (every fourth in SmolLM3-3B).
+    A window at least as long as the context is full attention, and is not stored."""
+    window = config.get("sliding_window")
+    windows = [0] * n_layers
+    if model_type == "mistral" and window is not None:
+        windows = [window] * n_layers
+    elif model_type in ("qwen2", "qwen3") and json_bool(config, "use_sliding_window", False) and window is not None:
+        first = config.get("max_window_layers", n_layers)
+        if not is_int(first) or first < 0:
+            raise ExportError(f"config.json: max_window_layers {json.dumps(first)} must be an integer >= 0")
+        windows = [window if i >= first else 0 for i in range(n_layers)]
+    elif model_type == "smollm3" and json_bool(config, "use_sliding_window", False):
+        raise ExportError("config.json: use_sliding_window true is not supported for smollm3")
+    windows = [w if w < seq_len else 0 for w in windows]
+    ropes = [LAYER_ROPE_FIRST] * n_layers
+    if model_type == "smollm3":
+        flags = config.get("no_rope_layers")
+        if flags is None:  # configuration_smollm3.py's default: every no_rope_layer_interval-th layer is NoPE
+            every = config.get("no_rope_layer_interval", 4)
+            if not is_int(every) or every < 1:
+                raise ExportError(f"config.json: no_rope_layer_interval {json.dumps(every)} must be a positive integer")
+            flags = [int((i + 1) % every != 0) for i in range(n_layers)]
+        if not (isinstance(flags, list) and len(flags) == n_layers and all(f in (0, 1) and not isinstance(f, bool)
+                                                                            for f in flags)):
+            raise ExportError(f"config.json: no_rope_layers must be a list of {n_layers} zeros and ones "
+                              "(1: the layer rotates)")
+        ropes = [LAYER_ROPE_FIRST if f else LAYER_NOPE for f in flags]
+    if all(w == 0 for w in windows) and all(r == LAYER_ROPE_FIRST for r in ropes):
+        return None
+    return list(zip(ropes, windows))
 
 
 def hf_config(config):
@@ -745,14 +836,20 @@ def hf_config(config):
                seq_len=hf_int(config, "max_position_embeddings", HF_DEFAULTS["max_position_embeddings"]),
                shared_classifier=json_bool(config, "tie_word_embeddings", False),
                norm_eps=hf_number(config.get("rms_norm_eps", HF_DEFAULTS["rms_norm_eps"]), "rms_norm_eps"))
-    if dim % n_heads:
-        raise ExportError(f"config.json: hidden_size {dim} is not a multiple of num_attention_heads {n_heads}")
+    model_type = config.get("model_type") or "llama"
     head_dim = config.get("head_dim")
-    if head_dim is not None and not is_int(head_dim):
+    if head_dim is not None and (not is_int(head_dim) or head_dim < 1):
         raise ExportError(f"config.json: head_dim {json.dumps(head_dim)} must be an integer or null")
-    if head_dim is not None and head_dim != dim // n_heads:
+    if model_type in EXPLICIT_HEAD_DIM and head_dim is not None and head_dim * n_heads != dim:
+        c.head_size = head_dim  # Qwen3-0.6B: 16 heads of 128 with hidden_size 1024
+    elif dim % n_heads:
+        raise ExportError(f"config.json: hidden_size {dim} is not a multiple of num_attention_heads {n_heads}")
+    elif head_dim is not None and head_dim != dim // n_heads:
         raise ExportError(f"config.json: head_dim {head_dim} differs from hidden_size / num_attention_heads = "
                           f"{dim // n_heads}; this format derives head_dim from dim / n_heads")
+    c.qkv_bias = model_type == "qwen2"  # Qwen2's q, k and v projections carry biases (o_proj none)
+    c.qk_norm = model_type == "qwen3"  # Qwen3: an RMSNorm over each query and key head before RoPE
+    c.layers = hf_layers(config, model_type, c.n_layers, c.seq_len)
     return c
 
 
@@ -1021,6 +1118,13 @@ HF_LAYER_TENSORS = {  # ROPE name: Hugging Face name within model.layers.{i}.
     "w2": "mlp.down_proj.weight",
     "w3": "mlp.up_proj.weight",
 }
+HF_LAYER_TENSORS.update({  # version 2's optional tensors
+    "bq": "self_attn.q_proj.bias",
+    "bk": "self_attn.k_proj.bias",
+    "bv": "self_attn.v_proj.bias",
+    "q_norm": "self_attn.q_norm.weight",
+    "k_norm": "self_attn.k_norm.weight",
+})
 HF_MODEL_TENSORS = {"token_embedding": "model.embed_tokens.weight", "rms_final": "model.norm.weight",
                     "wcls": "lm_head.weight"}
 
@@ -1060,7 +1164,8 @@ def read_hf(model_dir):
         print(f"export.py: partial_rotary_factor {f} (GPT-NeoX semantics) stored exactly as p-RoPE "
               f"with theta = {show(c.rope_theta)}, p = {show(c.rope_fraction)}", file=sys.stderr)
     order = pair_permutation(c.head_dim, rotary_dim)
-    heads = {"wq": c.n_heads, "wk": c.n_kv_heads}
+    # the rows of each query and key head (and their biases and norm weights) into adjacent pairs
+    heads = {"wq": c.n_heads, "wk": c.n_kv_heads, "bq": c.n_heads, "bk": c.n_kv_heads, "q_norm": 1, "k_norm": 1}
     tensors, matrix_types = {}, set()
     for ours, shape in tensor_shapes(c):
         pieces = []
@@ -1135,26 +1240,41 @@ def write_tensor(f, pieces, progress, weight_type="f32", name=""):
         progress.add(len(data), tensor_done=i == len(pieces) - 1)
 
 
-def rope_version(weight_type):
-    """The version a file needs: 1 (exactly as before) for float32 weights, else 2."""
-    return ROPE_VERSION if weight_type == "f32" else ROPE_VERSION_16BIT
+def rope_version(weight_type, c=None):
+    """The version a file needs: 1 (exactly as before) for float32 weights and the Llama
+    block, else 2."""
+    return ROPE_VERSION if weight_type == "f32" and not (c and c.needs_block_fields()) else ROPE_VERSION_16BIT
 
 
-def rope_header(c, weight_type="f32", version=ROPE_VERSION):
-    """The 256-byte ROPE header (docs/format.md); version 2 adds head_size (0), the
-    weight_type field and a reserved field (no tokenizer section: bytes 96..111 zero)."""
+def layer_table_place(c, tensors_end):
+    """(offset, bytes) of the per-layer table: the first multiple of 64 after the last
+    tensor, 8 bytes per layer; (0, 0) when the file has none."""
+    if c.layers is None:
+        return 0, 0
+    return tensors_end + -tensors_end % TENSOR_ALIGNMENT, LAYER_RECORD.size * c.n_layers
+
+
+def rope_header(c, weight_type="f32", version=ROPE_VERSION, tensors_end=0):
+    """The 256-byte ROPE header (docs/format.md); version 2 adds head_size, the
+    weight_type field and a reserved field (no tokenizer section: bytes 96..111 zero),
+    the block options, the per-layer table's place and the second RoPE setting (none:
+    bytes 152..191 zero)."""
     fields = ROPE_HEADER.pack(ROPE_MAGIC, version, c.dim, c.hidden_dim, c.n_layers, c.n_heads,
                               c.n_kv_heads, c.vocab_size, c.seq_len, int(c.shared_classifier),
                               c.norm_eps, c.rope_theta, c.rope_fraction, c.rope_factor,
                               c.rope_scaling, c.rope_original_len, *(getattr(c, name) for name, _, _ in RULE_FIELDS))
     if version == ROPE_VERSION_16BIT:
-        fields += ROPE_V2_FIELDS.pack(0, WEIGHT_TYPES.index(weight_type), 0)
+        fields += ROPE_V2_FIELDS.pack(c.head_size, WEIGHT_TYPES.index(weight_type), 0)
+        fields += bytes(BLOCK_OPTIONS_AT - len(fields))  # the tokenizer section's offset and size: none
+        fields += ROPE_V2_BLOCK.pack(c.block_flags, c.activation, c.embedding_multiplier, c.attention_scale,
+                                     c.attention_softcap, c.final_softcap, *layer_table_place(c, tensors_end))
     return fields + bytes(HEADER_BYTES - len(fields))
 
 
 def rope_layout(c, weight_type, version):
-    """[(name, shape, type, offset)] of a ROPE file's tensors and the file's size: back to back
-    in version 1 (float32), each at a multiple of 64 bytes in version 2."""
+    """[(name, shape, type, offset)] of a ROPE file's tensors, where the last one ends, and
+    the file's size (the per-layer table after them, if any): back to back in version 1
+    (float32), each at a multiple of 64 bytes in version 2."""
     alignment = 1 if version == ROPE_VERSION else TENSOR_ALIGNMENT
     layout, at = [], HEADER_BYTES
     for name, shape in tensor_shapes(c):
@@ -1162,17 +1282,18 @@ def rope_layout(c, weight_type, version):
         at += -at % alignment
         layout.append((name, shape, kind, at))
         at += math.prod(shape) * np.dtype(NUMPY_STORAGE[kind]).itemsize
-    return layout, at
+    offset, size = layer_table_place(c, at)
+    return layout, at, (offset + size if size else at)
 
 
 def write_rope(f, c, tensors, path="-", weight_type="f32"):
     """Write a ROPE file: header, then the tensors in the README's order, the matrices and
     the embedding as weight_type."""
-    version = rope_version(weight_type)
-    layout, size = rope_layout(c, weight_type, version)
+    version = rope_version(weight_type, c)
+    layout, tensors_end, size = rope_layout(c, weight_type, version)
     progress = Progress(path, size, len(layout))
     try:
-        f.write(rope_header(c, weight_type, version))
+        f.write(rope_header(c, weight_type, version, tensors_end))
         progress.add(HEADER_BYTES)
         written = HEADER_BYTES
         for name, shape, kind, offset in layout:
@@ -1180,6 +1301,10 @@ def write_rope(f, c, tensors, path="-", weight_type="f32"):
             written = offset
             write_tensor(f, tensors[name], progress, kind, name)
             written += math.prod(shape) * np.dtype(NUMPY_STORAGE[kind]).itemsize
+        if c.layers is not None:  # the per-layer table: (rope, window) per layer
+            offset, _ = layer_table_place(c, tensors_end)
+            f.write(bytes(offset - written))
+            f.write(b"".join(LAYER_RECORD.pack(rope, window) for rope, window in c.layers))
     finally:
         progress.close()
 
@@ -1291,7 +1416,8 @@ def export_checkpoint(args):
         write_atomically(args.output, lambda f: write_legacy(f, c, tensors, args.output))
     else:
         write_atomically(args.output, lambda f: write_rope(f, c, tensors, args.output, weight_type))
-    kind = "llama2.c legacy" if args.legacy else "ROPE" if weight_type == "f32" else f"ROPE v2, {weight_type} weights"
+    kind = ("llama2.c legacy" if args.legacy else "ROPE" if rope_version(weight_type, c) == ROPE_VERSION
+            else f"ROPE v2, {weight_type} weights")
     print(f"wrote {args.output} ({kind}): dim {c.dim}, "
           f"hidden {c.hidden_dim}, {c.n_layers} layers, {c.n_heads} heads ({c.n_kv_heads} kv), "
           f"vocab {c.vocab_size}, seq_len {c.seq_len}, shared classifier {int(c.shared_classifier)}, "

@@ -328,7 +328,7 @@ ROWS = [
      "weight_type 3 is not a type this program knows"),
     ("rope-v2-weight-type-disagrees-with-size", rope([(4, "<i", 2), (88, "<i", 1)]), 1,
      "its header (weight_type bf16) implies"),
-    ("rope-v2-head-size", rope([(4, "<i", 2), (84, "<i", 16)]), 1, "head_size 16: only 0"),
+    ("rope-v2-head-size-odd", rope([(4, "<i", 2), (84, "<i", 7)]), 1, "head_size 7 must be 0"),
     ("rope-v1-with-a-weight-type", rope([(88, "<i", 1)]), 1, "reserved header byte 88 is not zero"),
 
     # --- header fields: zero, negative, absurdly large, inconsistent -----------------------
