@@ -1,0 +1,149 @@
+"""The model families of "Real models II" end to end: a Hugging Face checkpoint with random
+weights at each model's real shape (tests/family_fixtures.py: fewer layers, every layer kind
+of the real pattern kept, windows made small), float32 and bf16, exported by export.py and
+run by run, against tests/family_reference.py (an independent NumPy forward pass written
+from the published modeling code, in float64 on the stored values).
+
+Pinned, per family and source dtype:
+  - `run -m ppl`'s nll within 1e-4 relative of the reference's, over a text longer than
+    every window (so a sliding layer that saw too much or too little shows);
+  - greedy decoding (`-t 0`, one token at a time: the decode path, where ppl runs the
+    prefill blocks) gives the reference's argmax tokens;
+  - what export.py wrote: version 2 for these blocks, and the per-layer table's NoPE layers
+    and windows as the config says.
+"""
+import re
+import struct
+
+import numpy as np
+import pytest
+
+import family_fixtures
+import family_reference
+import hf_fixture
+from conftest import TOK512, export, run, tokens_of
+
+# the families this branch supports, by the fixture of the model the issue names
+MODELS = ["Qwen2.5-0.5B", "Qwen3-0.6B", "SmolLM3-3B", "Mistral-7B-v0.1"]
+# 40-odd tokens with tok512: longer than every fixture's window (8)
+TEXT = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+        "park with her friends. One day, she saw a big red ball.")
+PROMPT = "Once upon a time, there was a little girl named Lily. She"
+STEPS = 24  # -n: positions in all, prompt included
+WINDOW = 8  # family_fixtures.shrink's default
+
+
+@pytest.fixture(scope="module", params=[(m, d) for m in MODELS for d in ("F32", "BF16")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def exported(request, tmp_path_factory):
+    """(config, tensors, path of the exported .bin) for one fixture."""
+    name, dtype = request.param
+    d = tmp_path_factory.mktemp("families") / f"{name}-{dtype}"
+    family_fixtures.write_checkpoint(d, name, dtype, seed=3)
+    config, tensors = hf_fixture.load_hf_checkpoint(d)
+    out = d.parent / f"{name}-{dtype}.bin"
+    export(d, out)
+    return config, tensors, out
+
+
+def test_perplexity_matches_the_family_reference(exported):
+    config, tensors, model = exported
+    tokens = tokens_of(model, TEXT)
+    assert len(tokens) > 4 * WINDOW
+    r = run(model, "-z", TOK512, "-m", "ppl", "-p", TEXT)
+    assert r.returncode == 0, r.stderr
+    nll = float(re.search(rb"nll: (\S+)", r.stdout).group(1))
+    expected = family_reference.nll(family_reference.forward(config, tensors, tokens), tokens)
+    assert abs(nll - expected) <= 1e-4 * abs(expected), (nll, expected)
+
+
+def test_greedy_tokens_match_the_family_reference(exported):
+    config, tensors, model = exported
+    prompt = tokens_of(model, PROMPT)
+    r = run(model, "-z", TOK512, "-t", 0, "-n", STEPS, "-p", PROMPT, "-v")
+    assert r.returncode == 0, r.stderr
+    line = [x for x in r.stderr.splitlines() if x.startswith(b"generated:")][0]
+    generated = [int(x) for x in line.split()[1:]]
+    assert len(generated) >= STEPS - len(prompt)
+    assert len(prompt) + len(generated) > WINDOW
+    assert generated == family_reference.greedy(config, tensors, prompt, len(generated))
+
+
+def read_header_and_table(path):
+    data = path.read_bytes()
+    version, n_layers = struct.unpack_from("<i", data, 4)[0], struct.unpack_from("<i", data, 16)[0]
+    head_size, flags = struct.unpack_from("<i", data, 84)[0], struct.unpack_from("<I", data, 112)[0]
+    offset, size = struct.unpack_from("<2Q", data, 136)
+    table = [struct.unpack_from("<2i", data, offset + 8 * i) for i in range(n_layers)] if size else None
+    if size:
+        assert offset % 64 == 0 and size == 8 * n_layers and offset + size == len(data)
+    return version, head_size, flags, table
+
+
+def test_export_writes_the_block_options_and_layer_table_the_config_gives(exported):
+    config, _, model = exported
+    version, head_size, flags, table = read_header_and_table(model)
+    assert version == 2
+    fam = config["model_type"]
+    n = config["num_hidden_layers"]
+    assert head_size == (config["head_dim"] if fam == "qwen3" else 0)
+    assert flags == {"qwen2": 1, "qwen3": 2}.get(fam, 0)
+    if fam == "smollm3":  # no_rope_layers: 0 marks a NoPE layer (the fourth of four)
+        assert table == [(1 if r else 0, 0) for r in config["no_rope_layers"]] and table[3] == (0, 0)
+    elif fam == "mistral":  # one window on every layer
+        assert table == [(1, config["sliding_window"])] * n
+    else:  # Qwen: use_sliding_window false, so no window is applied and no table written
+        assert table is None
+
+
+@pytest.mark.parametrize("name", ["Gemma-2-2B", "Phi-3-mini-4k"])
+def test_families_this_format_does_not_carry_yet_are_refused_in_one_line(tmp_path, name):
+    d = tmp_path / name
+    family_fixtures.write_checkpoint(d, name, "F32", seed=3)
+    r = export(d, tmp_path / "out.bin", check=False)
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("export.py: error:") and "not supported" in lines[0], lines
+    assert not (tmp_path / "out.bin").exists()
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"vision_config": {"hidden_size": 8}}, "vision"),
+    ({"num_local_experts": 8}, "mixtures of experts"),
+    ({"num_experts": 4}, "mixtures of experts"),
+    ({"no_rope_layers": [1, 1, 1]}, "no_rope_layers"),
+    ({"no_rope_layers": [1, 1, 1, 2]}, "no_rope_layers"),
+    ({"use_sliding_window": True}, "use_sliding_window"),
+])
+def test_inconsistent_or_unsupported_configs_are_refused_before_writing(tmp_path, change, words):
+    config = family_fixtures.shrink("SmolLM3-3B")
+    config.update(change)
+    d = tmp_path / "m"
+    family_fixtures.write_checkpoint(d, "SmolLM3-3B", "F32", seed=3, config=config)
+    r = export(d, tmp_path / "out.bin", check=False)
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], lines
+    assert not (tmp_path / "out.bin").exists()
+
+
+def test_nope_layer_keys_do_not_depend_on_position(tmp_path):
+    """A model whose every layer is NoPE (no_rope_layers all 0): the reference's keys of one
+    token at two positions are equal, export.py's table marks every layer NoPE, and run
+    agrees with the reference (run.c's own keys: tests/test_rope.c's NoPE test)."""
+    config = family_fixtures.shrink("SmolLM3-3B")
+    config["no_rope_layers"] = [0] * config["num_hidden_layers"]
+    d = tmp_path / "nope"
+    family_fixtures.write_checkpoint(d, "SmolLM3-3B", "F32", seed=5, config=config)
+    config, tensors = hf_fixture.load_hf_checkpoint(d)
+    keys = family_reference.layer_keys(config, tensors, [1, 300, 300, 300])
+    assert np.array_equal(keys[1], keys[3])
+    out = tmp_path / "nope.bin"
+    export(d, out)
+    _, _, _, table = read_header_and_table(out)
+    assert table == [(0, 0)] * config["num_hidden_layers"]
+    tokens = tokens_of(out, TEXT)
+    r = run(out, "-z", TOK512, "-m", "ppl", "-p", TEXT)
+    nll = float(re.search(rb"nll: (\S+)", r.stdout).group(1))
+    expected = family_reference.nll(family_reference.forward(config, tensors, tokens), tokens)
+    assert abs(nll - expected) <= 1e-4 * abs(expected)
