@@ -443,8 +443,11 @@ static int validate_config(const Config *c) {
             return fail("rope2_theta %g must be finite and > 0 (0: no second setting)", second.rope_theta);
         if (!(second.rope_fraction >= 0 && second.rope_fraction <= 1))
             return fail("rope2_fraction %g must be in [0, 1]", second.rope_fraction);
-        if (validate_rope_scaling(&second) != 0 || check_rope_angles(&second) != 0)
-            return fail("second RoPE setting: %s", error_message);
+        if (validate_rope_scaling(&second) != 0 || check_rope_angles(&second) != 0) {
+            char reason[sizeof(error_message)];
+            snprintf(reason, sizeof(reason), "%s", error_message);
+            return fail("second RoPE setting: %s", reason);
+        }
     }
     return 0; // the KV cache is sized by the context in use, and checked there (check_context_fits)
 }
