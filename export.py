@@ -101,9 +101,16 @@ HF_DEFAULTS = {  # transformers' LlamaConfig defaults for keys a config.json may
     "hidden_act": "silu",
 }
 SUPPORTED_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                         "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
+                         "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
+                         "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
+                         "gemma3_text": "Gemma3ForCausalLM"}
+GEMMA_FAMILIES = {"gemma", "gemma2", "gemma3_text"}
 # the families whose config.json may give a head_dim other than hidden_size / num_attention_heads
-EXPLICIT_HEAD_DIM = {"qwen3"}
+EXPLICIT_HEAD_DIM = {"qwen3"} | GEMMA_FAMILIES
+# Gemma's activations: transformers runs every Gemma checkpoint with the tanh GELU
+# (GemmaConfig turns hidden_act "gelu" into gelu_pytorch_tanh), as gemma_pytorch does
+GEMMA_ACTIVATIONS = {"gelu", "gelu_pytorch_tanh"}
+DTYPE_NAMES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}  # config.json's torch_dtype
 INT32_MAX = 2**31 - 1
 # run.c's limits on the header (validate_config): a file beyond them would be written and then refused
 RUN_LIMITS = {"dim": 1 << 16, "hidden_dim": 1 << 20, "n_layers": 1024, "vocab_size": 1 << 22, "seq_len": 1 << 20}
@@ -190,6 +197,8 @@ class Config:
         self.attention_softcap = 0.0  # 0: none
         self.final_softcap = 0.0      # 0: none
         self.layers = None            # per layer (rope, window), or None: every layer rotates, full attention
+        self.rope2 = None             # the second RoPE setting: {"rope_theta": theta} (no rule), or None
+        self.gemma_norms = False      # export only: the source's norms are x * (1 + w)
 
     @property
     def head_dim(self):
@@ -204,7 +213,7 @@ class Config:
         """Whether the file needs version 2's block fields (a Llama block with no table does not)."""
         return bool(self.head_size or self.block_flags or self.activation or self.embedding_multiplier
                     or self.attention_scale or self.attention_softcap or self.final_softcap
-                    or self.layers is not None)
+                    or self.layers is not None or self.rope2 is not None)
 
     @property
     def rule(self):
@@ -773,7 +782,12 @@ def check_architecture(config):
                               f"(expected {SUPPORTED_MODEL_TYPES[model_type]!r})")
     act = json_str(config, "hidden_act")
     act = HF_DEFAULTS["hidden_act"] if act is None else act
-    if act != "silu":
+    if model_type in GEMMA_FAMILIES:
+        act = json_str(config, "hidden_activation") or json_str(config, "hidden_act") or "gelu_pytorch_tanh"
+        if act not in GEMMA_ACTIVATIONS:
+            raise ExportError(f"config.json: hidden_activation {act!r} is not supported for {model_type} (only "
+                              "'gelu_pytorch_tanh', as Gemma runs)")
+    elif act != "silu":
         raise ExportError(f"config.json: hidden_act {act!r} is not supported (only 'silu': run.c's SwiGLU)")
     for key in ("attention_bias", "mlp_bias"):
         if json_bool(config, key, False):
@@ -783,6 +797,25 @@ def check_architecture(config):
         raise ExportError(f"config.json: sliding_window {json.dumps(window)} must be an integer or null")
     if window is not None and window < 1:
         raise ExportError(f"config.json: sliding_window {window} must be at least 1")
+
+
+def gemma_sliding_layers(config, model_type, n_layers):
+    """Which layers slide, as Gemma 2's and 3's configs build it: layer_types when given,
+    else Gemma 2 every other layer from layer 0 ((i + 1) % 2 != 0), Gemma 3 all but every
+    sliding_window_pattern-th ((i + 1) % pattern != 0; 6: five local to one global)."""
+    types = config.get("layer_types")
+    if types is not None:
+        if not (isinstance(types, list) and len(types) == n_layers
+                and all(t in ("sliding_attention", "full_attention") for t in types)):
+            raise ExportError(f"config.json: layer_types must be a list of {n_layers} 'sliding_attention' or "
+                              "'full_attention'")
+        return [t == "sliding_attention" for t in types]
+    if model_type == "gemma2":
+        return [(i + 1) % 2 != 0 for i in range(n_layers)]
+    pattern = config.get("sliding_window_pattern", config.get("_sliding_window_pattern", 6))
+    if not is_int(pattern) or pattern < 1:
+        raise ExportError(f"config.json: sliding_window_pattern {json.dumps(pattern)} must be a positive integer")
+    return [(i + 1) % pattern != 0 for i in range(n_layers)]
 
 
 def hf_layers(config, model_type, n_layers, seq_len):
@@ -803,6 +836,11 @@ def hf_layers(config, model_type, n_layers, seq_len):
         windows = [window if i >= first else 0 for i in range(n_layers)]
     elif model_type == "smollm3" and json_bool(config, "use_sliding_window", False):
         raise ExportError("config.json: use_sliding_window true is not supported for smollm3")
+    elif model_type in ("gemma2", "gemma3_text"):
+        sliding = gemma_sliding_layers(config, model_type, n_layers)
+        if any(sliding) and window is None:
+            raise ExportError(f"config.json: {model_type} has sliding layers but no sliding_window")
+        windows = [window if slides else 0 for slides in sliding]
     windows = [w if w < seq_len else 0 for w in windows]
     ropes = [LAYER_ROPE_FIRST] * n_layers
     if model_type == "smollm3":
@@ -817,6 +855,9 @@ def hf_layers(config, model_type, n_layers, seq_len):
             raise ExportError(f"config.json: no_rope_layers must be a list of {n_layers} zeros and ones "
                               "(1: the layer rotates)")
         ropes = [LAYER_ROPE_FIRST if f else LAYER_NOPE for f in flags]
+    if model_type == "gemma3_text":  # the local (sliding) layers' own theta: the second setting
+        ropes = [LAYER_ROPE_SECOND if slides else LAYER_ROPE_FIRST
+                 for slides in gemma_sliding_layers(config, model_type, n_layers)]
     if all(w == 0 for w in windows) and all(r == LAYER_ROPE_FIRST for r in ropes):
         return None
     return list(zip(ropes, windows))
@@ -848,9 +889,38 @@ def hf_config(config):
         raise ExportError(f"config.json: head_dim {head_dim} differs from hidden_size / num_attention_heads = "
                           f"{dim // n_heads}; this format derives head_dim from dim / n_heads")
     c.qkv_bias = model_type == "qwen2"  # Qwen2's q, k and v projections carry biases (o_proj none)
-    c.qk_norm = model_type == "qwen3"  # Qwen3: an RMSNorm over each query and key head before RoPE
+    # Qwen3, Gemma 3: an RMSNorm over each query and key head before RoPE
+    c.qk_norm = model_type in ("qwen3", "gemma3_text")
     c.layers = hf_layers(config, model_type, c.n_layers, c.seq_len)
+    c.gemma_norms = model_type in GEMMA_FAMILIES  # x * (1 + w): 1 + w is stored
+    if model_type in GEMMA_FAMILIES:
+        c.activation = ACTIVATIONS.index("geglu-tanh")
+        # the embedding times sqrt(hidden_size), rounded to the model's dtype as Gemma computes it
+        dtype = DTYPE_NAMES.get(config.get("torch_dtype") or config.get("dtype") or "float32", "f32")
+        c.embedding_multiplier = float(narrow_scalar(math.sqrt(dim), dtype))
+    if model_type in ("gemma2", "gemma3_text"):
+        c.post_norms = True
+        scalar = config.get("query_pre_attn_scalar")
+        if scalar is not None:
+            c.attention_scale = hf_number(scalar, "query_pre_attn_scalar") ** -0.5
+        for key, field in (("attn_logit_softcapping", "attention_softcap"), ("final_logit_softcapping", "final_softcap")):
+            if config.get(key) is not None:
+                setattr(c, field, hf_number(config[key], key))
+    if model_type == "gemma3_text":  # the local layers' setting: rope_local_base_freq, no rule
+        c.rope2 = {"rope_theta": hf_number(config.get("rope_local_base_freq", 10000.0), "rope_local_base_freq")}
     return c
+
+
+def narrow_scalar(x, dtype):
+    """x rounded to float32, bf16 or f16 (nearest even), as a float32."""
+    x32 = np.float32(x)
+    if dtype == "f16":
+        return np.float32(np.float16(x32))
+    if dtype == "bf16":
+        u = int(np.array(x32).view(np.uint32))
+        u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+        return np.array(u, dtype=np.uint32).view(np.float32)
+    return x32
 
 
 def hf_rope_parameters(config):
@@ -1129,18 +1199,29 @@ HF_MODEL_TENSORS = {"token_embedding": "model.embed_tokens.weight", "rms_final":
                     "wcls": "lm_head.weight"}
 
 
-def hf_pieces(ours, shape, n_layers):
+# Gemma 2 and 3 (four norms per layer): post_attention_layernorm is the attention output's
+# norm, pre_feedforward_layernorm the one before the feed-forward
+HF_FOUR_NORMS = {"rms_ffn": "pre_feedforward_layernorm.weight", "rms_post_att": "post_attention_layernorm.weight",
+                 "rms_post_ffn": "post_feedforward_layernorm.weight"}
+NORM_TENSORS = {"rms_att", "rms_ffn", "rms_final", "q_norm", "k_norm", "rms_post_att", "rms_post_ffn"}
+
+
+def hf_pieces(ours, shape, n_layers, post_norms=False):
     """[(Hugging Face tensor name, its expected shape)] that make up one ROPE tensor."""
-    if ours in HF_LAYER_TENSORS:
-        return [(f"model.layers.{i}.{HF_LAYER_TENSORS[ours]}", list(shape[1:])) for i in range(n_layers)]
+    names = {**HF_LAYER_TENSORS, **HF_FOUR_NORMS} if post_norms else HF_LAYER_TENSORS
+    if ours in names:
+        return [(f"model.layers.{i}.{names[ours]}", list(shape[1:])) for i in range(n_layers)]
     return [(HF_MODEL_TENSORS[ours], list(shape))]
 
 
-def lazy_tensor(file, name, heads=None, order=None):
+def lazy_tensor(file, name, heads=None, order=None, plus_one=False):
     """A function that reads one stored tensor in its stored type (see weight_type_of; rows
-    permuted per head if asked)."""
+    permuted per head if asked; plus_one: Gemma's norm weight w as 1 + w in float32, the
+    sum Gemma's RMSNorm computes in float32)."""
     def load():
         w = file.raw(name)[1]
+        if plus_one:
+            w = widen(w) + np.float32(1)
         return w if order is None else permute_heads(w, heads, order)
     return load
 
@@ -1169,7 +1250,7 @@ def read_hf(model_dir):
     tensors, matrix_types = {}, set()
     for ours, shape in tensor_shapes(c):
         pieces = []
-        for name, expected in hf_pieces(ours, shape, c.n_layers):
+        for name, expected in hf_pieces(ours, shape, c.n_layers, c.post_norms):
             if name not in files:
                 raise ExportError(f"missing tensor {name}")
             stored = files[name].entries[name]["shape"]
@@ -1178,7 +1259,8 @@ def read_hf(model_dir):
             dtype, _ = files[name].raw(name)  # refuse non-float dtypes now, before writing
             if ours in MATRIX_TENSORS:
                 matrix_types.add(SAFETENSORS_TYPES[dtype])
-            pieces.append(lazy_tensor(files[name], name, heads.get(ours), order if ours in heads else None))
+            pieces.append(lazy_tensor(files[name], name, heads.get(ours), order if ours in heads else None,
+                                      c.gemma_norms and ours in NORM_TENSORS))
         tensors[ours] = pieces
     source_type = next(iter(matrix_types)) if len(matrix_types) == 1 else "f32"
     if len(matrix_types) > 1:
@@ -1268,6 +1350,8 @@ def rope_header(c, weight_type="f32", version=ROPE_VERSION, tensors_end=0):
         fields += bytes(BLOCK_OPTIONS_AT - len(fields))  # the tokenizer section's offset and size: none
         fields += ROPE_V2_BLOCK.pack(c.block_flags, c.activation, c.embedding_multiplier, c.attention_scale,
                                      c.attention_softcap, c.final_softcap, *layer_table_place(c, tensors_end))
+        if c.rope2 is not None:  # theta, p 1, factor 1, no rule, the trained length and the rule fields 0
+            fields += ROPE_V2_SECOND.pack(c.rope2["rope_theta"], 1.0, 1.0, 0, 0, 0, 0, 0, 0, 0)
     return fields + bytes(HEADER_BYTES - len(fields))
 
 

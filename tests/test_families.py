@@ -24,7 +24,8 @@ import hf_fixture
 from conftest import TOK512, export, run, tokens_of
 
 # the families this branch supports, by the fixture of the model the issue names
-MODELS = ["Qwen2.5-0.5B", "Qwen3-0.6B", "SmolLM3-3B", "Mistral-7B-v0.1"]
+MODELS = ["Qwen2.5-0.5B", "Qwen3-0.6B", "SmolLM3-3B", "Mistral-7B-v0.1", "Gemma-2B", "Gemma-2-2B", "Gemma-3-270M",
+          "Gemma-3-1B"]
 # 40-odd tokens with tok512: longer than every fixture's window (8)
 TEXT = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the "
         "park with her friends. One day, she saw a big red ball.")
@@ -73,30 +74,40 @@ def read_header_and_table(path):
     data = path.read_bytes()
     version, n_layers = struct.unpack_from("<i", data, 4)[0], struct.unpack_from("<i", data, 16)[0]
     head_size, flags = struct.unpack_from("<i", data, 84)[0], struct.unpack_from("<I", data, 112)[0]
+    rope2_theta = struct.unpack_from("<f", data, 152)[0]
     offset, size = struct.unpack_from("<2Q", data, 136)
     table = [struct.unpack_from("<2i", data, offset + 8 * i) for i in range(n_layers)] if size else None
     if size:
         assert offset % 64 == 0 and size == 8 * n_layers and offset + size == len(data)
-    return version, head_size, flags, table
+    return version, head_size, flags, table, rope2_theta
 
 
 def test_export_writes_the_block_options_and_layer_table_the_config_gives(exported):
     config, _, model = exported
-    version, head_size, flags, table = read_header_and_table(model)
+    version, head_size, flags, table, rope2_theta = read_header_and_table(model)
     assert version == 2
     fam = config["model_type"]
     n = config["num_hidden_layers"]
-    assert head_size == (config["head_dim"] if fam == "qwen3" else 0)
-    assert flags == {"qwen2": 1, "qwen3": 2}.get(fam, 0)
-    if fam == "smollm3":  # no_rope_layers: 0 marks a NoPE layer (the fourth of four)
+    explicit = config.get("head_dim") and config["head_dim"] * config["num_attention_heads"] != config["hidden_size"]
+    assert head_size == (config["head_dim"] if explicit else 0)
+    # bit 0 q/k/v biases, bit 1 q/k norms, bit 2 post norms
+    assert flags == {"qwen2": 1, "qwen3": 2, "gemma2": 4, "gemma3_text": 6}.get(fam, 0)
+    assert rope2_theta == (config["rope_local_base_freq"] if fam == "gemma3_text" else 0)
+    sliding = [t == "sliding_attention" for t in family_reference.layer_types(config)]
+    if fam == "gemma2":  # layers 0, 2, ... slide
+        assert table == [(1, config["sliding_window"] if i % 2 == 0 else 0) for i in range(n)]
+    elif fam == "gemma3_text":  # five local layers (the second setting, a window) to one global
+        assert sliding == [True] * 5 + [False]
+        assert table == [(2, config["sliding_window"]) if s else (1, 0) for s in sliding]
+    elif fam == "smollm3":  # no_rope_layers: 0 marks a NoPE layer (the fourth of four)
         assert table == [(1 if r else 0, 0) for r in config["no_rope_layers"]] and table[3] == (0, 0)
     elif fam == "mistral":  # one window on every layer
         assert table == [(1, config["sliding_window"])] * n
-    else:  # Qwen: use_sliding_window false, so no window is applied and no table written
+    else:  # Qwen (use_sliding_window false: no window applied), Gemma: no table written
         assert table is None
 
 
-@pytest.mark.parametrize("name", ["Gemma-2-2B", "Phi-3-mini-4k"])
+@pytest.mark.parametrize("name", ["gemma-3-4b-text", "Phi-3-mini-4k"])
 def test_families_this_format_does_not_carry_yet_are_refused_in_one_line(tmp_path, name):
     d = tmp_path / name
     family_fixtures.write_checkpoint(d, name, "F32", seed=3)
@@ -140,7 +151,7 @@ def test_nope_layer_keys_do_not_depend_on_position(tmp_path):
     assert np.array_equal(keys[1], keys[3])
     out = tmp_path / "nope.bin"
     export(d, out)
-    _, _, _, table = read_header_and_table(out)
+    table = read_header_and_table(out)[3]
     assert table == [(0, 0)] * config["num_hidden_layers"]
     tokens = tokens_of(out, TEXT)
     r = run(out, "-z", TOK512, "-m", "ppl", "-p", TEXT)
