@@ -158,3 +158,57 @@ def test_nope_layer_keys_do_not_depend_on_position(tmp_path):
     nll = float(re.search(rb"nll: (\S+)", r.stdout).group(1))
     expected = family_reference.nll(family_reference.forward(config, tensors, tokens), tokens)
     assert abs(nll - expected) <= 1e-4 * abs(expected)
+
+
+def exported_one(tmp_path, name):
+    d = tmp_path / name
+    family_fixtures.write_checkpoint(d, name, "F32", seed=3)
+    config, tensors = hf_fixture.load_hf_checkpoint(d)
+    export(d, tmp_path / f"{name}.bin")
+    return family_reference.text_config(config), tmp_path / f"{name}.bin"
+
+
+def rope_blocks(stdout):
+    """-m rope's pair tables: [[omega_i, ...] per setting], and its lines that are not pair rows."""
+    tables, words = [], []
+    for line in stdout.decode().splitlines():
+        if line.startswith("attention_factor:"):
+            tables.append([])
+        elif re.match(r"^\d+ ", line):
+            tables[-1].append(float(line.split()[1]))
+        else:
+            words.append(line)
+    return tables, words
+
+
+def test_rope_mode_prints_each_setting_and_the_layers_using_it(tmp_path):
+    """Gemma 3: the global layers' theta 1e6 and the local layers' 10k, each with the layers
+    that use it; the frequencies are the reference's inverse frequencies of each layer kind."""
+    config, model = exported_one(tmp_path, "Gemma-3-1B")
+    r = run(model, "-z", TOK512, "-m", "rope")
+    assert r.returncode == 0, r.stderr
+    tables, words = rope_blocks(r.stdout)
+    settings = family_reference.layer_settings(config, config["max_position_embeddings"])
+    local = [i for i, s in enumerate(settings) if s["window"]]
+    glob = [i for i, s in enumerate(settings) if not s["window"]]
+    assert len(tables) == 2 and local and glob
+    for table, layer in ((tables[0], glob[0]), (tables[1], local[0])):
+        np.testing.assert_allclose(table, settings[layer]["inv_freq"], rtol=1e-6)
+    assert f"layers using this setting: {' '.join(map(str, glob))}" in words
+    assert f"layers using the second setting: {' '.join(map(str, local))}" in words
+
+
+def test_rope_and_inspect_modes_name_nope_and_sliding_layers(tmp_path):
+    config, model = exported_one(tmp_path, "SmolLM3-3B")
+    nope = [i for i, rotates in enumerate(family_reference.rotating_layers(config)) if not rotates]
+    assert nope == [3]
+    r = run(model, "-z", TOK512, "-m", "rope")
+    assert f"NoPE layers (not rotated): {' '.join(map(str, nope))}" in r.stdout.decode().splitlines()
+    r = run(model, "-z", TOK512, "-m", "inspect", "-p", "Once upon a time")
+    assert r.returncode == 0, r.stderr
+    assert "layers: L0 rope full, L1 rope full, L2 rope full, L3 NoPE full" in r.stdout.decode().splitlines()
+    config, model = exported_one(tmp_path, "Gemma-2-2B")
+    windows = [s["window"] for s in family_reference.layer_settings(config, 64)]
+    r = run(model, "-z", TOK512, "-m", "inspect", "-p", "Once upon a time")
+    expected = ", ".join(f"L{i} rope " + (f"sliding {w}" if w else "full") for i, w in enumerate(windows))
+    assert "layers: " + expected in r.stdout.decode().splitlines()
