@@ -1226,6 +1226,35 @@ def lazy_tensor(file, name, heads=None, order=None, plus_one=False):
     return load
 
 
+def gemma3_text_config(config):
+    """The text model's config of a multimodal Gemma 3 config.json (text_config, with the
+    dtype of the whole), whose vision tower is left out (said on stderr once read)."""
+    inner = config.get("text_config")
+    if not isinstance(inner, dict):
+        raise ExportError("config.json: model_type 'gemma3' without a text_config object")
+    inner = dict(inner)
+    inner.setdefault("model_type", "gemma3_text")
+    if inner["model_type"] != "gemma3_text":
+        raise ExportError(f"config.json: text_config's model_type {inner['model_type']!r} is not 'gemma3_text'")
+    for key in ("torch_dtype", "dtype"):
+        if key in config and key not in inner:
+            inner[key] = config[key]
+    inner.pop("architectures", None)
+    return inner
+
+
+def hf_text_model_names(files):
+    """For a multimodal Gemma 3 checkpoint: a function from a text model's tensor name
+    (model.layers..., lm_head.weight) to the name this checkpoint stores it under
+    (language_model.model... in transformers 4.5x, model.language_model... later)."""
+    for model, head in (("language_model.model.", "language_model.lm_head."),
+                        ("model.language_model.", "lm_head."), ("model.", "lm_head.")):
+        if model + "embed_tokens.weight" in files:
+            return lambda name: (model + name[len("model."):] if name.startswith("model.")
+                                 else head + name[len("lm_head."):])
+    raise ExportError("multimodal gemma3 checkpoint: no text model's embed_tokens.weight found")
+
+
 def read_hf(model_dir):
     """Read a Hugging Face Llama directory: (Config, {name: [functions that load a piece]}, the
     matrices' stored type: "bf16" or "f16" when they all share it, else "f32")."""
@@ -1233,11 +1262,15 @@ def read_hf(model_dir):
     if not os.path.isfile(config_path):
         raise ExportError(f"{model_dir}: no config.json")
     config = read_json(config_path)
+    multimodal = config.get("model_type") == "gemma3"
+    if multimodal:  # Gemma 3 4B and larger: the language model's config nests in text_config
+        config = gemma3_text_config(config)
     c = hf_config(config)
     c.rope_theta, c.rope_fraction, scaling, rotary_dim = hf_rope(config, c.head_dim, c.seq_len)
     c.set_scaling(**scaling)
     files = open_safetensors(model_dir)
-    if "lm_head.weight" not in files:
+    rename = hf_text_model_names(files) if multimodal else (lambda name: name)
+    if rename("lm_head.weight") not in files:
         c.shared_classifier = True  # no lm_head: the embedding is the classifier
     c.check()
     if rotary_dim != c.head_dim:  # said once the checks passed: a refused file gets its one error line only
@@ -1251,6 +1284,7 @@ def read_hf(model_dir):
     for ours, shape in tensor_shapes(c):
         pieces = []
         for name, expected in hf_pieces(ours, shape, c.n_layers, c.post_norms):
+            name = rename(name)
             if name not in files:
                 raise ExportError(f"missing tensor {name}")
             stored = files[name].entries[name]["shape"]
