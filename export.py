@@ -103,7 +103,7 @@ HF_DEFAULTS = {  # transformers' LlamaConfig defaults for keys a config.json may
 SUPPORTED_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                          "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
                          "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
-                         "gemma3_text": "Gemma3ForCausalLM"}
+                         "gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM"}
 GEMMA_FAMILIES = {"gemma", "gemma2", "gemma3_text"}
 # the families whose config.json may give a head_dim other than hidden_size / num_attention_heads
 EXPLICIT_HEAD_DIM = {"qwen3"} | GEMMA_FAMILIES
@@ -821,13 +821,13 @@ def gemma_sliding_layers(config, model_type, n_layers):
 def hf_layers(config, model_type, n_layers, seq_len):
     """The per-layer table [(rope, window)], or None when every layer rotates with full
     attention. As transformers builds each family's layer types:
-      mistral: sliding_window W on every layer (query t sees keys t - W < s <= t);
+      mistral, phi3: sliding_window W on every layer (query t sees keys t - W < s <= t);
       qwen2, qwen3: W only with use_sliding_window, on layers i >= max_window_layers;
       smollm3: no_rope_layers[i] == 0 marks a NoPE layer (every fourth in SmolLM3-3B).
     A window at least as long as the context is full attention, and is not stored."""
     window = config.get("sliding_window")
     windows = [0] * n_layers
-    if model_type == "mistral" and window is not None:
+    if model_type in ("mistral", "phi3") and window is not None:
         windows = [window] * n_layers
     elif model_type in ("qwen2", "qwen3") and json_bool(config, "use_sliding_window", False) and window is not None:
         first = config.get("max_window_layers", n_layers)
@@ -1214,12 +1214,14 @@ def hf_pieces(ours, shape, n_layers, post_norms=False):
     return [(HF_MODEL_TENSORS[ours], list(shape))]
 
 
-def lazy_tensor(file, name, heads=None, order=None, plus_one=False):
+def lazy_tensor(file, name, heads=None, order=None, plus_one=False, rows=None):
     """A function that reads one stored tensor in its stored type (see weight_type_of; rows
     permuted per head if asked; plus_one: Gemma's norm weight w as 1 + w in float32, the
-    sum Gemma's RMSNorm computes in float32)."""
+    sum Gemma's RMSNorm computes in float32; rows: (first, end), a band of a fused matrix)."""
     def load():
         w = file.raw(name)[1]
+        if rows is not None:
+            w = w[rows[0]:rows[1]]
         if plus_one:
             w = widen(w) + np.float32(1)
         return w if order is None else permute_heads(w, heads, order)
@@ -1255,6 +1257,25 @@ def hf_text_model_names(files):
     raise ExportError("multimodal gemma3 checkpoint: no text model's embed_tokens.weight found")
 
 
+# Phi-3's fused projections: qkv_proj's rows are q, then k, then v; gate_up_proj's the
+# gate (w1), then up (w3)
+PHI3_FUSED = {"wq": ("self_attn.qkv_proj.weight", 0), "wk": ("self_attn.qkv_proj.weight", 1),
+              "wv": ("self_attn.qkv_proj.weight", 2), "w1": ("mlp.gate_up_proj.weight", 0),
+              "w3": ("mlp.gate_up_proj.weight", 1)}
+
+
+def phi3_fused_piece(c, name, ours, expected):
+    """(the fused tensor's name, the rows (first, end) that are `ours`, the fused shape)."""
+    fused_name, part = PHI3_FUSED[ours]
+    layer_prefix = name[:name.index("self_attn.") if "self_attn." in name else name.index("mlp.")]
+    if fused_name.startswith("self_attn."):
+        sizes = [c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.head_dim]
+    else:
+        sizes = [c.hidden_dim, c.hidden_dim]
+    first = sum(sizes[:part])
+    return layer_prefix + fused_name, (first, first + sizes[part]), [sum(sizes), expected[1]]
+
+
 def read_hf(model_dir):
     """Read a Hugging Face Llama directory: (Config, {name: [functions that load a piece]}, the
     matrices' stored type: "bf16" or "f16" when they all share it, else "f32")."""
@@ -1270,6 +1291,7 @@ def read_hf(model_dir):
     c.set_scaling(**scaling)
     files = open_safetensors(model_dir)
     rename = hf_text_model_names(files) if multimodal else (lambda name: name)
+    fused = config.get("model_type") == "phi3"
     if rename("lm_head.weight") not in files:
         c.shared_classifier = True  # no lm_head: the embedding is the classifier
     c.check()
@@ -1285,6 +1307,9 @@ def read_hf(model_dir):
         pieces = []
         for name, expected in hf_pieces(ours, shape, c.n_layers, c.post_norms):
             name = rename(name)
+            rows = None
+            if fused and ours in PHI3_FUSED:  # Phi-3: this tensor is a band of rows of a fused one
+                name, rows, expected = phi3_fused_piece(c, name, ours, expected)
             if name not in files:
                 raise ExportError(f"missing tensor {name}")
             stored = files[name].entries[name]["shape"]
@@ -1294,7 +1319,7 @@ def read_hf(model_dir):
             if ours in MATRIX_TENSORS:
                 matrix_types.add(SAFETENSORS_TYPES[dtype])
             pieces.append(lazy_tensor(files[name], name, heads.get(ours), order if ours in heads else None,
-                                      c.gemma_norms and ours in NORM_TENSORS))
+                                      c.gemma_norms and ours in NORM_TENSORS, rows))
         tensors[ours] = pieces
     source_type = next(iter(matrix_types)) if len(matrix_types) == 1 else "f32"
     if len(matrix_types) > 1:
