@@ -25,8 +25,8 @@ RoPE scaling. A Hugging Face config's rope_scaling (transformers 4.x) or
 rope_parameters (5.x) of rope_type "linear", "yarn" or "llama3" is stored as the
 header's scaling rule (bytes 52..83: the factor, the rule, the original length and
 the rule's parameters), read as transformers' modeling_rope_utils.py reads them;
-"proportional"'s factor is the linear rule. "dynamic", "longrope" and yarn with
-truncate false are refused. A ROPE file's rule is carried through unchanged;
+"proportional"'s factor is the linear rule; "longrope" is rule 5 of version 2, its
+factors a tensor. "dynamic" and yarn with truncate false are refused. A ROPE file's rule is carried through unchanged;
 --legacy refuses a file with a rule. Writing more than 100 MB shows a progress line.
 
 This file uses only NumPy and the standard library: it reads safetensors and the
@@ -120,8 +120,8 @@ FLT_MAX = float(np.finfo(np.float32).max)
 MAX_PIECE_BYTES = 1024  # run.c's limit on llama2.c's max_token_length
 
 # The header's rope_scaling codes. 0 with rope_factor != 1 is linear too (files before the rule field).
-RULE_NONE, RULE_LINEAR, RULE_NTK, RULE_YARN, RULE_LLAMA3 = range(5)
-RULE_NAMES = ["none", "linear", "ntk", "yarn", "llama3"]
+RULE_NONE, RULE_LINEAR, RULE_NTK, RULE_YARN, RULE_LLAMA3, RULE_LONGROPE = range(6)
+RULE_NAMES = ["none", "linear", "ntk", "yarn", "llama3", "longrope"]  # longrope: version 2 (a factors tensor)
 # The rule parameters after rope_original_len: (field, the only rule it may be non-zero for, or
 # None for any rule, what 0 stands for)
 RULE_FIELDS = [
@@ -199,6 +199,7 @@ class Config:
         self.layers = None            # per layer (rope, window), or None: every layer rotates, full attention
         self.rope2 = None             # the second RoPE setting: {"rope_theta": theta} (no rule), or None
         self.gemma_norms = False      # export only: the source's norms are x * (1 + w)
+        self.longrope_factors = None  # longrope: [short, long], rotated-pairs floats each (the tensor rope_factors)
 
     @property
     def head_dim(self):
@@ -213,7 +214,7 @@ class Config:
         """Whether the file needs version 2's block fields (a Llama block with no table does not)."""
         return bool(self.head_size or self.block_flags or self.activation or self.embedding_multiplier
                     or self.attention_scale or self.attention_softcap or self.final_softcap
-                    or self.layers is not None or self.rope2 is not None)
+                    or self.layers is not None or self.rope2 is not None or self.rope_scaling == RULE_LONGROPE)
 
     @property
     def rule(self):
@@ -264,7 +265,7 @@ def check_rope_values(c):
     if not 0 <= fraction <= 1:
         raise ExportError(f"rope_fraction {c.rope_fraction} must be in [0, 1]")
     if not (is_int(c.rope_scaling) and 0 <= c.rope_scaling < len(RULE_NAMES)):
-        raise ExportError(f"rope_scaling {c.rope_scaling} is not a rule (0 none, 1 linear, 2 ntk, 3 yarn, 4 llama3)")
+        raise ExportError(f"rope_scaling {c.rope_scaling} is not a rule (0 none, 1 linear, 2 ntk, 3 yarn, 4 llama3, 5 longrope)")
     if not (math.isfinite(factor) and factor >= 1):
         raise ExportError(f"rope_factor {c.rope_factor} must be finite and >= 1 (in float32): every rule stretches "
                           "positions; run.c refuses a factor below 1")
@@ -364,6 +365,8 @@ def tensor_shapes(c):
         shapes += [("q_norm", (L, hd)), ("k_norm", (L, hd))]
     if c.post_norms:
         shapes += [("rms_post_att", (L, c.dim)), ("rms_post_ffn", (L, c.dim))]
+    if c.rope_scaling == RULE_LONGROPE:
+        shapes.append(("rope_factors", (2, rotated_pairs(c))))
     return shapes
 
 
@@ -980,13 +983,12 @@ HF_RULE_KEYS = {
     "yarn": {"factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
              "mscale", "mscale_all_dim", "truncate"},
     "llama3": {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"},
+    "longrope": {"factor", "original_max_position_embeddings", "attention_factor", "short_factor", "long_factor"},
 }
 HF_REFUSED_TYPES = {
     "dynamic": "dynamic NTK recomputes the base from the current sequence length, which a frequency table "
                "fixed at load time cannot follow; remove rope_scaling from config.json, export, and run "
                "with run's --rope-scaling ntk (or yarn) --rope-factor F instead",
-    "longrope": "its per-pair short_factor / long_factor lists do not fit the ROPE header; yarn (rope_type "
-                "'yarn', or run's --rope-scaling yarn) is the nearest rule this format has",
 }
 
 
@@ -1100,6 +1102,34 @@ def hf_llama3(config, rope, max_len):
                 llama3_low_freq_factor=low, llama3_high_freq_factor=high)
 
 
+def hf_longrope(config, rope, max_len):
+    """longrope (transformers' _compute_longrope_parameters; Phi-3 128k, Phi-4-mini): every
+    rotated pair's frequency divided by short_factor[i] within the original length, by
+    long_factor[i] beyond it; cos and sin times the attention factor: the explicit one,
+    else sqrt(1 + ln s / ln original) for s = factor (or max_position_embeddings /
+    original) > 1, else 1. The factors go into the file as the tensor rope_factors."""
+    original = hf_original_len(config, rope, "longrope", max_len)
+    lists = []
+    for key in ("short_factor", "long_factor"):
+        values = rope.get(key)
+        if not (isinstance(values, list) and values and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(f32(v)) and f32(v) > 0
+                for v in values)):
+            raise ExportError(f"config.json: longrope {key} must be a list of finite numbers > 0")
+        lists.append([float(v) for v in values])
+    if len(lists[0]) != len(lists[1]):
+        raise ExportError(f"config.json: longrope short_factor has {len(lists[0])} entries, long_factor {len(lists[1])}")
+    factor = rope.get("factor")
+    s = rope_number(rope, "factor", "longrope") if factor is not None else max_len / original
+    attention = rope.get("attention_factor")
+    if attention is not None:
+        attention = rope_number(rope, "attention_factor", "longrope")
+    else:
+        attention = math.sqrt(1.0 + math.log(s) / math.log(original)) if s > 1 and original > 1 else 1.0
+    return dict(rule=RULE_LONGROPE, factor=max(s, 1.0), original_len=original, rope_attention_factor=attention,
+                longrope_factors=lists)
+
+
 def hf_rope(config, head_dim, max_len):
     """(theta, p, scaling, rotary_dim) for a Hugging Face config; rotary_dim tells the row permutation.
 
@@ -1133,7 +1163,8 @@ def hf_rope(config, head_dim, max_len):
         if ignored:
             warn(f"rope_type '{rope_type}' does not use {', '.join(sorted(ignored))} (transformers ignores "
                  "them too)")
-        parse = {"linear": hf_linear, "proportional": hf_proportional, "yarn": hf_yarn, "llama3": hf_llama3}
+        parse = {"linear": hf_linear, "proportional": hf_proportional, "yarn": hf_yarn, "llama3": hf_llama3,
+                 "longrope": hf_longrope}
         scaling = parse[rope_type](config, rope, max_len)
     if rope_type == "proportional":
         pairs = int(f * head_dim // 2)
@@ -1288,7 +1319,11 @@ def read_hf(model_dir):
         config = gemma3_text_config(config)
     c = hf_config(config)
     c.rope_theta, c.rope_fraction, scaling, rotary_dim = hf_rope(config, c.head_dim, c.seq_len)
+    c.longrope_factors = scaling.pop("longrope_factors", None)
     c.set_scaling(**scaling)
+    if c.longrope_factors is not None and len(c.longrope_factors[0]) != rotated_pairs(c):
+        raise ExportError(f"config.json: longrope has {len(c.longrope_factors[0])} factors per set for "
+                          f"{rotated_pairs(c)} rotated pairs")
     files = open_safetensors(model_dir)
     rename = hf_text_model_names(files) if multimodal else (lambda name: name)
     fused = config.get("model_type") == "phi3"
@@ -1304,6 +1339,9 @@ def read_hf(model_dir):
     heads = {"wq": c.n_heads, "wk": c.n_kv_heads, "bq": c.n_heads, "bk": c.n_kv_heads, "q_norm": 1, "k_norm": 1}
     tensors, matrix_types = {}, set()
     for ours, shape in tensor_shapes(c):
+        if ours == "rope_factors":  # from config.json, not a stored tensor
+            tensors[ours] = np.asarray(c.longrope_factors, dtype=np.float32)
+            continue
         pieces = []
         for name, expected in hf_pieces(ours, shape, c.n_layers, c.post_norms):
             name = rename(name)

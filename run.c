@@ -128,10 +128,12 @@ typedef enum {
     ROPE_SCALING_LINEAR = 1,
     ROPE_SCALING_NTK = 2,
     ROPE_SCALING_YARN = 3,
-    ROPE_SCALING_LLAMA3 = 4
+    ROPE_SCALING_LLAMA3 = 4,
+    ROPE_SCALING_LONGROPE = 5 // version 2 only: its per-pair factors are a tensor of the file
 } RopeScaling;
-static const char *rope_scaling_names[] = {"none", "linear", "ntk", "yarn", "llama3"};
-#define N_ROPE_SCALINGS 5
+static const char *rope_scaling_names[] = {"none", "linear", "ntk", "yarn", "llama3", "longrope"};
+#define N_ROPE_SCALINGS 6
+#define N_FLAG_SCALINGS 5 // --rope-scaling's: longrope needs the file's factors
 
 // How the matrices and the token embedding are stored (the ROPE header's
 // weight_type): float32, or a 16-bit type that widens to float32 exactly. bf16 is
@@ -186,6 +188,7 @@ typedef struct {
     float rope_attention_factor;   // cos and sin are multiplied by it (yarn: 0.1 ln s + 1; else 1)
     float llama3_low_freq_factor;  // llama3: wavelengths above original / this are interpolated (1)
     float llama3_high_freq_factor; // llama3: wavelengths below original / this are kept (4)
+    const float *longrope_factors; // longrope: (2, rope_angles) short then long, from the file (NULL until mapped)
     // ROPE version 2's block options (docs/format.md); 0 everywhere is the Llama block
     int head_size;              // width of one head; 0: dim / n_heads (head_size_of)
     int qkv_bias, qk_norm, post_norms; // the flags' bits, one int each
@@ -237,6 +240,7 @@ typedef struct {
     const float *bq, *bk, *bv;              // (layer, n_heads * head_size), (layer, kv_dim) x 2: biases
     const float *q_norm, *k_norm;           // (layer, head_size): the per-head RMSNorms' weights
     const float *rms_post_att, *rms_post_ffn; // (layer, dim): the post-attention and post-feed-forward norms
+    const float *rope_factors;              // (2, rope_angles): longrope's short, then long factors
 } TransformerWeights;
 
 // Accumulators for -m inspect: how much of each head's signal lives at each rotary
@@ -374,7 +378,8 @@ static int check_rope_parameter(const char *name, float value, int allowed, cons
 static int validate_rope_scaling(const Config *c) {
     int rule = c->rope_scaling;
     if (rule < 0 || rule >= N_ROPE_SCALINGS)
-        return fail("rope_scaling %d is not a rule this program knows (0 none, 1 linear, 2 ntk, 3 yarn, 4 llama3)", rule);
+        return fail("rope_scaling %d is not a rule this program knows (0 none, 1 linear, 2 ntk, 3 yarn, 4 llama3, "
+                    "5 longrope)", rule);
     if (!isfinite(c->rope_factor) || c->rope_factor < 1) // every rule stretches; none shrinks
         return fail("rope_factor %g must be finite and >= 1", c->rope_factor);
     if (c->rope_original_len < 1 || c->rope_original_len > MAX_SEQ_LEN)
@@ -516,6 +521,8 @@ static int parse_header_v2(const unsigned char *data, Config *c) {
                         c->rope2.rope_factor);
         if (c->rope2.rope_original_len < 0)
             return fail("rope2_original_len %d must be >= 0 (0: seq_len)", c->rope2.rope_original_len);
+        if (c->rope2.rope_scaling == ROPE_SCALING_LONGROPE)
+            return fail("rope2_scaling 5 (longrope) is for the first setting only");
     }
     return 0;
 }
@@ -620,6 +627,8 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
         if (c->rope_scaling == ROPE_SCALING_NONE && c->rope_factor != 1.0f) c->rope_scaling = ROPE_SCALING_LINEAR;
         if (c->rope_original_len < 0)
             return fail("rope_original_len %d must be >= 0 (0: seq_len)", c->rope_original_len);
+        if (c->rope_scaling == ROPE_SCALING_LONGROPE && c->version != 2)
+            return fail("rope_scaling 5 (longrope) needs version 2, which stores its factors");
     }
     if (c->rope_original_len == 0) c->rope_original_len = c->seq_len; // the trained length, unless the file says
     if (c->rope2.rope_original_len == 0 && has_second_rope(c)) c->rope2.rope_original_len = c->seq_len;
@@ -697,6 +706,7 @@ static uint64_t map_weights(TransformerWeights *w, const Config *c, CheckpointFo
     w->k_norm = c->qk_norm ? next_vector(&t, layers * hs) : NULL;
     w->rms_post_att = c->post_norms ? next_vector(&t, layers * dim) : NULL;
     w->rms_post_ffn = c->post_norms ? next_vector(&t, layers * dim) : NULL;
+    w->rope_factors = c->rope_scaling == ROPE_SCALING_LONGROPE ? next_vector(&t, 2ull * rope_angles_of(c)) : NULL;
     return t.at;
 }
 
@@ -747,6 +757,24 @@ static int load_checkpoint(Transformer *t, const char *path) {
     t->mapped = mapped;
     t->file_size = size;
     map_weights(&t->weights, &t->config, t->format, (uintptr_t)mapped, offset);
+    if (t->weights.rope_factors) { // longrope's factors: finite and > 0, and the angles they give finite
+        t->config.longrope_factors = t->weights.rope_factors;
+        for (int i = 0; i < 2 * rope_angles_of(&t->config); i++) {
+            float f = t->weights.rope_factors[i];
+            if (!isfinite(f) || f <= 0) {
+                munmap(mapped, size);
+                memset(t, 0, sizeof(*t));
+                return fail("checkpoint %s: longrope factor %d is %g; it must be finite and > 0", path, i, f);
+            }
+        }
+        if (check_rope_angles(&t->config) != 0) {
+            char reason[sizeof(error_message)];
+            snprintf(reason, sizeof(reason), "%s", error_message);
+            munmap(mapped, size);
+            memset(t, 0, sizeof(*t));
+            return fail("checkpoint %s: %s", path, reason);
+        }
+    }
     return 0;
 }
 
@@ -850,6 +878,14 @@ static float rope_frequency(const Config *c, int i) {
     }
     case ROPE_SCALING_LLAMA3:
         return (float)llama3_frequency(c, omega);
+    case ROPE_SCALING_LONGROPE: {
+        // Phi-3 128k, Phi-4-mini: omega_i / ext_i, ext the short factors when the
+        // context in use is within the trained length, the long ones beyond it (as
+        // llama.cpp chooses, by the context rather than the text so far)
+        if (!c->longrope_factors) return omega; // the header alone (no weights mapped yet)
+        int longer = c->seq_len > c->rope_original_len;
+        return omega / c->longrope_factors[(longer ? rope_angles_of(c) : 0) + i];
+    }
     default:
         return omega;
     }
@@ -860,6 +896,8 @@ static float rope_frequency(const Config *c, int i) {
 static float rope_attention_factor(const Config *c) {
     if (c->rope_attention_factor != 0.0f) return c->rope_attention_factor;
     if (c->rope_scaling == ROPE_SCALING_YARN && c->rope_factor > 1) return (float)(0.1 * log(c->rope_factor) + 1.0);
+    if (c->rope_scaling == ROPE_SCALING_LONGROPE && c->rope_factor > 1 && c->rope_original_len > 1) // sqrt(1 + ln s / ln L)
+        return (float)sqrt(1.0 + log(c->rope_factor) / log(c->rope_original_len));
     return 1.0f;
 }
 
@@ -4037,7 +4075,7 @@ int main(int argc, char *argv[]) {
     if (!is_generate && !is_tokenize && !is_ppl && !is_inspect && !is_chat && !is_rope)
         usage_error("unknown mode '%s' (generate, tokenize, ppl, inspect, chat, rope)", mode);
     int scaling = -1; // the --rope-scaling rule, -1 when not given
-    for (int k = 0; rope_scaling && k < N_ROPE_SCALINGS; k++)
+    for (int k = 0; rope_scaling && k < N_FLAG_SCALINGS; k++)
         if (strcmp(rope_scaling, rope_scaling_names[k]) == 0) scaling = k;
     if (rope_scaling && scaling < 0) usage_error("unknown --rope-scaling '%s' (none, linear, ntk, yarn, llama3)", rope_scaling);
     if (scaling == ROPE_SCALING_NONE && rope_factor > 0) usage_error("--rope-factor has no effect with --rope-scaling none");

@@ -94,6 +94,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         check_inside(w->rms_post_att, layers * dim, sizeof(float), lo, hi, alignment);
         check_inside(w->rms_post_ffn, layers * dim, sizeof(float), lo, hi, alignment);
     }
+    if (c.rope_scaling == ROPE_SCALING_LONGROPE) { // its factors, as load_checkpoint points the config at them
+        check_inside(w->rope_factors, 2ull * rope_angles_of(&c), sizeof(float), lo, hi, alignment);
+        t.config.longrope_factors = w->rope_factors;
+    }
     if (c.layer_table_bytes) {
         CHECK(c.layer_table_offset % ROPE_V2_ALIGNMENT == 0 && c.layer_table_offset + c.layer_table_bytes == size);
         if (parse_layer_table((const unsigned char *)copy + c.layer_table_offset, &t.config) != 0) {

@@ -25,13 +25,19 @@ from conftest import TOK512, export, run, tokens_of
 
 # the families this branch supports, by the fixture of the model the issue names
 MODELS = ["Qwen2.5-0.5B", "Qwen3-0.6B", "SmolLM3-3B", "Mistral-7B-v0.1", "Gemma-2B", "Gemma-2-2B", "Gemma-3-270M",
-          "Gemma-3-1B", "gemma-3-4b-text", "Phi-3-mini-4k"]  # the last: Gemma 3's multimodal layout, linear x8 on global layers
+          "Gemma-3-1B", "gemma-3-4b-text", "Phi-3-mini-4k", "Phi-4-mini"]  # the last: Gemma 3's multimodal layout, linear x8 on global layers
 # 40-odd tokens with tok512: longer than every fixture's window (8)
 TEXT = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the "
         "park with her friends. One day, she saw a big red ball.")
 PROMPT = "Once upon a time, there was a little girl named Lily. She"
 STEPS = 24  # -n: positions in all, prompt included
 WINDOW = 8  # family_fixtures.shrink's default
+
+
+def context_of(config):
+    """run's default context: the file's seq_len, at most 4096 (longrope chooses its factors by it,
+    as llama.cpp does; family_reference.forward's context= does the same)."""
+    return min(family_reference.text_config(config)["max_position_embeddings"], 4096)
 
 
 @pytest.fixture(scope="module", params=[(m, d) for m in MODELS for d in ("F32", "BF16")],
@@ -54,7 +60,7 @@ def test_perplexity_matches_the_family_reference(exported):
     r = run(model, "-z", TOK512, "-m", "ppl", "-p", TEXT)
     assert r.returncode == 0, r.stderr
     nll = float(re.search(rb"nll: (\S+)", r.stdout).group(1))
-    expected = family_reference.nll(family_reference.forward(config, tensors, tokens), tokens)
+    expected = family_reference.nll(family_reference.forward(config, tensors, tokens, context_of(config)), tokens)
     assert abs(nll - expected) <= 1e-4 * abs(expected), (nll, expected)
 
 
@@ -67,7 +73,7 @@ def test_greedy_tokens_match_the_family_reference(exported):
     generated = [int(x) for x in line.split()[1:]]
     assert len(generated) >= STEPS - len(prompt)
     assert len(prompt) + len(generated) > WINDOW
-    assert generated == family_reference.greedy(config, tensors, prompt, len(generated))
+    assert generated == family_reference.greedy(config, tensors, prompt, len(generated), context_of(config))
 
 
 def read_header_and_table(path):
@@ -102,16 +108,18 @@ def test_export_writes_the_block_options_and_layer_table_the_config_gives(export
         assert table == [(2, config["sliding_window"]) if s else (1, 0) for s in sliding]
     elif fam == "smollm3":  # no_rope_layers: 0 marks a NoPE layer (the fourth of four)
         assert table == [(1 if r else 0, 0) for r in config["no_rope_layers"]] and table[3] == (0, 0)
-    elif fam in ("mistral", "phi3"):  # one window on every layer (Phi-3-mini's odd 2047, shrunk to 7)
-        assert table == [(1, config["sliding_window"])] * n
-    else:  # Qwen (use_sliding_window false: no window applied), Gemma: no table written
+    elif fam in ("mistral", "phi3") and config["sliding_window"] < config["max_position_embeddings"]:
+        assert table == [(1, config["sliding_window"])] * n  # one window on every layer (Phi-3-mini's 2047 -> 7)
+    else:  # Qwen (use_sliding_window false), Gemma, Phi-4-mini (a window beyond the length): no table
         assert table is None
 
 
-@pytest.mark.parametrize("name", ["Phi-4-mini"])  # longrope's per-pair factors
-def test_families_this_format_does_not_carry_yet_are_refused_in_one_line(tmp_path, name):
-    d = tmp_path / name
-    family_fixtures.write_checkpoint(d, name, "F32", seed=3)
+@pytest.mark.parametrize("model_type, arch", [("gpt_neox", "GPTNeoXForCausalLM"), ("qwen3_moe", "Qwen3MoeForCausalLM")])
+def test_families_this_format_does_not_carry_are_refused_in_one_line(tmp_path, model_type, arch):
+    config = family_fixtures.shrink("Mistral-7B-v0.1")
+    config.update(model_type=model_type, architectures=[arch])
+    d = tmp_path / model_type
+    family_fixtures.write_checkpoint(d, "Mistral-7B-v0.1", "F32", seed=3, config=config)
     r = export(d, tmp_path / "out.bin", check=False)
     assert r.returncode == 1
     lines = r.stderr.strip().splitlines()
@@ -213,3 +221,28 @@ def test_rope_and_inspect_modes_name_nope_and_sliding_layers(tmp_path):
     r = run(model, "-z", TOK512, "-m", "inspect", "-p", "Once upon a time")
     expected = ", ".join(f"L{i} rope " + (f"sliding {w}" if w else "full") for i, w in enumerate(windows))
     assert "layers: " + expected in r.stdout.decode().splitlines()
+
+
+@pytest.mark.parametrize("context, factors", [(32, "short"), (64, "long")])
+def test_longrope_factors_follow_the_context_in_use(tmp_path, context, factors):
+    """Phi-4-mini (trained length 32 in the fixture): within it (-c 32) the short factors,
+    beyond it the long ones, as llama.cpp chooses by the context; the same text scores as
+    the reference scores it with that choice, and not as with the other set."""
+    name = "Phi-4-mini"
+    d = tmp_path / name
+    family_fixtures.write_checkpoint(d, name, "F32", seed=3)
+    config, tensors = hf_fixture.load_hf_checkpoint(d)
+    assert family_reference.longrope_factors_in_use(config, context) == factors
+    out = tmp_path / "phi4.bin"
+    export(d, out)
+    text = "Once upon a time, there was a little girl named Lily."
+    tokens = tokens_of(out, text)
+    assert len(tokens) <= 32
+    r = run(out, "-z", TOK512, "-m", "ppl", "-p", text, "-c", context)
+    assert r.returncode == 0, r.stderr
+    nll = float(re.search(rb"nll: (\S+)", r.stdout).group(1))
+    expected = family_reference.nll(family_reference.forward(config, tensors, tokens, context), tokens)
+    other_context = 64 if context == 32 else 32  # the other factor set
+    other = family_reference.nll(family_reference.forward(config, tensors, tokens, other_context), tokens)
+    assert abs(nll - expected) <= 1e-4 * abs(expected), (nll, expected)
+    assert abs(nll - other) > 1e-3 * abs(other)
