@@ -1485,8 +1485,11 @@ static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, 
     int dim = c->dim, hidden = c->hidden_dim, kv_dim = kv_dim_of(c), head_size = head_size_of(c);
     int q_dim = q_dim_of(c); // dim in the Llama block; Qwen3 and Gemma 7B have heads wider than dim / n_heads
     float eps = c->norm_eps;
-    Config second = rope_setting(c, LAYER_ROPE_SECOND);
-    int n_rotated_first = rope_angles_of(c), n_rotated_second = has_second_rope(c) ? rope_angles_of(&second) : 0;
+    int n_rotated_first = rope_angles_of(c), n_rotated_second = 0; // each RoPE setting's rotated pairs
+    if (has_second_rope(c)) {
+        Config second = rope_setting(c, LAYER_ROPE_SECOND);
+        n_rotated_second = rope_angles_of(&second);
+    }
 
     // the token embeddings: x[b] = embedding[token b], widened to float32
     for (int b = 0; b < B; b++) embedding_row(s->x + (size_t)b * dim, w->token_embedding, tokens[b], dim);
@@ -3767,6 +3770,13 @@ static void print_rope_setting(const Config *c) {
     }
     printf("rule: %s, factor %g, original length %d, theta %g, %d of %d pairs rotate\n",
            rope_scaling_names[c->rope_scaling], s, c->rope_original_len, c->rope_theta, rotated, pairs);
+    if (c->rope_scaling == ROPE_SCALING_LONGROPE) { // per-pair factors: which set the context chose
+        printf("longrope: each pair divided by its %s factor (context %d %s the original length %d)\n",
+               c->seq_len > c->rope_original_len ? "long" : "short", c->seq_len,
+               c->seq_len > c->rope_original_len ? "beyond" : "within", c->rope_original_len);
+        if (rotated < pairs) print_pair_run("not rotated (p-RoPE)", rotated, pairs - 1);
+        return;
+    }
     // each rotated pair: kept (omega_i), interpolated (omega_i / s) or blended (between)
     const char *labels[] = {"kept", "interpolated (divided by the factor)", "blended (between kept and interpolated)"};
     int first = 0, kind = -1;

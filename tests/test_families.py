@@ -246,3 +246,11 @@ def test_longrope_factors_follow_the_context_in_use(tmp_path, context, factors):
     other = family_reference.nll(family_reference.forward(config, tensors, tokens, other_context), tokens)
     assert abs(nll - expected) <= 1e-4 * abs(expected), (nll, expected)
     assert abs(nll - other) > 1e-3 * abs(other)
+    # -m rope: the frequencies of the chosen set (the reference's inverse frequencies), and which set it is
+    r = run(out, "-z", TOK512, "-m", "rope", "-c", context)
+    tables, words = rope_blocks(r.stdout)
+    settings = family_reference.layer_settings(config, context)[0]
+    rotated = settings["rotated_pairs"]
+    np.testing.assert_allclose(tables[0][:rotated], settings["inv_freq"], rtol=1e-6)
+    assert tables[0][rotated:] == [0.0] * (len(tables[0]) - rotated)  # Phi-4-mini rotates 3/4 of each head
+    assert any(w.startswith(f"longrope: each pair divided by its {factors} factor") for w in words)
