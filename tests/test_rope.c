@@ -480,7 +480,9 @@ static void test_block_forward_equals_token_forward(const char *checkpoint) {
     }
     int same = 1;
     for (int i = 0; i < n; i++) same &= memcmp(forward(&b, tokens[i], i), block_logits + (size_t)i * V, sizeof(float) * V) == 0;
-    check(same, "block_forward_equals_token_by_token_forward_bitwise", "logits differ");
+    check(same, use_variant ? "variant_block_forward_equals_token_by_token_forward_bitwise"
+                      : "block_forward_equals_token_by_token_forward_bitwise",
+          "logits differ");
     free(block_logits);
     free_transformer(&a);
     free_transformer(&b);
@@ -511,7 +513,9 @@ static void test_fast_forward_equals_plain_forward(const char *checkpoint) {
         }
     }
     use_fast_kernels = 1;
-    check(same, "fast_kernels_forward_equals_plain_loops_forward_bitwise", "logits differ");
+    check(same, use_variant ? "variant_fast_kernels_forward_equals_plain_loops_forward_bitwise"
+                      : "fast_kernels_forward_equals_plain_loops_forward_bitwise",
+          "logits differ");
     free(fast);
     free_transformer(&a);
     free_transformer(&b);
