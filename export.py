@@ -34,8 +34,8 @@ RoPE scaling. A Hugging Face config's rope_scaling (transformers 4.x) or
 rope_parameters (5.x) of rope_type "linear", "yarn" or "llama3" is stored as the
 header's scaling rule (bytes 52..83: the factor, the rule, the original length and
 the rule's parameters), read as transformers' modeling_rope_utils.py reads them;
-"proportional"'s factor is the linear rule. "dynamic", "longrope" and yarn with
-truncate false are refused. A ROPE file's rule is carried through unchanged;
+"proportional"'s factor is the linear rule; "longrope" is rule 5 of version 2, its
+factors a tensor. "dynamic" and yarn with truncate false are refused. A ROPE file's rule is carried through unchanged;
 --legacy refuses a file with a rule. Writing more than 100 MB shows a progress line.
 
 This file uses only NumPy and the standard library: it reads safetensors and the
@@ -77,6 +77,18 @@ WEIGHT_TYPES = ["f32", "bf16", "f16"]  # the header's weight_type codes 0, 1, 2
 TENSOR_ALIGNMENT = 64  # version 2: every tensor starts at a multiple of this from the file's start
 # the tensors stored in the weight type (the norms are always float32)
 MATRIX_TENSORS = {"token_embedding", "wq", "wk", "wv", "wo", "w1", "w2", "w3", "wcls"}
+# version 2's block options (bytes 112..151): block_flags, activation, embedding_multiplier,
+# attention_scale, attention_softcap, final_softcap, layer_table_offset, layer_table_bytes
+ROPE_V2_BLOCK = struct.Struct("<Ii4f2Q")
+BLOCK_OPTIONS_AT = 112
+# the second RoPE setting (bytes 152..191): the first's fields from rope_theta on, in the
+# header's order: theta, fraction, factor, rule, original length, the five rule fields
+ROPE_V2_SECOND = struct.Struct("<3f2i5f")
+SECOND_ROPE_AT = 152
+FLAG_QKV_BIAS, FLAG_QK_NORM, FLAG_POST_NORMS = 1, 2, 4
+ACTIVATIONS = ["swiglu", "geglu-tanh"]  # the header's activation codes 0, 1
+LAYER_NOPE, LAYER_ROPE_FIRST, LAYER_ROPE_SECOND = 0, 1, 2  # the per-layer table's rope field
+LAYER_RECORD = struct.Struct("<2i")  # per layer: rope, window (0: full attention)
 LLAMA2C_MAGIC = 0x616B3432  # "ak42": llama2.c's version 1 and 2 exports
 LLAMA2C_VERSION = 1  # float32; llama2.c's version 2 is int8-quantized
 HEADER_BYTES = 256  # ROPE and llama2.c version 1 headers are zero-padded to this
@@ -102,7 +114,17 @@ HF_DEFAULTS = {  # transformers' LlamaConfig defaults for keys a config.json may
     "max_position_embeddings": 2048,
     "hidden_act": "silu",
 }
-SUPPORTED_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM"}
+SUPPORTED_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                         "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
+                         "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
+                         "gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM"}
+GEMMA_FAMILIES = {"gemma", "gemma2", "gemma3_text"}
+# the families whose config.json may give a head_dim other than hidden_size / num_attention_heads
+EXPLICIT_HEAD_DIM = {"qwen3"} | GEMMA_FAMILIES
+# Gemma's activations: transformers runs every Gemma checkpoint with the tanh GELU
+# (GemmaConfig turns hidden_act "gelu" into gelu_pytorch_tanh), as gemma_pytorch does
+GEMMA_ACTIVATIONS = {"gelu", "gelu_pytorch_tanh"}
+DTYPE_NAMES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}  # config.json's torch_dtype
 INT32_MAX = 2**31 - 1
 # run.c's limits on the header (validate_config): a file beyond them would be written and then refused
 RUN_LIMITS = {"dim": 1 << 16, "hidden_dim": 1 << 20, "n_layers": 1024, "vocab_size": 1 << 22, "seq_len": 1 << 20}
@@ -112,8 +134,8 @@ FLT_MAX = float(np.finfo(np.float32).max)
 MAX_PIECE_BYTES = 1024  # run.c's limit on llama2.c's max_token_length
 
 # The header's rope_scaling codes. 0 with rope_factor != 1 is linear too (files before the rule field).
-RULE_NONE, RULE_LINEAR, RULE_NTK, RULE_YARN, RULE_LLAMA3 = range(5)
-RULE_NAMES = ["none", "linear", "ntk", "yarn", "llama3"]
+RULE_NONE, RULE_LINEAR, RULE_NTK, RULE_YARN, RULE_LLAMA3, RULE_LONGROPE = range(6)
+RULE_NAMES = ["none", "linear", "ntk", "yarn", "llama3", "longrope"]  # longrope: version 2 (a factors tensor)
 # The rule parameters after rope_original_len: (field, the only rule it may be non-zero for, or
 # None for any rule, what 0 stands for)
 RULE_FIELDS = [
@@ -178,11 +200,35 @@ class Config:
         # none), rope_original_len (the trained length L; 0: seq_len), and RULE_FIELDS (0:
         # the rule's default)
         self.set_scaling(rope_scaling, rope_factor, rope_original_len, **rule_fields)
+        # version 2's block options (docs/format.md); these defaults are the Llama block
+        self.head_size = 0            # 0: dim / n_heads
+        self.qkv_bias = False         # q, k, v biases (Qwen2)
+        self.qk_norm = False          # per-head q/k RMSNorm before RoPE (Qwen3)
+        self.post_norms = False       # post-attention and post-feed-forward norms (Gemma 2, 3)
+        self.activation = 0           # 0 SwiGLU, 1 GeGLU with the tanh GELU
+        self.embedding_multiplier = 0.0  # 0: 1
+        self.attention_scale = 0.0    # 0: 1 / sqrt(head_size)
+        self.attention_softcap = 0.0  # 0: none
+        self.final_softcap = 0.0      # 0: none
+        self.layers = None            # per layer (rope, window), or None: every layer rotates, full attention
+        self.rope2 = None             # the second RoPE setting: {"rope_theta": theta} (no rule), or None
+        self.gemma_norms = False      # export only: the source's norms are x * (1 + w)
+        self.longrope_factors = None  # longrope: [short, long], rotated-pairs floats each (the tensor rope_factors)
 
     @property
     def head_dim(self):
         """Width of one attention head."""
-        return self.dim // self.n_heads
+        return self.head_size or self.dim // self.n_heads
+
+    @property
+    def block_flags(self):
+        return FLAG_QKV_BIAS * self.qkv_bias | FLAG_QK_NORM * self.qk_norm | FLAG_POST_NORMS * self.post_norms
+
+    def needs_block_fields(self):
+        """Whether the file needs version 2's block fields (a Llama block with no table does not)."""
+        return bool(self.head_size or self.block_flags or self.activation or self.embedding_multiplier
+                    or self.attention_scale or self.attention_softcap or self.final_softcap
+                    or self.layers is not None or self.rope2 is not None or self.rope_scaling == RULE_LONGROPE)
 
     @property
     def rule(self):
@@ -211,8 +257,11 @@ class Config:
         if self.vocab_size < MIN_VOCAB:
             raise ExportError(f"vocab_size {self.vocab_size} is below {MIN_VOCAB}: run.c needs the ids of <unk>, "
                               "<s> and </s>")
-        if self.dim % self.n_heads:
+        if self.dim % self.n_heads and not self.head_size:
             raise ExportError(f"dim {self.dim} is not a multiple of n_heads {self.n_heads}")
+        if self.n_heads * self.head_dim > RUN_LIMITS["dim"]:
+            raise ExportError(f"n_heads {self.n_heads} x head_dim {self.head_dim} is above run.c's limit of "
+                              f"{RUN_LIMITS['dim']}")
         if self.n_heads % self.n_kv_heads:
             raise ExportError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
         if self.head_dim % 2:
@@ -230,7 +279,7 @@ def check_rope_values(c):
     if not 0 <= fraction <= 1:
         raise ExportError(f"rope_fraction {c.rope_fraction} must be in [0, 1]")
     if not (is_int(c.rope_scaling) and 0 <= c.rope_scaling < len(RULE_NAMES)):
-        raise ExportError(f"rope_scaling {c.rope_scaling} is not a rule (0 none, 1 linear, 2 ntk, 3 yarn, 4 llama3)")
+        raise ExportError(f"rope_scaling {c.rope_scaling} is not a rule (0 none, 1 linear, 2 ntk, 3 yarn, 4 llama3, 5 longrope)")
     if not (math.isfinite(factor) and factor >= 1):
         raise ExportError(f"rope_factor {c.rope_factor} must be finite and >= 1 (in float32): every rule stretches "
                           "positions; run.c refuses a factor below 1")
@@ -323,6 +372,15 @@ def tensor_shapes(c):
     ]
     if not c.shared_classifier:
         shapes.append(("wcls", (c.vocab_size, c.dim)))
+    # version 2's optional tensors, after version 1's, in this order (float32)
+    if c.qkv_bias:
+        shapes += [("bq", (L, q_dim)), ("bk", (L, kv_dim)), ("bv", (L, kv_dim))]
+    if c.qk_norm:
+        shapes += [("q_norm", (L, hd)), ("k_norm", (L, hd))]
+    if c.post_norms:
+        shapes += [("rms_post_att", (L, c.dim)), ("rms_post_ffn", (L, c.dim))]
+    if c.rope_scaling == RULE_LONGROPE:
+        shapes.append(("rope_factors", (2, rotated_pairs(c))))
     return shapes
 
 
@@ -735,7 +793,13 @@ def hf_number(value, what):
 
 
 def check_architecture(config):
-    """Refuse models that are not Llama-like (Llama and Mistral are)."""
+    """Refuse models whose block this format cannot describe (Llama, Mistral, Qwen2, Qwen3 and
+    SmolLM3 it can), each refusal one line naming what it found."""
+    if config.get("vision_config") is not None:
+        raise ExportError("config.json: a vision tower (vision_config) is not supported: export the text model only")
+    for key in ("num_experts", "num_local_experts", "n_routed_experts"):
+        if config.get(key):
+            raise ExportError(f"config.json: {key} {json.dumps(config[key])}: mixtures of experts are not supported")
     model_type = json_str(config, "model_type")
     if model_type is not None and model_type not in SUPPORTED_MODEL_TYPES:
         raise ExportError(f"config.json: model_type {model_type!r} is not supported (only "
@@ -744,9 +808,17 @@ def check_architecture(config):
         if arch not in SUPPORTED_MODEL_TYPES.values():
             raise ExportError(f"config.json: architecture {arch!r} is not supported (only "
                               f"{', '.join(SUPPORTED_MODEL_TYPES.values())})")
+        if model_type is not None and arch != SUPPORTED_MODEL_TYPES[model_type]:
+            raise ExportError(f"config.json: architecture {arch!r} does not match model_type {model_type!r} "
+                              f"(expected {SUPPORTED_MODEL_TYPES[model_type]!r})")
     act = json_str(config, "hidden_act")
     act = HF_DEFAULTS["hidden_act"] if act is None else act
-    if act != "silu":
+    if model_type in GEMMA_FAMILIES:
+        act = json_str(config, "hidden_activation") or json_str(config, "hidden_act") or "gelu_pytorch_tanh"
+        if act not in GEMMA_ACTIVATIONS:
+            raise ExportError(f"config.json: hidden_activation {act!r} is not supported for {model_type} (only "
+                              "'gelu_pytorch_tanh', as Gemma runs)")
+    elif act != "silu":
         raise ExportError(f"config.json: hidden_act {act!r} is not supported (only 'silu': run.c's SwiGLU)")
     for key in ("attention_bias", "mlp_bias"):
         if json_bool(config, key, False):
@@ -754,9 +826,72 @@ def check_architecture(config):
     window = config.get("sliding_window")
     if window is not None and not is_int(window):
         raise ExportError(f"config.json: sliding_window {json.dumps(window)} must be an integer or null")
-    if window is not None and window < hf_int(config, "max_position_embeddings",
-                                              HF_DEFAULTS["max_position_embeddings"]):
-        warn(f"sliding_window {window} is ignored: run.c attends to the whole context")
+    if window is not None and window < 1:
+        raise ExportError(f"config.json: sliding_window {window} must be at least 1")
+
+
+def gemma_sliding_layers(config, model_type, n_layers):
+    """Which layers slide, as Gemma 2's and 3's configs build it: layer_types when given,
+    else Gemma 2 every other layer from layer 0 ((i + 1) % 2 != 0), Gemma 3 all but every
+    sliding_window_pattern-th ((i + 1) % pattern != 0; 6: five local to one global)."""
+    types = config.get("layer_types")
+    if types is not None:
+        if not (isinstance(types, list) and len(types) == n_layers
+                and all(t in ("sliding_attention", "full_attention") for t in types)):
+            raise ExportError(f"config.json: layer_types must be a list of {n_layers} 'sliding_attention' or "
+                              "'full_attention'")
+        return [t == "sliding_attention" for t in types]
+    if model_type == "gemma2":
+        return [(i + 1) % 2 != 0 for i in range(n_layers)]
+    pattern = config.get("sliding_window_pattern", config.get("_sliding_window_pattern", 6))
+    if not is_int(pattern) or pattern < 1:
+        raise ExportError(f"config.json: sliding_window_pattern {json.dumps(pattern)} must be a positive integer")
+    return [(i + 1) % pattern != 0 for i in range(n_layers)]
+
+
+def hf_layers(config, model_type, n_layers, seq_len):
+    """The per-layer table [(rope, window)], or None when every layer rotates with full
+    attention. As transformers builds each family's layer types:
+      mistral, phi3: sliding_window W on every layer (query t sees keys t - W < s <= t);
+      qwen2, qwen3: W only with use_sliding_window, on layers i >= max_window_layers;
+      smollm3: no_rope_layers[i] == 0 marks a NoPE layer (every fourth in SmolLM3-3B).
+    A window at least as long as the context is full attention, and is not stored."""
+    window = config.get("sliding_window")
+    windows = [0] * n_layers
+    if model_type in ("mistral", "phi3") and window is not None:
+        windows = [window] * n_layers
+    elif model_type in ("qwen2", "qwen3") and json_bool(config, "use_sliding_window", False) and window is not None:
+        first = config.get("max_window_layers", n_layers)
+        if not is_int(first) or first < 0:
+            raise ExportError(f"config.json: max_window_layers {json.dumps(first)} must be an integer >= 0")
+        windows = [window if i >= first else 0 for i in range(n_layers)]
+    elif model_type == "smollm3" and json_bool(config, "use_sliding_window", False):
+        raise ExportError("config.json: use_sliding_window true is not supported for smollm3")
+    elif model_type in ("gemma2", "gemma3_text"):
+        sliding = gemma_sliding_layers(config, model_type, n_layers)
+        if any(sliding) and window is None:
+            raise ExportError(f"config.json: {model_type} has sliding layers but no sliding_window")
+        windows = [window if slides else 0 for slides in sliding]
+    windows = [w if w < seq_len else 0 for w in windows]
+    ropes = [LAYER_ROPE_FIRST] * n_layers
+    if model_type == "smollm3":
+        flags = config.get("no_rope_layers")
+        if flags is None:  # configuration_smollm3.py's default: every no_rope_layer_interval-th layer is NoPE
+            every = config.get("no_rope_layer_interval", 4)
+            if not is_int(every) or every < 1:
+                raise ExportError(f"config.json: no_rope_layer_interval {json.dumps(every)} must be a positive integer")
+            flags = [int((i + 1) % every != 0) for i in range(n_layers)]
+        if not (isinstance(flags, list) and len(flags) == n_layers and all(f in (0, 1) and not isinstance(f, bool)
+                                                                            for f in flags)):
+            raise ExportError(f"config.json: no_rope_layers must be a list of {n_layers} zeros and ones "
+                              "(1: the layer rotates)")
+        ropes = [LAYER_ROPE_FIRST if f else LAYER_NOPE for f in flags]
+    if model_type == "gemma3_text":  # the local (sliding) layers' own theta: the second setting
+        ropes = [LAYER_ROPE_SECOND if slides else LAYER_ROPE_FIRST
+                 for slides in gemma_sliding_layers(config, model_type, n_layers)]
+    if all(w == 0 for w in windows) and all(r == LAYER_ROPE_FIRST for r in ropes):
+        return None
+    return list(zip(ropes, windows))
 
 
 def hf_config(config):
@@ -773,15 +908,50 @@ def hf_config(config):
                seq_len=hf_int(config, "max_position_embeddings", HF_DEFAULTS["max_position_embeddings"]),
                shared_classifier=json_bool(config, "tie_word_embeddings", False),
                norm_eps=hf_number(config.get("rms_norm_eps", HF_DEFAULTS["rms_norm_eps"]), "rms_norm_eps"))
-    if dim % n_heads:
-        raise ExportError(f"config.json: hidden_size {dim} is not a multiple of num_attention_heads {n_heads}")
+    model_type = config.get("model_type") or "llama"
     head_dim = config.get("head_dim")
-    if head_dim is not None and not is_int(head_dim):
+    if head_dim is not None and (not is_int(head_dim) or head_dim < 1):
         raise ExportError(f"config.json: head_dim {json.dumps(head_dim)} must be an integer or null")
-    if head_dim is not None and head_dim != dim // n_heads:
+    if model_type in EXPLICIT_HEAD_DIM and head_dim is not None and head_dim * n_heads != dim:
+        c.head_size = head_dim  # Qwen3-0.6B: 16 heads of 128 with hidden_size 1024
+    elif dim % n_heads:
+        raise ExportError(f"config.json: hidden_size {dim} is not a multiple of num_attention_heads {n_heads}")
+    elif head_dim is not None and head_dim != dim // n_heads:
         raise ExportError(f"config.json: head_dim {head_dim} differs from hidden_size / num_attention_heads = "
                           f"{dim // n_heads}; this format derives head_dim from dim / n_heads")
+    c.qkv_bias = model_type == "qwen2"  # Qwen2's q, k and v projections carry biases (o_proj none)
+    # Qwen3, Gemma 3: an RMSNorm over each query and key head before RoPE
+    c.qk_norm = model_type in ("qwen3", "gemma3_text")
+    c.layers = hf_layers(config, model_type, c.n_layers, c.seq_len)
+    c.gemma_norms = model_type in GEMMA_FAMILIES  # x * (1 + w): 1 + w is stored
+    if model_type in GEMMA_FAMILIES:
+        c.activation = ACTIVATIONS.index("geglu-tanh")
+        # the embedding times sqrt(hidden_size), rounded to the model's dtype as Gemma computes it
+        dtype = DTYPE_NAMES.get(config.get("torch_dtype") or config.get("dtype") or "float32", "f32")
+        c.embedding_multiplier = float(narrow_scalar(math.sqrt(dim), dtype))
+    if model_type in ("gemma2", "gemma3_text"):
+        c.post_norms = True
+        scalar = config.get("query_pre_attn_scalar")
+        if scalar is not None:
+            c.attention_scale = hf_number(scalar, "query_pre_attn_scalar") ** -0.5
+        for key, field in (("attn_logit_softcapping", "attention_softcap"), ("final_logit_softcapping", "final_softcap")):
+            if config.get(key) is not None:
+                setattr(c, field, hf_number(config[key], key))
+    if model_type == "gemma3_text":  # the local layers' setting: rope_local_base_freq, no rule
+        c.rope2 = {"rope_theta": hf_number(config.get("rope_local_base_freq", 10000.0), "rope_local_base_freq")}
     return c
+
+
+def narrow_scalar(x, dtype):
+    """x rounded to float32, bf16 or f16 (nearest even), as a float32."""
+    x32 = np.float32(x)
+    if dtype == "f16":
+        return np.float32(np.float16(x32))
+    if dtype == "bf16":
+        u = int(np.array(x32).view(np.uint32))
+        u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+        return np.array(u, dtype=np.uint32).view(np.float32)
+    return x32
 
 
 def hf_rope_parameters(config):
@@ -841,13 +1011,12 @@ HF_RULE_KEYS = {
     "yarn": {"factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
              "mscale", "mscale_all_dim", "truncate"},
     "llama3": {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"},
+    "longrope": {"factor", "original_max_position_embeddings", "attention_factor", "short_factor", "long_factor"},
 }
 HF_REFUSED_TYPES = {
     "dynamic": "dynamic NTK recomputes the base from the current sequence length, which a frequency table "
                "fixed at load time cannot follow; remove rope_scaling from config.json, export, and run "
                "with run's --rope-scaling ntk (or yarn) --rope-factor F instead",
-    "longrope": "its per-pair short_factor / long_factor lists do not fit the ROPE header; yarn (rope_type "
-                "'yarn', or run's --rope-scaling yarn) is the nearest rule this format has",
 }
 
 
@@ -961,6 +1130,34 @@ def hf_llama3(config, rope, max_len):
                 llama3_low_freq_factor=low, llama3_high_freq_factor=high)
 
 
+def hf_longrope(config, rope, max_len):
+    """longrope (transformers' _compute_longrope_parameters; Phi-3 128k, Phi-4-mini): every
+    rotated pair's frequency divided by short_factor[i] within the original length, by
+    long_factor[i] beyond it; cos and sin times the attention factor: the explicit one,
+    else sqrt(1 + ln s / ln original) for s = factor (or max_position_embeddings /
+    original) > 1, else 1. The factors go into the file as the tensor rope_factors."""
+    original = hf_original_len(config, rope, "longrope", max_len)
+    lists = []
+    for key in ("short_factor", "long_factor"):
+        values = rope.get(key)
+        if not (isinstance(values, list) and values and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(f32(v)) and f32(v) > 0
+                for v in values)):
+            raise ExportError(f"config.json: longrope {key} must be a list of finite numbers > 0")
+        lists.append([float(v) for v in values])
+    if len(lists[0]) != len(lists[1]):
+        raise ExportError(f"config.json: longrope short_factor has {len(lists[0])} entries, long_factor {len(lists[1])}")
+    factor = rope.get("factor")
+    s = rope_number(rope, "factor", "longrope") if factor is not None else max_len / original
+    attention = rope.get("attention_factor")
+    if attention is not None:
+        attention = rope_number(rope, "attention_factor", "longrope")
+    else:
+        attention = math.sqrt(1.0 + math.log(s) / math.log(original)) if s > 1 and original > 1 else 1.0
+    return dict(rule=RULE_LONGROPE, factor=max(s, 1.0), original_len=original, rope_attention_factor=attention,
+                longrope_factors=lists)
+
+
 def hf_rope(config, head_dim, max_len):
     """(theta, p, scaling, rotary_dim) for a Hugging Face config; rotary_dim tells the row permutation.
 
@@ -994,7 +1191,8 @@ def hf_rope(config, head_dim, max_len):
         if ignored:
             warn(f"rope_type '{rope_type}' does not use {', '.join(sorted(ignored))} (transformers ignores "
                  "them too)")
-        parse = {"linear": hf_linear, "proportional": hf_proportional, "yarn": hf_yarn, "llama3": hf_llama3}
+        parse = {"linear": hf_linear, "proportional": hf_proportional, "yarn": hf_yarn, "llama3": hf_llama3,
+                 "longrope": hf_longrope}
         scaling = parse[rope_type](config, rope, max_len)
     if rope_type == "proportional":
         pairs = int(f * head_dim // 2)
@@ -1049,24 +1247,92 @@ HF_LAYER_TENSORS = {  # ROPE name: Hugging Face name within model.layers.{i}.
     "w2": "mlp.down_proj.weight",
     "w3": "mlp.up_proj.weight",
 }
+HF_LAYER_TENSORS.update({  # version 2's optional tensors
+    "bq": "self_attn.q_proj.bias",
+    "bk": "self_attn.k_proj.bias",
+    "bv": "self_attn.v_proj.bias",
+    "q_norm": "self_attn.q_norm.weight",
+    "k_norm": "self_attn.k_norm.weight",
+})
 HF_MODEL_TENSORS = {"token_embedding": "model.embed_tokens.weight", "rms_final": "model.norm.weight",
                     "wcls": "lm_head.weight"}
 
 
-def hf_pieces(ours, shape, n_layers):
+# Gemma 2 and 3 (four norms per layer): post_attention_layernorm is the attention output's
+# norm, pre_feedforward_layernorm the one before the feed-forward
+HF_FOUR_NORMS = {"rms_ffn": "pre_feedforward_layernorm.weight", "rms_post_att": "post_attention_layernorm.weight",
+                 "rms_post_ffn": "post_feedforward_layernorm.weight"}
+NORM_TENSORS = {"rms_att", "rms_ffn", "rms_final", "q_norm", "k_norm", "rms_post_att", "rms_post_ffn"}
+
+
+def hf_pieces(ours, shape, n_layers, post_norms=False):
     """[(Hugging Face tensor name, its expected shape)] that make up one ROPE tensor."""
-    if ours in HF_LAYER_TENSORS:
-        return [(f"model.layers.{i}.{HF_LAYER_TENSORS[ours]}", list(shape[1:])) for i in range(n_layers)]
+    names = {**HF_LAYER_TENSORS, **HF_FOUR_NORMS} if post_norms else HF_LAYER_TENSORS
+    if ours in names:
+        return [(f"model.layers.{i}.{names[ours]}", list(shape[1:])) for i in range(n_layers)]
     return [(HF_MODEL_TENSORS[ours], list(shape))]
 
 
-def lazy_tensor(file, name, heads=None, order=None):
+def lazy_tensor(file, name, heads=None, order=None, plus_one=False, rows=None):
     """A function that reads one stored tensor in its stored type (see weight_type_of; rows
-    permuted per head if asked)."""
+    permuted per head if asked; plus_one: Gemma's norm weight w as 1 + w in float32, the
+    sum Gemma's RMSNorm computes in float32; rows: (first, end), a band of a fused matrix)."""
     def load():
         w = file.raw(name)[1]
+        if rows is not None:
+            w = w[rows[0]:rows[1]]
+        if plus_one:
+            w = widen(w) + np.float32(1)
         return w if order is None else permute_heads(w, heads, order)
     return load
+
+
+def gemma3_text_config(config):
+    """The text model's config of a multimodal Gemma 3 config.json (text_config, with the
+    dtype of the whole), whose vision tower is left out (said on stderr once read)."""
+    inner = config.get("text_config")
+    if not isinstance(inner, dict):
+        raise ExportError("config.json: model_type 'gemma3' without a text_config object")
+    inner = dict(inner)
+    inner.setdefault("model_type", "gemma3_text")
+    if inner["model_type"] != "gemma3_text":
+        raise ExportError(f"config.json: text_config's model_type {inner['model_type']!r} is not 'gemma3_text'")
+    for key in ("torch_dtype", "dtype"):
+        if key in config and key not in inner:
+            inner[key] = config[key]
+    inner.pop("architectures", None)
+    return inner
+
+
+def hf_text_model_names(files):
+    """For a multimodal Gemma 3 checkpoint: a function from a text model's tensor name
+    (model.layers..., lm_head.weight) to the name this checkpoint stores it under
+    (language_model.model... in transformers 4.5x, model.language_model... later)."""
+    for model, head in (("language_model.model.", "language_model.lm_head."),
+                        ("model.language_model.", "lm_head."), ("model.", "lm_head.")):
+        if model + "embed_tokens.weight" in files:
+            return lambda name: (model + name[len("model."):] if name.startswith("model.")
+                                 else head + name[len("lm_head."):])
+    raise ExportError("multimodal gemma3 checkpoint: no text model's embed_tokens.weight found")
+
+
+# Phi-3's fused projections: qkv_proj's rows are q, then k, then v; gate_up_proj's the
+# gate (w1), then up (w3)
+PHI3_FUSED = {"wq": ("self_attn.qkv_proj.weight", 0), "wk": ("self_attn.qkv_proj.weight", 1),
+              "wv": ("self_attn.qkv_proj.weight", 2), "w1": ("mlp.gate_up_proj.weight", 0),
+              "w3": ("mlp.gate_up_proj.weight", 1)}
+
+
+def phi3_fused_piece(c, name, ours, expected):
+    """(the fused tensor's name, the rows (first, end) that are `ours`, the fused shape)."""
+    fused_name, part = PHI3_FUSED[ours]
+    layer_prefix = name[:name.index("self_attn.") if "self_attn." in name else name.index("mlp.")]
+    if fused_name.startswith("self_attn."):
+        sizes = [c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.head_dim]
+    else:
+        sizes = [c.hidden_dim, c.hidden_dim]
+    first = sum(sizes[:part])
+    return layer_prefix + fused_name, (first, first + sizes[part]), [sum(sizes), expected[1]]
 
 
 def read_hf(model_dir):
@@ -1076,11 +1342,20 @@ def read_hf(model_dir):
     if not os.path.isfile(config_path):
         raise ExportError(f"{model_dir}: no config.json")
     config = read_json(config_path)
+    multimodal = config.get("model_type") == "gemma3"
+    if multimodal:  # Gemma 3 4B and larger: the language model's config nests in text_config
+        config = gemma3_text_config(config)
     c = hf_config(config)
     c.rope_theta, c.rope_fraction, scaling, rotary_dim = hf_rope(config, c.head_dim, c.seq_len)
+    c.longrope_factors = scaling.pop("longrope_factors", None)
     c.set_scaling(**scaling)
+    if c.longrope_factors is not None and len(c.longrope_factors[0]) != rotated_pairs(c):
+        raise ExportError(f"config.json: longrope has {len(c.longrope_factors[0])} factors per set for "
+                          f"{rotated_pairs(c)} rotated pairs")
     files = open_safetensors(model_dir)
-    if "lm_head.weight" not in files:
+    rename = hf_text_model_names(files) if multimodal else (lambda name: name)
+    fused = config.get("model_type") == "phi3"
+    if rename("lm_head.weight") not in files:
         c.shared_classifier = True  # no lm_head: the embedding is the classifier
     c.check()
     if rotary_dim != c.head_dim:  # said once the checks passed: a refused file gets its one error line only
@@ -1088,11 +1363,19 @@ def read_hf(model_dir):
         print(f"export.py: partial_rotary_factor {f} (GPT-NeoX semantics) stored exactly as p-RoPE "
               f"with theta = {show(c.rope_theta)}, p = {show(c.rope_fraction)}", file=sys.stderr)
     order = pair_permutation(c.head_dim, rotary_dim)
-    heads = {"wq": c.n_heads, "wk": c.n_kv_heads}
+    # the rows of each query and key head (and their biases and norm weights) into adjacent pairs
+    heads = {"wq": c.n_heads, "wk": c.n_kv_heads, "bq": c.n_heads, "bk": c.n_kv_heads, "q_norm": 1, "k_norm": 1}
     tensors, matrix_types = {}, set()
     for ours, shape in tensor_shapes(c):
+        if ours == "rope_factors":  # from config.json, not a stored tensor
+            tensors[ours] = np.asarray(c.longrope_factors, dtype=np.float32)
+            continue
         pieces = []
-        for name, expected in hf_pieces(ours, shape, c.n_layers):
+        for name, expected in hf_pieces(ours, shape, c.n_layers, c.post_norms):
+            name = rename(name)
+            rows = None
+            if fused and ours in PHI3_FUSED:  # Phi-3: this tensor is a band of rows of a fused one
+                name, rows, expected = phi3_fused_piece(c, name, ours, expected)
             if name not in files:
                 raise ExportError(f"missing tensor {name}")
             stored = files[name].entries[name]["shape"]
@@ -1101,7 +1384,8 @@ def read_hf(model_dir):
             dtype, _ = files[name].raw(name)  # refuse non-float dtypes now, before writing
             if ours in MATRIX_TENSORS:
                 matrix_types.add(SAFETENSORS_TYPES[dtype])
-            pieces.append(lazy_tensor(files[name], name, heads.get(ours), order if ours in heads else None))
+            pieces.append(lazy_tensor(files[name], name, heads.get(ours), order if ours in heads else None,
+                                      c.gemma_norms and ours in NORM_TENSORS, rows))
         tensors[ours] = pieces
     source_type = next(iter(matrix_types)) if len(matrix_types) == 1 else "f32"
     if len(matrix_types) > 1:
@@ -1163,27 +1447,44 @@ def write_tensor(f, pieces, progress, weight_type="f32", name=""):
         progress.add(len(data), tensor_done=i == len(pieces) - 1)
 
 
-def rope_version(weight_type, tokenizer=None):
-    """The version a file needs: 1 (exactly as before) for float32 weights and no
-    tokenizer, else 2."""
-    return ROPE_VERSION if weight_type == "f32" and tokenizer is None else ROPE_VERSION_2
+def rope_version(weight_type, c=None, tokenizer=None):
+    """The version a file needs: 1 (exactly as before) for float32 weights, the Llama
+    block and no tokenizer inside, else 2."""
+    plain = weight_type == "f32" and not (c and c.needs_block_fields()) and tokenizer is None
+    return ROPE_VERSION if plain else ROPE_VERSION_2
 
 
-def rope_header(c, weight_type="f32", version=ROPE_VERSION, tokenizer_offset=0, tokenizer_bytes=0):
-    """The 256-byte ROPE header (docs/format.md); version 2 adds head_size (0), the
-    weight_type field, a reserved field and the tokenizer section's offset and size."""
+def layer_table_place(c, tensors_end):
+    """(offset, bytes) of the per-layer table: the first multiple of 64 after the last
+    tensor, 8 bytes per layer; (0, 0) when the file has none."""
+    if c.layers is None:
+        return 0, 0
+    return tensors_end + -tensors_end % TENSOR_ALIGNMENT, LAYER_RECORD.size * c.n_layers
+
+
+def rope_header(c, weight_type="f32", version=ROPE_VERSION, tensors_end=0, tokenizer_offset=0, tokenizer_bytes=0):
+    """The 256-byte ROPE header (docs/format.md); version 2 adds head_size, the
+    weight_type field, a reserved field, the tokenizer section's offset and size, the
+    block options, the per-layer table's place and the second RoPE setting (none:
+    bytes 152..191 zero)."""
     fields = ROPE_HEADER.pack(ROPE_MAGIC, version, c.dim, c.hidden_dim, c.n_layers, c.n_heads,
                               c.n_kv_heads, c.vocab_size, c.seq_len, int(c.shared_classifier),
                               c.norm_eps, c.rope_theta, c.rope_fraction, c.rope_factor,
                               c.rope_scaling, c.rope_original_len, *(getattr(c, name) for name, _, _ in RULE_FIELDS))
     if version == ROPE_VERSION_2:
-        fields += ROPE_V2_FIELDS.pack(0, WEIGHT_TYPES.index(weight_type), 0, tokenizer_offset, tokenizer_bytes)
+        fields += ROPE_V2_FIELDS.pack(c.head_size, WEIGHT_TYPES.index(weight_type), 0, tokenizer_offset,
+                                      tokenizer_bytes)
+        fields += ROPE_V2_BLOCK.pack(c.block_flags, c.activation, c.embedding_multiplier, c.attention_scale,
+                                     c.attention_softcap, c.final_softcap, *layer_table_place(c, tensors_end))
+        if c.rope2 is not None:  # theta, p 1, factor 1, no rule, the trained length and the rule fields 0
+            fields += ROPE_V2_SECOND.pack(c.rope2["rope_theta"], 1.0, 1.0, 0, 0, 0, 0, 0, 0, 0)
     return fields + bytes(HEADER_BYTES - len(fields))
 
 
 def rope_layout(c, weight_type, version):
-    """[(name, shape, type, offset)] of a ROPE file's tensors and the file's size: back to back
-    in version 1 (float32), each at a multiple of 64 bytes in version 2."""
+    """[(name, shape, type, offset)] of a ROPE file's tensors, where the last one ends, and
+    the file's size (the per-layer table after them, if any): back to back in version 1
+    (float32), each at a multiple of 64 bytes in version 2."""
     alignment = 1 if version == ROPE_VERSION else TENSOR_ALIGNMENT
     layout, at = [], HEADER_BYTES
     for name, shape in tensor_shapes(c):
@@ -1191,20 +1492,22 @@ def rope_layout(c, weight_type, version):
         at += -at % alignment
         layout.append((name, shape, kind, at))
         at += math.prod(shape) * np.dtype(NUMPY_STORAGE[kind]).itemsize
-    return layout, at
+    offset, size = layer_table_place(c, at)
+    return layout, at, (offset + size if size else at)
 
 
 def write_rope(f, c, tensors, path="-", weight_type="f32", tokenizer=None):
     """Write a ROPE file: header, then the tensors in the README's order, the matrices and
-    the embedding as weight_type; with a tokenizer (the TOKN section's bytes), version 2
-    with the section at the first multiple of 64 after the last tensor, ending the file."""
-    version = rope_version(weight_type, tokenizer)
-    layout, size = rope_layout(c, weight_type, version)
+    the embedding as weight_type; the per-layer table after them when the model has one;
+    with a tokenizer (the TOKN section's bytes), version 2 with the section at the first
+    multiple of 64 after those, ending the file."""
+    version = rope_version(weight_type, c, tokenizer)
+    layout, tensors_end, size = rope_layout(c, weight_type, version)
     tok_at = size + -size % TENSOR_ALIGNMENT if tokenizer is not None else 0
     tok_bytes = len(tokenizer) if tokenizer is not None else 0
     progress = Progress(path, tok_at + tok_bytes if tokenizer is not None else size, len(layout))
     try:
-        f.write(rope_header(c, weight_type, version, tok_at, tok_bytes))
+        f.write(rope_header(c, weight_type, version, tensors_end, tok_at, tok_bytes))
         progress.add(HEADER_BYTES)
         written = HEADER_BYTES
         for name, shape, kind, offset in layout:
@@ -1212,6 +1515,11 @@ def write_rope(f, c, tensors, path="-", weight_type="f32", tokenizer=None):
             written = offset
             write_tensor(f, tensors[name], progress, kind, name)
             written += math.prod(shape) * np.dtype(NUMPY_STORAGE[kind]).itemsize
+        if c.layers is not None:  # the per-layer table: (rope, window) per layer
+            offset, table_bytes = layer_table_place(c, tensors_end)
+            f.write(bytes(offset - written))
+            f.write(b"".join(LAYER_RECORD.pack(rope, window) for rope, window in c.layers))
+            written = offset + table_bytes
         if tokenizer is not None:
             f.write(bytes(tok_at - written))  # zero padding to the section's 64-byte boundary
             f.write(tokenizer)
@@ -1332,7 +1640,7 @@ def export_checkpoint(args):
         write_atomically(args.output, lambda f: write_legacy(f, c, tensors, args.output))
     else:
         write_atomically(args.output, lambda f: write_rope(f, c, tensors, args.output, weight_type, tokenizer))
-    kind = ("llama2.c legacy" if args.legacy else "ROPE" if rope_version(weight_type, tokenizer) == ROPE_VERSION
+    kind = ("llama2.c legacy" if args.legacy else "ROPE" if rope_version(weight_type, c, tokenizer) == ROPE_VERSION
             else f"ROPE v2, {weight_type} weights" + (", with its tokenizer" if tokenizer is not None else ""))
     print(f"wrote {args.output} ({kind}): dim {c.dim}, "
           f"hidden {c.hidden_dim}, {c.n_layers} layers, {c.n_heads} heads ({c.n_kv_heads} kv), "

@@ -131,10 +131,12 @@ typedef enum {
     ROPE_SCALING_LINEAR = 1,
     ROPE_SCALING_NTK = 2,
     ROPE_SCALING_YARN = 3,
-    ROPE_SCALING_LLAMA3 = 4
+    ROPE_SCALING_LLAMA3 = 4,
+    ROPE_SCALING_LONGROPE = 5 // version 2 only: its per-pair factors are a tensor of the file
 } RopeScaling;
-static const char *rope_scaling_names[] = {"none", "linear", "ntk", "yarn", "llama3"};
-#define N_ROPE_SCALINGS 5
+static const char *rope_scaling_names[] = {"none", "linear", "ntk", "yarn", "llama3", "longrope"};
+#define N_ROPE_SCALINGS 6
+#define N_FLAG_SCALINGS 5 // --rope-scaling's: longrope needs the file's factors
 
 // How the matrices and the token embedding are stored (the ROPE header's
 // weight_type): float32, or a 16-bit type that widens to float32 exactly. bf16 is
@@ -147,6 +149,23 @@ static const char *weight_type_names[] = {"f32", "bf16", "f16"};
 #define N_WEIGHT_TYPES 3
 
 static size_t weight_type_bytes(WeightType type) { return type == WEIGHT_F32 ? 4 : 2; }
+
+// The feed-forward's gate (ROPE version 2's activation field): SwiGLU, silu(gate) * up
+// (Llama, Mistral, Qwen, SmolLM3, Phi), or GeGLU with the tanh GELU, gelu(gate) * up
+// (Gemma's three generations).
+typedef enum { ACTIVATION_SWIGLU = 0, ACTIVATION_GEGLU_TANH = 1 } Activation;
+#define N_ACTIVATIONS 2
+
+// The block options' flags (ROPE version 2, byte 112)
+#define BLOCK_QKV_BIAS 1u   // q, k and v projections add a bias (Qwen2)
+#define BLOCK_QK_NORM 2u    // an RMSNorm over each query and key head before RoPE (Qwen3, Gemma 3)
+#define BLOCK_POST_NORMS 4u // RMSNorms on the attention's and the feed-forward's outputs (Gemma 2, 3)
+#define BLOCK_FLAGS_KNOWN (BLOCK_QKV_BIAS | BLOCK_QK_NORM | BLOCK_POST_NORMS)
+
+// The per-layer table's rotary choice: no rotation (NoPE), or one of the two settings.
+#define LAYER_NOPE 0
+#define LAYER_ROPE_FIRST 1
+#define LAYER_ROPE_SECOND 2
 
 typedef struct {
     int dim;               // transformer width
@@ -172,6 +191,27 @@ typedef struct {
     float rope_attention_factor;   // cos and sin are multiplied by it (yarn: 0.1 ln s + 1; else 1)
     float llama3_low_freq_factor;  // llama3: wavelengths above original / this are interpolated (1)
     float llama3_high_freq_factor; // llama3: wavelengths below original / this are kept (4)
+    const float *longrope_factors; // longrope: (2, rope_angles) short then long, from the file (NULL until mapped)
+    // ROPE version 2's block options (docs/format.md); 0 everywhere is the Llama block
+    int head_size;              // width of one head; 0: dim / n_heads (head_size_of)
+    int qkv_bias, qk_norm, post_norms; // the flags' bits, one int each
+    Activation activation;      // the feed-forward's gate
+    float embedding_multiplier; // x = embedding row * it (Gemma: sqrt(dim)); 0: 1
+    float attention_scale;      // scores = q.k * it; 0: 1 / sqrt(head_size)
+    float attention_softcap;    // scores -> cap tanh(scores / cap) (Gemma 2); 0: none
+    float final_softcap;        // logits -> cap tanh(logits / cap) (Gemma 2); 0: none
+    // the second RoPE setting (Gemma 3's local layers): the first setting's fields, in
+    // the same order; rope2.rope_theta == 0 when the file has none
+    struct {
+        float rope_theta, rope_fraction, rope_factor;
+        RopeScaling rope_scaling;
+        int rope_original_len;
+        float yarn_beta_fast, yarn_beta_slow, rope_attention_factor, llama3_low_freq_factor, llama3_high_freq_factor;
+    } rope2;
+    uint64_t layer_table_offset, layer_table_bytes; // the per-layer table in the file; 0: none
+    // per layer (from the table; without one, every layer LAYER_ROPE_FIRST and full)
+    unsigned char layer_rope[MAX_LAYERS]; // LAYER_NOPE, LAYER_ROPE_FIRST or LAYER_ROPE_SECOND
+    int layer_window[MAX_LAYERS];         // 0: full attention; W: the W latest keys, the current one included
 } Config;
 
 // A weight matrix as the file stores it: elements of `type`, row-major, from data
@@ -199,6 +239,11 @@ typedef struct {
     Matrix w3;                // (layer, hidden_dim, dim) up
     const float *rms_final;   // (dim,)
     Matrix wcls;              // (vocab_size, dim) classifier
+    // version 2's optional tensors (float32), NULL when the block has none
+    const float *bq, *bk, *bv;              // (layer, n_heads * head_size), (layer, kv_dim) x 2: biases
+    const float *q_norm, *k_norm;           // (layer, head_size): the per-head RMSNorms' weights
+    const float *rms_post_att, *rms_post_ffn; // (layer, dim): the post-attention and post-feed-forward norms
+    const float *rope_factors;              // (2, rope_angles): longrope's short, then long factors
 } TransformerWeights;
 
 // Accumulators for -m inspect: how much of each head's signal lives at each rotary
@@ -240,6 +285,8 @@ typedef struct {
     // RoPE tables, computed once: cos/sin of pos * frequency(i) for each rotated pair
     float *rope_cos; // (seq_len, rope_angles)
     float *rope_sin; // (seq_len, rope_angles)
+    float *rope2_cos; // (seq_len, the second setting's rope_angles), when the file has one
+    float *rope2_sin;
     InspectStats *inspect;
 } RunState;
 
@@ -258,8 +305,28 @@ typedef struct {
     SectionSpan tokenizer; // ROPE version 2: where the file's own tokenizer is (bytes 0: none)
 } Transformer;
 
-static int head_size_of(const Config *c) { return c->dim / c->n_heads; }
+static int head_size_of(const Config *c) { return c->head_size ? c->head_size : c->dim / c->n_heads; }
+static int q_dim_of(const Config *c) { return c->n_heads * head_size_of(c); } // dim, but where head_size says otherwise
 static int kv_dim_of(const Config *c) { return c->n_kv_heads * head_size_of(c); }
+static int max_int(int a, int b) { return a > b ? a : b; }
+
+// The Config of RoPE setting `which` (LAYER_ROPE_FIRST or LAYER_ROPE_SECOND): the
+// model's, with the rotary fields replaced by the second setting's for the second,
+// so that every function of the RoPE sections serves both.
+static Config rope_setting(const Config *c, int which) {
+    Config r = *c;
+    if (which == LAYER_ROPE_SECOND) {
+        r.rope_theta = c->rope2.rope_theta, r.rope_fraction = c->rope2.rope_fraction;
+        r.rope_factor = c->rope2.rope_factor, r.rope_scaling = c->rope2.rope_scaling;
+        r.rope_original_len = c->rope2.rope_original_len;
+        r.yarn_beta_fast = c->rope2.yarn_beta_fast, r.yarn_beta_slow = c->rope2.yarn_beta_slow;
+        r.rope_attention_factor = c->rope2.rope_attention_factor;
+        r.llama3_low_freq_factor = c->rope2.llama3_low_freq_factor;
+        r.llama3_high_freq_factor = c->rope2.llama3_high_freq_factor;
+    }
+    return r;
+}
+static int has_second_rope(const Config *c) { return c->rope2.rope_theta != 0.0f; }
 
 // Where position pos of key/value head kvh of layer l starts in the KV cache.
 static size_t kv_cache_offset(const Config *c, int l, int kvh, int pos) {
@@ -320,7 +387,8 @@ static int check_rope_parameter(const char *name, float value, int allowed, cons
 static int validate_rope_scaling(const Config *c) {
     int rule = c->rope_scaling;
     if (rule < 0 || rule >= N_ROPE_SCALINGS)
-        return fail("rope_scaling %d is not a rule this program knows (0 none, 1 linear, 2 ntk, 3 yarn, 4 llama3)", rule);
+        return fail("rope_scaling %d is not a rule this program knows (0 none, 1 linear, 2 ntk, 3 yarn, 4 llama3, "
+                    "5 longrope)", rule);
     if (!isfinite(c->rope_factor) || c->rope_factor < 1) // every rule stretches; none shrinks
         return fail("rope_factor %g must be finite and >= 1", c->rope_factor);
     if (c->rope_original_len < 1 || c->rope_original_len > MAX_SEQ_LEN)
@@ -370,7 +438,10 @@ static int validate_config(const Config *c) {
         check_range("n_kv_heads", c->n_kv_heads, 1, c->n_heads) ||
         check_range("vocab_size", c->vocab_size, TOKEN_EOS + 1, MAX_VOCAB) || check_range("seq_len", c->seq_len, 1, MAX_SEQ_LEN))
         return -1;
-    if (c->dim % c->n_heads != 0) return fail("dim %d is not divisible by n_heads %d", c->dim, c->n_heads);
+    if (c->head_size == 0 && c->dim % c->n_heads != 0)
+        return fail("dim %d is not divisible by n_heads %d", c->dim, c->n_heads);
+    if ((long long)c->n_heads * head_size_of(c) > MAX_DIM)
+        return fail("n_heads %d x head_size %d is above %d", c->n_heads, head_size_of(c), MAX_DIM);
     if (c->n_heads % c->n_kv_heads != 0)
         return fail("n_heads %d is not divisible by n_kv_heads %d", c->n_heads, c->n_kv_heads);
     if (head_size_of(c) % 2 != 0) return fail("head size %d is odd; RoPE rotates pairs", head_size_of(c));
@@ -380,21 +451,118 @@ static int validate_config(const Config *c) {
     if (!(c->rope_fraction >= 0 && c->rope_fraction <= 1))
         return fail("rope_fraction %g must be in [0, 1]", c->rope_fraction);
     if (validate_rope_scaling(c) != 0 || check_rope_angles(c) != 0) return -1;
+    if (has_second_rope(c)) { // the second setting: the same rules, its own fields
+        Config second = rope_setting(c, LAYER_ROPE_SECOND);
+        if (!isfinite(second.rope_theta) || second.rope_theta <= 0)
+            return fail("rope2_theta %g must be finite and > 0 (0: no second setting)", second.rope_theta);
+        if (!(second.rope_fraction >= 0 && second.rope_fraction <= 1))
+            return fail("rope2_fraction %g must be in [0, 1]", second.rope_fraction);
+        if (validate_rope_scaling(&second) != 0 || check_rope_angles(&second) != 0) {
+            char reason[sizeof(error_message)];
+            snprintf(reason, sizeof(reason), "%s", error_message);
+            return fail("second RoPE setting: %s", reason);
+        }
+    }
     return 0; // the KV cache is sized by the context in use, and checked there (check_context_fits)
 }
 
 static uint64_t map_weights(TransformerWeights *w, const Config *c, CheckpointFormat format, uintptr_t base,
                             uint64_t offset);
 
-// ROPE version 2's fields (bytes 84..95; docs/format.md): head_size (0 only, for
-// now), weight_type, a reserved int32.
+static uint64_t read_u64(const unsigned char *p) { return (uint64_t)read_u32(p) | (uint64_t)read_u32(p + 4) << 32; }
+
+// A float option of the block: 0 (its default), or finite and > 0.
+static int check_block_option(const char *name, float value) {
+    if (value != 0.0f && (!isfinite(value) || value < 0))
+        return fail("%s %g must be finite and > 0 (0: the default)", name, value);
+    return 0;
+}
+
+// ROPE version 2's fields (bytes 84..95 and 112..191; docs/format.md): head_size,
+// weight_type, a reserved int32; the block options; the per-layer table's place; the
+// second RoPE setting. (Bytes 96..111, the tokenizer section's, are checked by the caller.)
 static int parse_header_v2(const unsigned char *data, Config *c) {
     int head_size = read_i32(data + 84), weight_type = read_i32(data + 88), reserved = read_i32(data + 92);
-    if (head_size != 0) return fail("head_size %d: only 0 (dim / n_heads) is supported", head_size);
+    if (head_size != 0 && (head_size < 2 || head_size > MAX_DIM || head_size % 2 != 0))
+        return fail("head_size %d must be 0 (dim / n_heads) or even, in [2, %d]", head_size, MAX_DIM);
     if (weight_type < 0 || weight_type >= N_WEIGHT_TYPES)
         return fail("weight_type %d is not a type this program knows (0 f32, 1 bf16, 2 f16)", weight_type);
     if (reserved != 0) return fail("reserved header field at byte 92 is %d, not 0", reserved);
+    c->head_size = head_size;
     c->weight_type = (WeightType)weight_type;
+    uint32_t flags = read_u32(data + 112);
+    if (flags & ~BLOCK_FLAGS_KNOWN)
+        return fail("block_flags 0x%x has bits this program does not know (1 qkv bias, 2 qk norm, 4 post norms)", flags);
+    c->qkv_bias = (flags & BLOCK_QKV_BIAS) != 0;
+    c->qk_norm = (flags & BLOCK_QK_NORM) != 0;
+    c->post_norms = (flags & BLOCK_POST_NORMS) != 0;
+    int activation = read_i32(data + 116);
+    if (activation < 0 || activation >= N_ACTIVATIONS)
+        return fail("activation %d is not one this program knows (0 swiglu, 1 geglu-tanh)", activation);
+    c->activation = (Activation)activation;
+    c->embedding_multiplier = read_f32(data + 120);
+    c->attention_scale = read_f32(data + 124);
+    c->attention_softcap = read_f32(data + 128);
+    c->final_softcap = read_f32(data + 132);
+    if (check_block_option("embedding_multiplier", c->embedding_multiplier) ||
+        check_block_option("attention_scale", c->attention_scale) ||
+        check_block_option("attention_softcap", c->attention_softcap) ||
+        check_block_option("final_softcap", c->final_softcap))
+        return -1;
+    c->layer_table_offset = read_u64(data + 136);
+    c->layer_table_bytes = read_u64(data + 144);
+    c->rope2.rope_theta = read_f32(data + 152);
+    c->rope2.rope_fraction = read_f32(data + 156);
+    c->rope2.rope_factor = read_f32(data + 160);
+    c->rope2.rope_scaling = (RopeScaling)read_i32(data + 164);
+    c->rope2.rope_original_len = read_i32(data + 168);
+    c->rope2.yarn_beta_fast = read_f32(data + 172);
+    c->rope2.yarn_beta_slow = read_f32(data + 176);
+    c->rope2.rope_attention_factor = read_f32(data + 180);
+    c->rope2.llama3_low_freq_factor = read_f32(data + 184);
+    c->rope2.llama3_high_freq_factor = read_f32(data + 188);
+    if (!has_second_rope(c)) {
+        for (int i = 156; i < 192; i++)
+            if (data[i] != 0) return fail("second RoPE setting field at byte %d is not zero, but rope2_theta is 0", i);
+    } else {
+        if (c->rope2.rope_scaling == ROPE_SCALING_NONE && c->rope2.rope_factor != 1.0f)
+            return fail("rope2_factor %g with rope2_scaling 0 (none): the factor of no rule must be 1",
+                        c->rope2.rope_factor);
+        if (c->rope2.rope_original_len < 0)
+            return fail("rope2_original_len %d must be >= 0 (0: seq_len)", c->rope2.rope_original_len);
+        if (c->rope2.rope_scaling == ROPE_SCALING_LONGROPE)
+            return fail("rope2_scaling 5 (longrope) is for the first setting only");
+    }
+    return 0;
+}
+
+// The per-layer table's place (header bytes 136..151): none (both 0), or 8 bytes per
+// layer starting at the first multiple of 64 at or after the last tensor's end.
+static int check_layer_table_place(const Config *c, uint64_t tensors_end) {
+    if (c->layer_table_offset == 0 && c->layer_table_bytes == 0) return 0;
+    uint64_t expected = (tensors_end + ROPE_V2_ALIGNMENT - 1) / ROPE_V2_ALIGNMENT * ROPE_V2_ALIGNMENT;
+    if (c->layer_table_offset != expected)
+        return fail("layer_table_offset %llu is not %llu (the first multiple of 64 after the last tensor)",
+                    (unsigned long long)c->layer_table_offset, (unsigned long long)expected);
+    if (c->layer_table_bytes != 8ull * c->n_layers)
+        return fail("layer_table_bytes %llu is not 8 x n_layers = %llu", (unsigned long long)c->layer_table_bytes,
+                    8ull * c->n_layers);
+    return 0;
+}
+
+// The per-layer table: n_layers records { int32 rope: 0 NoPE, 1 the first setting, 2
+// the second; int32 window: 0 full attention, else W >= 1 keys, the current one included }.
+static int parse_layer_table(const unsigned char *table, Config *c) {
+    for (int l = 0; l < c->n_layers; l++) {
+        int rope = read_i32(table + 8 * l), window = read_i32(table + 8 * l + 4);
+        if (rope < LAYER_NOPE || rope > LAYER_ROPE_SECOND)
+            return fail("layer %d: rope %d is not 0 (NoPE), 1 (first setting) or 2 (second)", l, rope);
+        if (rope == LAYER_ROPE_SECOND && !has_second_rope(c))
+            return fail("layer %d uses the second RoPE setting, but rope2_theta is 0 (none)", l);
+        if (window < 0) return fail("layer %d: window %d must be >= 0 (0: full attention)", l, window);
+        c->layer_rope[l] = (unsigned char)rope;
+        c->layer_window[l] = window;
+    }
     return 0;
 }
 
@@ -416,7 +584,7 @@ static int place_tokenizer_section(const SectionSpan *tokenizer, uint64_t *expec
         return 0;
     }
     if (tokenizer->offset != start)
-        return fail("tokenizer_offset %llu is not %llu, the first multiple of 64 after the tensors",
+        return fail("tokenizer_offset %llu is not %llu, the first multiple of 64 after the tensors (and the layer table)",
                     (unsigned long long)tokenizer->offset, (unsigned long long)start);
     if (tokenizer->bytes == 0 || tokenizer->bytes > (1ull << 40))
         return fail("tokenizer_bytes %llu is out of range", (unsigned long long)tokenizer->bytes);
@@ -432,6 +600,7 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
                         size_t *data_offset, uint64_t *expected_size, SectionSpan *tokenizer) {
     tokenizer->offset = tokenizer->bytes = 0;
     memset(c, 0, sizeof(*c));
+    memset(c->layer_rope, LAYER_ROPE_FIRST, sizeof(c->layer_rope)); // without a table: every layer rotates
     c->norm_eps = 1e-5f; // the llama2.c formats: fixed by llama2.c's model.py
     c->rope_theta = 10000.0f;
     c->rope_fraction = 1.0f;
@@ -486,7 +655,7 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
         if (c->version == 2) {
             if (parse_header_v2(data, c) != 0) return -1;
             read_tokenizer_span(data, tokenizer);
-            reserved_from = 112; // bytes 96..111: the tokenizer section (parse_header_v2)
+            reserved_from = 192; // 96..111 the tokenizer section, 112..191 the block options and second setting
         }
         for (int i = reserved_from; i < HEADER_BYTES; i++)
             if (data[i] != 0) return fail("reserved header byte %d is not zero (a newer format?)", i);
@@ -494,13 +663,18 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
         if (c->rope_scaling == ROPE_SCALING_NONE && c->rope_factor != 1.0f) c->rope_scaling = ROPE_SCALING_LINEAR;
         if (c->rope_original_len < 0)
             return fail("rope_original_len %d must be >= 0 (0: seq_len)", c->rope_original_len);
+        if (c->rope_scaling == ROPE_SCALING_LONGROPE && c->version != 2)
+            return fail("rope_scaling 5 (longrope) needs version 2, which stores its factors");
     }
     if (c->rope_original_len == 0) c->rope_original_len = c->seq_len; // the trained length, unless the file says
+    if (c->rope2.rope_original_len == 0 && has_second_rope(c)) c->rope2.rope_original_len = c->seq_len;
     if (validate_config(c) != 0) return -1;
     *data_offset = *format == FORMAT_LLAMA2C_LEGACY ? LEGACY_HEADER_BYTES : HEADER_BYTES;
     TransformerWeights unused;
     *expected_size = map_weights(&unused, c, *format, 0, *data_offset); // where the last tensor ends
-    if (c->version == 2) return place_tokenizer_section(tokenizer, expected_size);
+    if (check_layer_table_place(c, *expected_size) != 0) return -1;
+    if (c->layer_table_bytes) *expected_size = c->layer_table_offset + c->layer_table_bytes;
+    if (c->version == 2) return place_tokenizer_section(tokenizer, expected_size); // after the table, if any
     return 0;
 }
 
@@ -560,6 +734,16 @@ static uint64_t map_weights(TransformerWeights *w, const Config *c, CheckpointFo
     if (format != FORMAT_LLAMA2C_V1) w->rms_final = next_vector(&t, dim);
     if (format == FORMAT_LLAMA2C_LEGACY) next_vector(&t, (uint64_t)c->seq_len * head_size_of(c)); // freq_cis, skipped
     w->wcls = c->shared_classifier ? w->token_embedding : next_matrix(&t, vocab * dim);
+    // version 2's optional tensors, after version 1's, in this order (float32)
+    uint64_t hs = head_size_of(c);
+    w->bq = c->qkv_bias ? next_vector(&t, layers * q_dim) : NULL;
+    w->bk = c->qkv_bias ? next_vector(&t, layers * kv) : NULL;
+    w->bv = c->qkv_bias ? next_vector(&t, layers * kv) : NULL;
+    w->q_norm = c->qk_norm ? next_vector(&t, layers * hs) : NULL;
+    w->k_norm = c->qk_norm ? next_vector(&t, layers * hs) : NULL;
+    w->rms_post_att = c->post_norms ? next_vector(&t, layers * dim) : NULL;
+    w->rms_post_ffn = c->post_norms ? next_vector(&t, layers * dim) : NULL;
+    w->rope_factors = c->rope_scaling == ROPE_SCALING_LONGROPE ? next_vector(&t, 2ull * rope_angles_of(c)) : NULL;
     return t.at;
 }
 
@@ -600,9 +784,34 @@ static int load_checkpoint(Transformer *t, const char *path) {
         return fail("checkpoint %s has %zu bytes but its header implies %llu (truncated, or not a checkpoint?)",
                     path, size, (unsigned long long)expected);
     }
+    if (t->config.layer_table_bytes &&
+        parse_layer_table((const unsigned char *)mapped + t->config.layer_table_offset, &t->config) != 0) {
+        char reason[sizeof(error_message)];
+        snprintf(reason, sizeof(reason), "%s", error_message);
+        munmap(mapped, size);
+        return fail("checkpoint %s: %s", path, reason);
+    }
     t->mapped = mapped;
     t->file_size = size;
     map_weights(&t->weights, &t->config, t->format, (uintptr_t)mapped, offset);
+    if (t->weights.rope_factors) { // longrope's factors: finite and > 0, and the angles they give finite
+        t->config.longrope_factors = t->weights.rope_factors;
+        for (int i = 0; i < 2 * rope_angles_of(&t->config); i++) {
+            float f = t->weights.rope_factors[i];
+            if (!isfinite(f) || f <= 0) {
+                munmap(mapped, size);
+                memset(t, 0, sizeof(*t));
+                return fail("checkpoint %s: longrope factor %d is %g; it must be finite and > 0", path, i, f);
+            }
+        }
+        if (check_rope_angles(&t->config) != 0) {
+            char reason[sizeof(error_message)];
+            snprintf(reason, sizeof(reason), "%s", error_message);
+            munmap(mapped, size);
+            memset(t, 0, sizeof(*t));
+            return fail("checkpoint %s: %s", path, reason);
+        }
+    }
     return 0;
 }
 
@@ -706,6 +915,14 @@ static float rope_frequency(const Config *c, int i) {
     }
     case ROPE_SCALING_LLAMA3:
         return (float)llama3_frequency(c, omega);
+    case ROPE_SCALING_LONGROPE: {
+        // Phi-3 128k, Phi-4-mini: omega_i / ext_i, ext the short factors when the
+        // context in use is within the trained length, the long ones beyond it (as
+        // llama.cpp chooses, by the context rather than the text so far)
+        if (!c->longrope_factors) return omega; // the header alone (no weights mapped yet)
+        int longer = c->seq_len > c->rope_original_len;
+        return omega / c->longrope_factors[(longer ? rope_angles_of(c) : 0) + i];
+    }
     default:
         return omega;
     }
@@ -716,6 +933,8 @@ static float rope_frequency(const Config *c, int i) {
 static float rope_attention_factor(const Config *c) {
     if (c->rope_attention_factor != 0.0f) return c->rope_attention_factor;
     if (c->rope_scaling == ROPE_SCALING_YARN && c->rope_factor > 1) return (float)(0.1 * log(c->rope_factor) + 1.0);
+    if (c->rope_scaling == ROPE_SCALING_LONGROPE && c->rope_factor > 1 && c->rope_original_len > 1) // sqrt(1 + ln s / ln L)
+        return (float)sqrt(1.0 + log(c->rope_factor) / log(c->rope_original_len));
     return 1.0f;
 }
 
@@ -784,6 +1003,8 @@ static void free_run_state(RunState *s) {
     free(s->value_cache);
     free(s->rope_cos);
     free(s->rope_sin);
+    free(s->rope2_cos);
+    free(s->rope2_sin);
     memset(s, 0, sizeof(*s));
 }
 
@@ -811,14 +1032,19 @@ static float *alloc_floats_in_huge_pages(size_t n);
 // anything is allocated.
 static uint64_t run_state_fixed_floats(const Config *c) {
     uint64_t B = PREFILL_BLOCK, dim = c->dim, hidden = c->hidden_dim, kv_dim = kv_dim_of(c);
-    // x xb xb2 q q_head q_pairs, hb hb2, k v, logits, scratch
-    return B * (6 * dim + 2 * hidden + 2 * kv_dim + (uint64_t)c->vocab_size + (hidden > dim ? hidden : dim));
+    uint64_t wide = max_int(dim, q_dim_of(c)); // xb holds a normalized x and the heads' outputs
+    // x xb2, xb q q_head q_pairs, hb hb2, k v, logits, scratch
+    return B * (2 * dim + 4 * wide + 2 * hidden + 2 * kv_dim + (uint64_t)c->vocab_size + max_int(hidden, wide));
 }
 
 static uint64_t kv_cache_floats_per_position(const Config *c) { return 2ull * c->n_layers * kv_dim_of(c); }
 
 static uint64_t run_state_floats_per_position(const Config *c) {
     uint64_t angles = rope_angles_of(c) > 0 ? rope_angles_of(c) : 1;
+    if (has_second_rope(c)) {
+        Config second = rope_setting(c, LAYER_ROPE_SECOND);
+        angles += rope_angles_of(&second) > 0 ? rope_angles_of(&second) : 1;
+    }
     return kv_cache_floats_per_position(c) + (uint64_t)PREFILL_BLOCK * c->n_heads + 2 * angles;
 }
 
@@ -930,19 +1156,20 @@ static int build_run_state(RunState *s, const Config *c) {
     size_t B = PREFILL_BLOCK, kv_dim = kv_dim_of(c);
     size_t cache = (size_t)c->n_layers * c->seq_len * kv_dim;
     size_t angles = rope_angles_of(c) > 0 ? rope_angles_of(c) : 1;
+    size_t wide = max_int(c->dim, q_dim_of(c)); // xb: a normalized x, then the heads' outputs
     s->x = alloc_floats(B * c->dim);
-    s->xb = alloc_floats(B * c->dim);
+    s->xb = alloc_floats(B * wide);
     s->xb2 = alloc_floats(B * c->dim);
     s->hb = alloc_floats(B * c->hidden_dim);
     s->hb2 = alloc_floats(B * c->hidden_dim);
-    s->q = alloc_floats(B * c->dim);
+    s->q = alloc_floats(B * q_dim_of(c));
     s->k = alloc_floats(B * kv_dim);
     s->v = alloc_floats(B * kv_dim);
     s->att = alloc_floats(B * c->n_heads * (size_t)c->seq_len);
     s->logits = alloc_floats(B * c->vocab_size);
-    s->scratch = alloc_floats(B * (c->hidden_dim > c->dim ? c->hidden_dim : c->dim));
-    s->q_head = alloc_floats(B * c->dim);
-    s->q_pairs = alloc_floats(B * c->dim);
+    s->scratch = alloc_floats(B * max_int(c->hidden_dim, wide));
+    s->q_head = alloc_floats(B * q_dim_of(c));
+    s->q_pairs = alloc_floats(B * q_dim_of(c));
     s->key_cache = alloc_floats_in_huge_pages(cache);
     s->value_cache = alloc_floats_in_huge_pages(cache);
     s->rope_cos = alloc_floats((size_t)c->seq_len * angles);
@@ -953,6 +1180,17 @@ static int build_run_state(RunState *s, const Config *c) {
         return fail("out of memory allocating the run state (KV cache %zu MiB)", cache * 2 * sizeof(float) >> 20);
     }
     rope_build_tables(s->rope_cos, s->rope_sin, c);
+    if (has_second_rope(c)) { // Gemma 3's local layers: their own theta
+        Config second = rope_setting(c, LAYER_ROPE_SECOND);
+        size_t angles2 = rope_angles_of(&second) > 0 ? rope_angles_of(&second) : 1;
+        s->rope2_cos = alloc_floats((size_t)c->seq_len * angles2);
+        s->rope2_sin = alloc_floats((size_t)c->seq_len * angles2);
+        if (!s->rope2_cos || !s->rope2_sin) {
+            free_run_state(s);
+            return fail("out of memory allocating the second RoPE setting's tables");
+        }
+        rope_build_tables(s->rope2_cos, s->rope2_sin, &second);
+    }
     return 0;
 }
 
@@ -1182,9 +1420,18 @@ static void attention_values(float *out, const float *att, const float *values, 
         for (int i = 0; i < head_size; i++) out[i] += att[tt] * values[(size_t)tt * head_size + i];
 }
 
+// The first position layer l's query at pos attends to: 0 (full attention), or, on
+// a sliding layer of window W (Mistral, Gemma 2's and 3's local layers), the W
+// latest positions, pos itself included (transformers: key s is seen when
+// pos - W < s <= pos).
+static int first_visible(const Config *c, int l, int pos) {
+    int window = c->layer_window[l];
+    return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
+
 // Grouped-query causal attention of query head h for token b of a block, at position
 // pos in layer l. Key/value head h / group serves `group` query heads.
-//   score_t = q_h . k_t / sqrt(head_size),  t = 0 .. pos
+//   score_t = q_h . k_t / sqrt(head_size),  t = first .. pos (first_visible)
 //   a = softmax(score)
 //   out_h = sum_t a_t v_t
 // With scores_ready, the products q_h . k_t are already in att (attention_fast
@@ -1192,17 +1439,30 @@ static void attention_values(float *out, const float *att, const float *values, 
 static void attention_head(Transformer *t, int l, int b, int h, int pos, int scores_ready) {
     const Config *c = &t->config;
     RunState *s = &t->state;
-    int head_size = head_size_of(c), group = c->n_heads / c->n_kv_heads;
+    int head_size = head_size_of(c), group = c->n_heads / c->n_kv_heads, q_dim = q_dim_of(c);
     size_t kv_offset = kv_cache_offset(c, l, h / group, 0);
-    const float *q = s->q + (size_t)b * c->dim + h * head_size;
+    const float *q = s->q + (size_t)b * q_dim + h * head_size;
     float *att = s->att + ((size_t)b * c->n_heads + h) * c->seq_len;
     const float *keys = s->key_cache + kv_offset, *values = s->value_cache + kv_offset; // position t: + t * head_size
-    if (!scores_ready) attention_scores(att, q, keys, pos + 1, head_size);
-    float root = sqrtf(head_size);
-    for (int tt = 0; tt <= pos; tt++) att[tt] /= root;
-    softmax(att, pos + 1);
-    if (s->inspect) inspect_record_attention(s->inspect, c, l, h, att, pos);
-    attention_values(s->xb + (size_t)b * c->dim + h * head_size, att, values, pos + 1, head_size);
+    int first = first_visible(c, l, pos), n = pos + 1 - first;
+    if (!scores_ready) attention_scores(att + first, q, keys + (size_t)first * head_size, n, head_size);
+    if (c->attention_scale == 0.0f) { // the Llama block: 1 / sqrt(head_size)
+        float root = sqrtf(head_size);
+        for (int tt = first; tt <= pos; tt++) att[tt] /= root;
+    } else { // a model's own scale (Gemma 2, 3: query_pre_attn_scalar^-1/2)
+        for (int tt = first; tt <= pos; tt++) att[tt] *= c->attention_scale;
+    }
+    if (c->attention_softcap != 0.0f) { // Gemma 2: score -> cap tanh(score / cap), |score| < cap
+        float cap = c->attention_softcap;
+        for (int tt = first; tt <= pos; tt++) att[tt] = cap * tanhf(att[tt] / cap);
+    }
+    softmax(att + first, n);
+    if (s->inspect) {
+        if (first > 0) memset(att, 0, first * sizeof(float)); // the keys out of the window: weight 0
+        inspect_record_attention(s->inspect, c, l, h, att, pos);
+    }
+    attention_values(s->xb + (size_t)b * q_dim + h * head_size, att + first, values + (size_t)first * head_size, n,
+                     head_size);
 }
 
 // Attention of every head for the B tokens of a block at positions pos0 .. pos0+B-1.
@@ -1221,6 +1481,23 @@ static inline float swiglu_unit(float gate, float up) { return gate * (1.0f / (1
 static void swiglu(float *hb, const float *hb2, long n) {
     if (use_fast_kernels && swiglu_fast(hb, hb2, n)) return; // split across threads
     for (long i = 0; i < n; i++) hb[i] = swiglu_unit(hb[i], hb2[i]);
+}
+
+// GeGLU's gate for one unit (Gemma): gelu(gate) * up, with the tanh GELU
+//   gelu(v) = 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3)))
+static inline float geglu_unit(float gate, float up) {
+    const float k = 0.7978845608028654f; // sqrt(2 / pi)
+    return 0.5f * gate * (1.0f + tanhf(k * (gate + 0.044715f * gate * gate * gate))) * up;
+}
+
+// hb = gelu(hb) * hb2 over n floats
+static void geglu(float *hb, const float *hb2, long n) {
+    for (long i = 0; i < n; i++) hb[i] = geglu_unit(hb[i], hb2[i]);
+}
+
+// x = cap tanh(x / cap) over n floats (Gemma 2's final-logit soft-cap)
+static void softcap(float *x, long n, float cap) {
+    for (long i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
 }
 
 // out = row `token` of the token embedding, widened to float32.
@@ -1243,11 +1520,18 @@ static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, 
     const TransformerWeights *w = &t->weights;
     RunState *s = &t->state;
     int dim = c->dim, hidden = c->hidden_dim, kv_dim = kv_dim_of(c), head_size = head_size_of(c);
-    int n_rotated = rope_angles_of(c);
+    int q_dim = q_dim_of(c); // dim in the Llama block; Qwen3 and Gemma 7B have heads wider than dim / n_heads
     float eps = c->norm_eps;
+    int n_rotated_first = rope_angles_of(c), n_rotated_second = 0; // each RoPE setting's rotated pairs
+    if (has_second_rope(c)) {
+        Config second = rope_setting(c, LAYER_ROPE_SECOND);
+        n_rotated_second = rope_angles_of(&second);
+    }
 
     // the token embeddings: x[b] = embedding[token b], widened to float32
     for (int b = 0; b < B; b++) embedding_row(s->x + (size_t)b * dim, w->token_embedding, tokens[b], dim);
+    if (c->embedding_multiplier != 0.0f) // Gemma: x = embedding * sqrt(dim) (the file stores it as rounded)
+        for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] *= c->embedding_multiplier;
 
     for (int l = 0; l < c->n_layers; l++) {
         // attention rmsnorm: xb = rmsnorm(x)
@@ -1255,19 +1539,47 @@ static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, 
             rmsnorm(s->xb + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_att + (size_t)l * dim, dim, eps);
 
         // q = Wq xb, k = Wk xb, v = Wv xb
-        Projection qkv[3] = {{s->q, matrix_at(w->wq, (size_t)l * dim * dim), dim},
+        Projection qkv[3] = {{s->q, matrix_at(w->wq, (size_t)l * q_dim * dim), q_dim},
                              {s->k, matrix_at(w->wk, (size_t)l * kv_dim * dim), kv_dim},
                              {s->v, matrix_at(w->wv, (size_t)l * kv_dim * dim), kv_dim}};
         matmuls(s, s->xb, qkv, 3, B, dim);
+        if (c->qkv_bias) { // Qwen2: q += bq, k += bk, v += bv
+            for (int b = 0; b < B; b++) {
+                float *q = s->q + (size_t)b * q_dim, *k = s->k + (size_t)b * kv_dim, *v = s->v + (size_t)b * kv_dim;
+                for (int i = 0; i < q_dim; i++) q[i] += w->bq[(size_t)l * q_dim + i];
+                for (int i = 0; i < kv_dim; i++) k[i] += w->bk[(size_t)l * kv_dim + i];
+                for (int i = 0; i < kv_dim; i++) v[i] += w->bv[(size_t)l * kv_dim + i];
+            }
+        }
+        if (c->qk_norm) { // Qwen3, Gemma 3: each query and key head RMSNormed over its head_size values
+            const float *qn = w->q_norm + (size_t)l * head_size, *kn = w->k_norm + (size_t)l * head_size;
+            for (int b = 0; b < B; b++) {
+                for (int h = 0; h < c->n_heads; h++) {
+                    float *q = s->q + (size_t)b * q_dim + h * head_size;
+                    rmsnorm(q, q, qn, head_size, eps);
+                }
+                for (int h = 0; h < c->n_kv_heads; h++) {
+                    float *k = s->k + (size_t)b * kv_dim + h * head_size;
+                    rmsnorm(k, k, kn, head_size, eps);
+                }
+            }
+        }
 
-        // RoPE: rotate q and k by their position; then k and v go into the cache
+        // RoPE: rotate q and k by their position, with the layer's setting (none on a
+        // NoPE layer: SmolLM3's every fourth); then k and v go into the cache
+        int rope = c->layer_rope[l];
+        int n_rotated = rope == LAYER_ROPE_SECOND ? n_rotated_second : n_rotated_first;
+        const float *cos_table = rope == LAYER_ROPE_SECOND ? s->rope2_cos : s->rope_cos;
+        const float *sin_table = rope == LAYER_ROPE_SECOND ? s->rope2_sin : s->rope_sin;
         for (int b = 0; b < B; b++) {
             int pos = pos0 + b;
-            float *q = s->q + (size_t)b * dim, *k = s->k + (size_t)b * kv_dim, *v = s->v + (size_t)b * kv_dim;
+            float *q = s->q + (size_t)b * q_dim, *k = s->k + (size_t)b * kv_dim, *v = s->v + (size_t)b * kv_dim;
             if (s->inspect) inspect_record_chunks(s->inspect, c, l, q, k);
-            const float *cos_pos = s->rope_cos + (size_t)pos * n_rotated, *sin_pos = s->rope_sin + (size_t)pos * n_rotated;
-            rope_apply(q, c->n_heads, head_size, n_rotated, cos_pos, sin_pos);
-            rope_apply(k, c->n_kv_heads, head_size, n_rotated, cos_pos, sin_pos);
+            if (rope != LAYER_NOPE) {
+                const float *cos_pos = cos_table + (size_t)pos * n_rotated, *sin_pos = sin_table + (size_t)pos * n_rotated;
+                rope_apply(q, c->n_heads, head_size, n_rotated, cos_pos, sin_pos);
+                rope_apply(k, c->n_kv_heads, head_size, n_rotated, cos_pos, sin_pos);
+            }
             for (int kvh = 0; kvh < c->n_kv_heads; kvh++) {
                 size_t at = kv_cache_offset(c, l, kvh, pos);
                 memcpy(s->key_cache + at, k + kvh * head_size, head_size * sizeof(float));
@@ -1279,20 +1591,28 @@ static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, 
         // multi-head attention: xb = attention(q, cached k, cached v)
         attention(t, l, B, pos0);
 
-        // x = x + Wo xb (the residual connection)
-        matmul_tokens(s, s->xb2, s->xb, matrix_at(w->wo, (size_t)l * dim * dim), B, dim, dim);
+        // x = x + Wo xb (the residual connection); Gemma 2, 3 normalize Wo xb first
+        matmul_tokens(s, s->xb2, s->xb, matrix_at(w->wo, (size_t)l * dim * q_dim), B, q_dim, dim);
+        if (c->post_norms)
+            for (int b = 0; b < B; b++)
+                rmsnorm(s->xb2 + (size_t)b * dim, s->xb2 + (size_t)b * dim, w->rms_post_att + (size_t)l * dim, dim, eps);
         for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] += s->xb2[i];
 
         // ffn rmsnorm: xb = rmsnorm(x)
         for (int b = 0; b < B; b++)
             rmsnorm(s->xb + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_ffn + (size_t)l * dim, dim, eps);
 
-        // the feed-forward (SwiGLU): x = x + W2 (silu(W1 xb) * (W3 xb))
+        // the feed-forward: x = x + W2 (act(W1 xb) * (W3 xb)), act silu (SwiGLU) or the
+        // tanh GELU (GeGLU: Gemma); Gemma 2, 3 normalize its output first
         Projection w13[2] = {{s->hb, matrix_at(w->w1, (size_t)l * hidden * dim), hidden},
                              {s->hb2, matrix_at(w->w3, (size_t)l * hidden * dim), hidden}};
         matmuls(s, s->xb, w13, 2, B, dim);
-        swiglu(s->hb, s->hb2, (long)B * hidden);
+        if (c->activation == ACTIVATION_GEGLU_TANH) geglu(s->hb, s->hb2, (long)B * hidden);
+        else swiglu(s->hb, s->hb2, (long)B * hidden);
         matmul_tokens(s, s->xb2, s->hb, matrix_at(w->w2, (size_t)l * dim * hidden), B, hidden, dim);
+        if (c->post_norms)
+            for (int b = 0; b < B; b++)
+                rmsnorm(s->xb2 + (size_t)b * dim, s->xb2 + (size_t)b * dim, w->rms_post_ffn + (size_t)l * dim, dim, eps);
         for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] += s->xb2[i];
     }
 
@@ -1301,6 +1621,7 @@ static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, 
     int first = wanted == LOGITS_ALL ? 0 : B - 1;
     for (int b = first; b < B; b++) rmsnorm(s->x + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_final, dim, eps);
     matmul_tokens(s, s->logits, s->x + (size_t)first * dim, w->wcls, B - first, dim, c->vocab_size);
+    if (c->final_softcap != 0.0f) softcap(s->logits, (long)(B - first) * c->vocab_size, c->final_softcap); // Gemma 2
     return s->logits;
 }
 
@@ -1339,20 +1660,28 @@ static float *prefill(Transformer *t, const int *tokens, int n, int pos0) {
 static void kv_cache_shift(Transformer *t, int to, int from, int n) {
     const Config *c = &t->config;
     RunState *s = &t->state;
-    int head_size = head_size_of(c), n_rotated = rope_angles_of(c), delta = from - to;
-    float cos_delta[MAX_DIM / 2], minus_sin_delta[MAX_DIM / 2]; // R(-delta) for rope_apply
-    for (int i = 0; i < n_rotated; i++) { // the tables' angles for position delta, without the attention factor
-        float angle = delta * rope_frequency(c, i);
-        cos_delta[i] = cosf(angle);
-        minus_sin_delta[i] = -sinf(angle);
+    int head_size = head_size_of(c), delta = from - to;
+    static float cos_delta[3][MAX_DIM / 2], minus_sin_delta[3][MAX_DIM / 2]; // R(-delta) per setting, for rope_apply
+    int rotated[3] = {0, 0, 0}; // LAYER_NOPE: nothing turns
+    for (int which = LAYER_ROPE_FIRST; which <= LAYER_ROPE_SECOND; which++) {
+        if (which == LAYER_ROPE_SECOND && !has_second_rope(c)) break;
+        Config r = rope_setting(c, which);
+        rotated[which] = rope_angles_of(&r);
+        for (int i = 0; i < rotated[which]; i++) { // the tables' angles for position delta, without the attention factor
+            float angle = delta * rope_frequency(&r, i);
+            cos_delta[which][i] = cosf(angle);
+            minus_sin_delta[which][i] = -sinf(angle);
+        }
     }
     for (int l = 0; l < c->n_layers; l++) {
+        // each layer's keys turn back by its own setting's angles; a NoPE layer's keys carry no position
+        int which = c->layer_rope[l], n_rotated = rotated[which];
         for (int kvh = 0; kvh < c->n_kv_heads; kvh++) {
             for (int j = 0; j < n; j++) {
                 size_t src = kv_cache_offset(c, l, kvh, from + j), dst = kv_cache_offset(c, l, kvh, to + j);
                 memcpy(s->value_cache + dst, s->value_cache + src, head_size * sizeof(float));
                 memcpy(s->key_cache + dst, s->key_cache + src, head_size * sizeof(float));
-                rope_apply(s->key_cache + dst, 1, head_size, n_rotated, cos_delta, minus_sin_delta);
+                rope_apply(s->key_cache + dst, 1, head_size, n_rotated, cos_delta[which], minus_sin_delta[which]);
             }
         }
     }
@@ -3100,6 +3429,15 @@ static void print_shade(double value, double max_value) {
 
 static void print_inspect_report(const Config *c, const InspectStats *st) {
     int pairs = head_size_of(c) / 2, rotated = rope_angles_of(c);
+    if (c->layer_table_bytes) { // the per-layer table: which layers do not rotate, which slide
+        printf("layers:");
+        for (int l = 0; l < c->n_layers; l++) {
+            printf(" L%d %s", l, c->layer_rope[l] == LAYER_NOPE ? "NoPE" : c->layer_rope[l] == LAYER_ROPE_SECOND ? "rope2" : "rope");
+            if (c->layer_window[l]) printf(" sliding %d", c->layer_window[l]);
+            else printf(" full");
+            printf(l + 1 < c->n_layers ? "," : "\n");
+        }
+    }
     printf("frequency usage: mean |q chunk| (left) and |k chunk| (right) per rotary pair,\n");
     printf("highest frequency first, shaded to each row's maximum; '|' marks where the\n");
     printf("unrotated pairs of p-RoPE begin (%d of %d pairs rotate)\n", rotated, pairs);
@@ -4515,7 +4853,7 @@ static void attention_block_scores(Transformer *t, int l, int h, int B, int pos0
     float *q = s->q_head + (size_t)h * PREFILL_BLOCK * head_size;
     float *packed = s->q_pairs + (size_t)h * PREFILL_BLOCK * head_size;
     for (int b = 0; b < B; b++)
-        memcpy(q + (size_t)b * head_size, s->q + (size_t)b * c->dim + h * head_size, head_size * sizeof(float));
+        memcpy(q + (size_t)b * head_size, s->q + (size_t)b * q_dim_of(c) + h * head_size, head_size * sizeof(float));
 #ifdef USE_AVX512
     pack_token_pairs(packed, q, B, head_size);
 #endif
@@ -4632,11 +4970,12 @@ static void touch_pages(const unsigned char *base, size_t size) {
 static void touch_run_state(Transformer *t, int n_positions) {
     const Config *c = &t->config;
     RunState *s = &t->state;
-    size_t B = PREFILL_BLOCK, dim = c->dim, kv_dim = kv_dim_of(c), hidden = c->hidden_dim;
+    size_t B = PREFILL_BLOCK, dim = c->dim, kv_dim = kv_dim_of(c), hidden = c->hidden_dim, q_dim = q_dim_of(c);
+    size_t wide = dim > q_dim ? dim : q_dim;
     float *arrays[] = {s->x, s->xb, s->xb2, s->q, s->q_head, s->q_pairs, s->k, s->v, s->hb, s->hb2, s->scratch, s->att,
                        s->logits};
-    size_t lengths[] = {B * dim, B * dim, B * dim, B * dim, B * dim, B * dim, B * kv_dim, B * kv_dim, B * hidden,
-                        B * hidden, B * (hidden > dim ? hidden : dim), B * c->n_heads * (size_t)c->seq_len,
+    size_t lengths[] = {B * dim, B * wide, B * dim, B * q_dim, B * q_dim, B * q_dim, B * kv_dim, B * kv_dim, B * hidden,
+                        B * hidden, B * (hidden > wide ? hidden : wide), B * c->n_heads * (size_t)c->seq_len,
                         (size_t)c->vocab_size}; // the logits: the one row that generation uses
     for (size_t i = 0; i < sizeof(arrays) / sizeof(arrays[0]); i++) memset(arrays[i], 0, lengths[i] * sizeof(float));
     int n_runs = c->n_layers * c->n_kv_heads, r;
@@ -4780,7 +5119,32 @@ static void print_pair_run(const char *label, int first, int last) {
     else printf("%s: pairs %d-%d\n", label, first, last);
 }
 
+// Prints "label: layers a b c" for the layers whose rotary choice is `which`.
+static void print_layers_using(const Config *c, const char *label, int which) {
+    int any = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->layer_rope[l] == which) printf("%s%d", any++ ? " " : label, l);
+    if (any) printf("\n");
+}
+
+static void print_rope_setting(const Config *c);
+
+// -m rope: the first setting's pairs; with a per-layer table, the layers using it,
+// the second setting's pairs and layers, and the NoPE layers (no rotation at all).
 static void print_rope(const Config *c) {
+    print_rope_setting(c);
+    if (c->layer_table_bytes == 0) return; // one setting on every layer: as version 1 prints it
+    print_layers_using(c, "layers using this setting: ", LAYER_ROPE_FIRST);
+    if (has_second_rope(c)) {
+        Config second = rope_setting(c, LAYER_ROPE_SECOND);
+        printf("\nsecond setting:\n");
+        print_rope_setting(&second);
+        print_layers_using(c, "layers using the second setting: ", LAYER_ROPE_SECOND);
+    }
+    print_layers_using(c, "NoPE layers (not rotated): ", LAYER_NOPE);
+}
+
+static void print_rope_setting(const Config *c) {
     int pairs = head_size_of(c) / 2, rotated = rope_angles_of(c);
     float s = c->rope_factor;
     printf("attention_factor: %.9g\n", rope_attention_factor(c));
@@ -4790,6 +5154,13 @@ static void print_rope(const Config *c) {
     }
     printf("rule: %s, factor %g, original length %d, theta %g, %d of %d pairs rotate\n",
            rope_scaling_names[c->rope_scaling], s, c->rope_original_len, c->rope_theta, rotated, pairs);
+    if (c->rope_scaling == ROPE_SCALING_LONGROPE) { // per-pair factors: which set the context chose
+        printf("longrope: each pair divided by its %s factor (context %d %s the original length %d)\n",
+               c->seq_len > c->rope_original_len ? "long" : "short", c->seq_len,
+               c->seq_len > c->rope_original_len ? "beyond" : "within", c->rope_original_len);
+        if (rotated < pairs) print_pair_run("not rotated (p-RoPE)", rotated, pairs - 1);
+        return;
+    }
     // each rotated pair: kept (omega_i), interpolated (omega_i / s) or blended (between)
     const char *labels[] = {"kept", "interpolated (divided by the factor)", "blended (between kept and interpolated)"};
     int first = 0, kind = -1;
@@ -5184,7 +5555,7 @@ int main(int argc, char *argv[]) {
     if (!is_generate && !is_tokenize && !is_ppl && !is_inspect && !is_chat && !is_rope)
         usage_error("unknown mode '%s' (generate, tokenize, ppl, inspect, chat, rope)", mode);
     int scaling = -1; // the --rope-scaling rule, -1 when not given
-    for (int k = 0; rope_scaling && k < N_ROPE_SCALINGS; k++)
+    for (int k = 0; rope_scaling && k < N_FLAG_SCALINGS; k++)
         if (strcmp(rope_scaling, rope_scaling_names[k]) == 0) scaling = k;
     if (rope_scaling && scaling < 0) usage_error("unknown --rope-scaling '%s' (none, linear, ntk, yarn, llama3)", rope_scaling);
     if (scaling == ROPE_SCALING_NONE && rope_factor > 0) usage_error("--rope-factor has no effect with --rope-scaling none");

@@ -65,7 +65,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     memset(&t, 0, sizeof(t));
     t.config = c;
     t.format = format;
-    CHECK(map_weights(&t.weights, &c, format, (uintptr_t)copy, offset) == size);
+    uint64_t tensors_end = map_weights(&t.weights, &c, format, (uintptr_t)copy, offset);
+    CHECK(c.layer_table_bytes ? tensors_end <= c.layer_table_offset && c.layer_table_offset - tensors_end < ROPE_V2_ALIGNMENT
+                              : tensors_end == size);
     const TransformerWeights *w = &t.weights;
     uint64_t dim = c.dim, layers = c.n_layers, hidden = c.hidden_dim, kv = kv_dim_of(&c);
     uint64_t q_dim = (uint64_t)c.n_heads * head_size_of(&c);
@@ -81,6 +83,33 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     check_inside(w->w2.data, layers * dim * hidden, mb, lo, hi, alignment);
     check_inside(w->w3.data, layers * hidden * dim, mb, lo, hi, alignment);
     check_inside(w->wcls.data, (uint64_t)c.vocab_size * dim, mb, lo, hi, alignment);
+    // version 2's optional tensors, and the per-layer table (the file's last bytes)
+    uint64_t hs = head_size_of(&c);
+    if (c.qkv_bias) {
+        check_inside(w->bq, layers * q_dim, sizeof(float), lo, hi, alignment);
+        check_inside(w->bk, layers * kv, sizeof(float), lo, hi, alignment);
+        check_inside(w->bv, layers * kv, sizeof(float), lo, hi, alignment);
+    }
+    if (c.qk_norm) {
+        check_inside(w->q_norm, layers * hs, sizeof(float), lo, hi, alignment);
+        check_inside(w->k_norm, layers * hs, sizeof(float), lo, hi, alignment);
+    }
+    if (c.post_norms) {
+        check_inside(w->rms_post_att, layers * dim, sizeof(float), lo, hi, alignment);
+        check_inside(w->rms_post_ffn, layers * dim, sizeof(float), lo, hi, alignment);
+    }
+    if (c.rope_scaling == ROPE_SCALING_LONGROPE) { // its factors, as load_checkpoint points the config at them
+        check_inside(w->rope_factors, 2ull * rope_angles_of(&c), sizeof(float), lo, hi, alignment);
+        t.config.longrope_factors = w->rope_factors;
+    }
+    if (c.layer_table_bytes) {
+        CHECK(c.layer_table_offset % ROPE_V2_ALIGNMENT == 0 && c.layer_table_offset + c.layer_table_bytes <= size);
+        if (parse_layer_table((const unsigned char *)copy + c.layer_table_offset, &t.config) != 0) {
+            CHECK(error_message[0] != '\0');
+            free(copy);
+            return 0;
+        }
+    }
     if (section.bytes > 0) { // the tokenizer inside: after the tensors, and it loads or fails cleanly
         TransformerWeights layout;
         CHECK(map_weights(&layout, &c, format, 0, offset) <= section.offset);

@@ -91,6 +91,29 @@ def rope_v2_model(dim, hidden, layers, heads, kv_heads, vocab, seq, shared=1, we
     return out
 
 
+def rope_v2_variant(dim=4, hidden=4, layers=2, heads=2, kv_heads=1, vocab=6, seq=16, head_size=4, seed=5):
+    """ROPE version 2 with every block option (docs/format.md): head_size, all three flags (q/k/v
+    biases, q/k norms, post norms), GeGLU, the multiplier, scale and soft-caps, a second RoPE
+    setting, and a per-layer table (layer 0 NoPE with a window of 3, layer 1 the second setting)."""
+    head = bytearray(rope_header(dim, hidden, layers, heads, kv_heads, vocab, seq))
+    struct.pack_into("<i", head, 4, 2)
+    struct.pack_into("<ii", head, 84, head_size, 0)
+    struct.pack_into("<Ii4f", head, 112, 7, 1, 1.5, 0.25, 5.0, 20.0)
+    struct.pack_into("<3f2i5f", head, 152, 500.0, 0.5, 1.0, 0, 0, 0, 0, 0, 0, 0)
+    q, kv = heads * head_size, kv_heads * head_size
+    tensors = [vocab * dim, layers * dim, layers * q * dim, layers * kv * dim, layers * kv * dim, layers * dim * q,
+               layers * dim, layers * hidden * dim, layers * dim * hidden, layers * hidden * dim, dim,
+               layers * q, layers * kv, layers * kv, layers * head_size, layers * head_size, layers * dim,
+               layers * dim]
+    out = bytes(head)
+    for i, n in enumerate(tensors):
+        out += b"\0" * (-len(out) % 64) + floats(n, seed + i)
+    out += b"\0" * (-len(out) % 64)
+    out = bytearray(out)
+    struct.pack_into("<2Q", out, 136, len(out), 8 * layers)
+    return bytes(out) + struct.pack("<4i", 0, 3, 2, 0)
+
+
 def headers():
     for name in ("stories260K.bin", "stories260K_v1.bin"):
         path = MODELS / name
@@ -109,6 +132,7 @@ def headers():
     write("header", "tiny-rope-vocab1", rope_model(2, 1, 1, 1, 1, 1, 2))
     write("header", "tiny-rope-v2-bf16", rope_v2_model(4, 4, 1, 2, 1, 6, 16, weight_type=1))
     write("header", "tiny-rope-v2-f16-unshared", rope_v2_model(2, 3, 2, 1, 1, 5, 4, shared=0, weight_type=2))
+    write("header", "tiny-rope-v2-variant", rope_v2_variant())
     # crafted bad ones
     write("header", "bad-empty", b"")
     write("header", "bad-27-bytes", struct.pack("<7i", 64, 172, 5, 8, 4, 512, 512)[:27])

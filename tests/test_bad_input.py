@@ -106,6 +106,25 @@ def rope(edits=(), size=None, append=b"", **header):
     return build
 
 
+def rope_v2_table(records, offset_delta=0, n_bytes=None, edits=()):
+    """stories260K as ROPE version 2 (float32: its tensors are all multiples of 64 bytes, so
+    the layout is version 1's) with a per-layer table of (rope, window) records after the
+    last tensor, the header's offset/bytes pointing at it (shifted by offset_delta, or
+    n_bytes instead of 8 per record), and (offset, format, value) edits."""
+    def build(tmp):
+        data = bytearray(header_bytes(**stories_dims()) + rope_body())
+        struct.pack_into("<i", data, 4, 2)
+        end = len(data)
+        data += bytes(-end % 64)
+        offset = len(data)
+        data += b"".join(struct.pack("<2i", r, w) for r, w in records)
+        struct.pack_into("<2Q", data, 136, offset + offset_delta, 8 * len(records) if n_bytes is None else n_bytes)
+        for at, fmt, value in edits:
+            struct.pack_into(fmt, data, at, value)
+        return gen(put(tmp, "table.bin", data))
+    return build
+
+
 def cut(src, size=None, append=b""):
     """A copy of a shared model cut to size bytes (negative: from the end) and/or extended."""
     def build(tmp):
@@ -328,8 +347,67 @@ ROWS = [
      "weight_type 3 is not a type this program knows"),
     ("rope-v2-weight-type-disagrees-with-size", rope([(4, "<i", 2), (88, "<i", 1)]), 1,
      "its header (weight_type bf16) implies"),
-    ("rope-v2-head-size", rope([(4, "<i", 2), (84, "<i", 16)]), 1, "head_size 16: only 0"),
+    ("rope-v2-head-size-odd", rope([(4, "<i", 2), (84, "<i", 7)]), 1, "head_size 7 must be 0"),
     ("rope-v1-with-a-weight-type", rope([(88, "<i", 1)]), 1, "reserved header byte 88 is not zero"),
+    ("rope-v2-head-size-above-max", rope([(4, "<i", 2), (84, "<i", 65538)]), 1, "head_size 65538 must be 0"),
+    ("rope-v2-heads-times-head-size-above-max", rope([(4, "<i", 2), (84, "<i", 65536)]), 1,
+     "n_heads 8 x head_size 65536 is above"),
+    ("rope-v2-head-size-disagrees-with-size", rope([(4, "<i", 2), (84, "<i", 16)]), 1, "but its header"),
+    # version 2's block options (bytes 112..135)
+    ("rope-v2-block-flags-unknown-bit", rope([(4, "<i", 2), (112, "<I", 8)]), 1, "block_flags 0x8 has bits"),
+    ("rope-v2-biases-missing-from-the-file", rope([(4, "<i", 2), (112, "<I", 1)]), 1, "but its header"),
+    ("rope-v2-activation-unknown", rope([(4, "<i", 2), (116, "<i", 2)]), 1, "activation 2 is not one"),
+    ("rope-v2-activation-negative", rope([(4, "<i", 2), (116, "<i", -1)]), 1, "activation -1 is not one"),
+    ("rope-v2-embedding-multiplier-negative", rope([(4, "<i", 2), (120, "<f", -1.0)]), 1,
+     "embedding_multiplier -1 must be finite"),
+    ("rope-v2-attention-scale-nan", rope([(4, "<i", 2), (124, "<f", float("nan"))]), 1,
+     "attention_scale nan must be finite"),
+    ("rope-v2-attention-softcap-inf", rope([(4, "<i", 2), (128, "<f", float("inf"))]), 1,
+     "attention_softcap inf must be finite"),
+    ("rope-v2-final-softcap-negative", rope([(4, "<i", 2), (132, "<f", -2.0)]), 1, "final_softcap -2 must be"),
+    # the second RoPE setting (bytes 152..191)
+    ("rope-v2-second-setting-field-without-theta", rope([(4, "<i", 2), (160, "<f", 2.0)]), 1,
+     "is not zero, but rope2_theta is 0"),
+    ("rope-v2-second-theta-negative", rope([(4, "<i", 2), (152, "<f", -1.0), (160, "<f", 1.0)]), 1,
+     "rope2_theta -1 must be finite"),
+    ("rope-v2-second-fraction-above-one", rope([(4, "<i", 2), (152, "<f", 1e4), (156, "<f", 2.0), (160, "<f", 1.0)]),
+     1, "rope2_fraction 2 must be in [0, 1]"),
+    ("rope-v2-second-rule-unknown", rope([(4, "<i", 2), (152, "<f", 1e4), (156, "<f", 1.0), (160, "<f", 2.0),
+                                          (164, "<i", 9)]), 1, "second RoPE setting: rope_scaling 9"),
+    ("rope-v2-second-factor-without-rule", rope([(4, "<i", 2), (152, "<f", 1e4), (156, "<f", 1.0)]), 1,
+     "rope2_factor 0 with rope2_scaling 0"),
+    ("rope-v2-second-original-len-negative", rope([(4, "<i", 2), (152, "<f", 1e4), (156, "<f", 1.0),
+                                                   (160, "<f", 1.0), (168, "<i", -3)]), 1,
+     "rope2_original_len -3 must be >= 0"),
+    ("rope-v1-longrope", rope([(56, "<i", 5)]), 1, "rope_scaling 5 (longrope) needs version 2"),
+    ("rope-v2-second-setting-longrope", rope([(4, "<i", 2), (152, "<f", 1e4), (156, "<f", 1.0), (160, "<f", 1.0),
+                                              (164, "<i", 5)]), 1, "rope2_scaling 5 (longrope) is for the first"),
+    ("rope-v2-longrope-factors-missing", rope([(4, "<i", 2), (56, "<i", 5), (52, "<f", 4.0)]), 1, "but its header"),
+    ("rope-v2-longrope-factor-nan", rope([(4, "<i", 2), (56, "<i", 5), (52, "<f", 4.0)],
+                                         append=struct.pack("<8f", 1, 1, 1, 1, 2, float("nan"), 2, 2)), 1,
+     "longrope factor 5 is nan; it must be finite and > 0"),
+    ("rope-v2-longrope-factor-zero", rope([(4, "<i", 2), (56, "<i", 5), (52, "<f", 4.0)],
+                                          append=struct.pack("<8f", 1, 0, 1, 1, 2, 2, 2, 2)), 1,
+     "longrope factor 1 is 0"),
+    ("rope-v2-longrope-runs", rope([(4, "<i", 2), (56, "<i", 5), (52, "<f", 4.0)],
+                                   append=struct.pack("<8f", 1, 1, 1, 1, 2, 3, 4, 5)), 0, ""),
+    ("rope-v2-rope-scaling-6", rope([(4, "<i", 2), (56, "<i", 6)]), 1, "rope_scaling 6 is not a rule"),
+    ("rope-v2-reserved-byte-192", rope([(4, "<i", 2), (192, "<B", 1)]), 1, "reserved header byte 192 is not zero"),
+    # the per-layer table (header bytes 136..151; 8 bytes per layer after the last tensor)
+    ("rope-v2-layer-table-nope-and-windows-run", rope_v2_table([(0, 0), (1, 3), (0, 2), (1, 0), (1, 1)]), 0, ""),
+    ("rope-v2-layer-table-offset-wrong", rope_v2_table([(1, 0)] * 5, offset_delta=64), 1,
+     "layer_table_offset 1040448 is not 1040384"),
+    ("rope-v2-layer-table-bytes-wrong", rope_v2_table([(1, 0)] * 5, n_bytes=32), 1,
+     "layer_table_bytes 32 is not 8 x n_layers = 40"),
+    ("rope-v2-layer-table-bytes-without-offset", rope([(4, "<i", 2), (144, "<Q", 40)]), 1,
+     "layer_table_offset 0 is not"),
+    ("rope-v2-layer-table-truncated", rope_v2_table([(1, 0)] * 4, n_bytes=40), 1, "but its header (weight_type f32) implies"),
+    ("rope-v2-layer-rope-unknown", rope_v2_table([(1, 0), (3, 0), (1, 0), (1, 0), (1, 0)]), 1,
+     "layer 1: rope 3 is not 0 (NoPE), 1"),
+    ("rope-v2-layer-second-setting-missing", rope_v2_table([(2, 0)] * 5), 1,
+     "layer 0 uses the second RoPE setting, but rope2_theta is 0"),
+    ("rope-v2-layer-window-negative", rope_v2_table([(1, 0), (1, 0), (1, -4), (1, 0), (1, 0)]), 1,
+     "layer 2: window -4 must be >= 0"),
 
     # --- header fields: zero, negative, absurdly large, inconsistent -----------------------
     ("dim-zero", legacy(dim=0), 1, "dim = 0 is out of range"),

@@ -206,9 +206,8 @@ def test_tiny_safetensors_file(tmp_path):
     assert_fails(run_export(model, tmp_path / "out.bin"), EXIT_BAD_INPUT, "truncated")
 
 
-ROPE_TYPES = {  # linear, yarn and llama3 are exported: tests/test_export_scaling.py
+ROPE_TYPES = {  # linear, yarn and llama3 are exported: tests/test_export_scaling.py; longrope: test_families.py
     "dynamic": {"factor": 2.0},
-    "longrope": {"short_factor": [1.0, 1.0], "long_factor": [2.0, 3.0], "original_max_position_embeddings": SEQ},
     "su": {"factor": 2.0},  # any type this format does not know
 }
 

@@ -262,8 +262,10 @@ def test_default_rope_has_no_rule(tmp_path, capsys):
 @pytest.mark.parametrize("rope, words", [
     ({"type": "dynamic", "factor": 2.0}, ["rope_type 'dynamic' is not supported", "sequence length",
                                           "--rope-scaling ntk", "yarn"]),
-    ({"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8},
-     ["rope_type 'longrope' is not supported", "short_factor", "header", "yarn"]),
+    ({"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 7},
+     ["longrope short_factor has 8 entries, long_factor 7"]),
+    ({"type": "longrope", "short_factor": [1.0] * 4, "long_factor": [2.0] * 4},
+     ["longrope has 4 factors per set for 8 rotated pairs"]),
     ({"type": "su", "factor": 2.0}, ["rope_type 'su' is not supported"]),
     ({"type": "yarn", "factor": 4.0, "truncate": False}, ["yarn", '"truncate": false', "not supported"]),
 ])
@@ -299,7 +301,8 @@ def test_refused_rule_parameters(tmp_path, capsys, rope, words):
 
 @pytest.mark.parametrize("rope, code, words", [
     ({"type": "dynamic", "factor": 2.0}, 1, ["rope_type 'dynamic' is not supported", "--rope-scaling ntk"]),
-    ({"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}, 1, ["'longrope'", "yarn"]),
+    ({"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [0.0] * 8}, 1,
+     ["longrope long_factor must be a list of finite numbers > 0"]),
     ({"type": "yarn", "factor": 4.0, "truncate": False}, 1, ["truncate"]),
 ])
 def test_refusals_as_a_process(tmp_path, rope, code, words):

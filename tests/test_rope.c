@@ -474,10 +474,50 @@ static void test_every_read_order_equals_plain_matmul(void) {
         }
 }
 
+// The block options and per-layer choices of ROPE version 2, switched on over a
+// loaded llama2.c model (stories260K: 5 layers, dim 64, 8 heads of 8, 4 kv heads), so
+// that the forward-pass tests run the variant block too: q/k/v biases, q/k norms, post
+// norms, GeGLU, an embedding multiplier, an attention scale, both soft-caps, a second
+// RoPE setting, NoPE layers and sliding windows. The extra weights are made up.
+enum { VARIANT_FLOATS = 1024 };
+static float variant_bias[3][VARIANT_FLOATS], variant_qk_norm[2][VARIANT_FLOATS];
+static int variant_layer0 = LAYER_NOPE; // layer 0's rotary choice (the shift tests vary it)
+
+static int make_variant(Transformer *t) {
+    Config *c = &t->config;
+    TransformerWeights *w = &t->weights;
+    if ((size_t)c->n_layers * q_dim_of(c) > VARIANT_FLOATS || c->n_layers < 4)
+        return fail("the variant needs a model of at least 4 layers and at most %d query floats", VARIANT_FLOATS);
+    unsigned long long rng = 99;
+    for (int i = 0; i < 3; i++) random_vector(variant_bias[i], VARIANT_FLOATS, &rng);
+    for (int i = 0; i < 2; i++) {
+        random_vector(variant_qk_norm[i], VARIANT_FLOATS, &rng);
+        for (int j = 0; j < VARIANT_FLOATS; j++) variant_qk_norm[i][j] = 1.0f + 0.1f * variant_qk_norm[i][j];
+    }
+    c->qkv_bias = c->qk_norm = c->post_norms = 1;
+    w->bq = variant_bias[0], w->bk = variant_bias[1], w->bv = variant_bias[2];
+    w->q_norm = variant_qk_norm[0], w->k_norm = variant_qk_norm[1];
+    w->rms_post_att = w->rms_ffn, w->rms_post_ffn = w->rms_att; // any norm weights of the right shape
+    c->activation = ACTIVATION_GEGLU_TANH;
+    c->embedding_multiplier = 1.5f;
+    c->attention_scale = 0.3f;
+    c->attention_softcap = 5.0f;
+    c->final_softcap = 20.0f;
+    c->rope2.rope_theta = 500.0f, c->rope2.rope_fraction = 0.5f, c->rope2.rope_factor = 1.0f;
+    c->rope2.rope_original_len = c->seq_len;
+    c->layer_table_bytes = 8ull * c->n_layers; // (as loaded from a table: -m rope and inspect print it)
+    int ropes[4] = {variant_layer0, LAYER_ROPE_SECOND, LAYER_ROPE_FIRST, LAYER_NOPE}, windows[4] = {0, 7, 0, 5};
+    for (int l = 0; l < c->n_layers; l++) c->layer_rope[l] = ropes[l % 4], c->layer_window[l] = windows[l % 4];
+    return 0;
+}
+
+static int use_variant = 0; // load_model: the checkpoint as it is, or with make_variant's block
+
 // a checkpoint loaded with its run state, ready for forward(); nonzero (and
 // error_message set) when either fails
 static int load_model(Transformer *t, const char *checkpoint) {
-    return load_checkpoint(t, checkpoint) || build_run_state(&t->state, &t->config);
+    return load_checkpoint(t, checkpoint) || (use_variant && make_variant(t)) ||
+           build_run_state(&t->state, &t->config);
 }
 
 // the forward pass: a prompt in blocks gives the same logits as token by token
@@ -497,7 +537,9 @@ static void test_block_forward_equals_token_forward(const char *checkpoint) {
     }
     int same = 1;
     for (int i = 0; i < n; i++) same &= memcmp(forward(&b, tokens[i], i), block_logits + (size_t)i * V, sizeof(float) * V) == 0;
-    check(same, "block_forward_equals_token_by_token_forward_bitwise", "logits differ");
+    check(same, use_variant ? "variant_block_forward_equals_token_by_token_forward_bitwise"
+                      : "block_forward_equals_token_by_token_forward_bitwise",
+          "logits differ");
     free(block_logits);
     free_transformer(&a);
     free_transformer(&b);
@@ -528,7 +570,9 @@ static void test_fast_forward_equals_plain_forward(const char *checkpoint) {
         }
     }
     use_fast_kernels = 1;
-    check(same, "fast_kernels_forward_equals_plain_loops_forward_bitwise", "logits differ");
+    check(same, use_variant ? "variant_fast_kernels_forward_equals_plain_loops_forward_bitwise"
+                      : "fast_kernels_forward_equals_plain_loops_forward_bitwise",
+          "logits differ");
     free(fast);
     free_transformer(&a);
     free_transformer(&b);
@@ -672,10 +716,12 @@ static double layer0_cache_error(const Config *c, const float *a, const float *b
 static void test_shifted_keys_equal_fresh_keys(const char *checkpoint, float fraction, RopeScaling rule,
                                                const char *name) {
     Transformer a, b;
-    if (load_checkpoint(&a, checkpoint) || load_checkpoint(&b, checkpoint)) {
+    if (load_checkpoint(&a, checkpoint) || load_checkpoint(&b, checkpoint) ||
+        (use_variant && (make_variant(&a) || make_variant(&b)))) {
         check(0, name, error_message);
         return;
     }
+    if (use_variant) fraction = a.config.rope_fraction; // the variant's settings as they are
     a.config.rope_fraction = b.config.rope_fraction = fraction;
     if (rule != ROPE_SCALING_NONE) {
         a.config.rope_scaling = b.config.rope_scaling = rule;
@@ -713,10 +759,44 @@ static void test_shifted_keys_equal_fresh_keys(const char *checkpoint, float fra
     snprintf(detail, sizeof(detail), "key error %.3g, value error %.3g, error without re-rotation %.3g", key_error,
              value_error, unrotated_error);
     printf("     (%s)\n", detail);
-    check(key_error <= 1e-5 && value_error == 0 && unrotated_error > 1e-2, name, detail);
+    if (c->layer_rope[0] == LAYER_NOPE) // a NoPE layer's keys carry no position: moved, they are the fresh ones exactly
+        check(key_error == 0 && value_error == 0 && unrotated_error == 0, name, detail);
+    else
+        check(key_error <= 1e-5 && value_error == 0 && unrotated_error > 1e-2, name, detail);
     free(unshifted);
     free_transformer(&a);
     free_transformer(&b);
+}
+
+// A NoPE layer's cached keys depend on the token alone: the same token at positions
+// 1, 2 and 40 leaves bit-identical keys in layer 0 of the variant (layer 0 NoPE), and
+// different ones when layer 0 rotates (the check can fail).
+static void test_nope_keys_do_not_depend_on_position(const char *checkpoint) {
+    int same[2] = {0, 0};
+    for (int rotates = 0; rotates < 2; rotates++) {
+        variant_layer0 = rotates ? LAYER_ROPE_FIRST : LAYER_NOPE;
+        Transformer t;
+        if (load_model(&t, checkpoint)) {
+            check(0, "nope_keys_do_not_depend_on_position", error_message);
+            variant_layer0 = LAYER_NOPE;
+            return;
+        }
+        const Config *c = &t.config;
+        int tokens[41];
+        for (int i = 0; i < 41; i++) tokens[i] = 3 + (i * 7 + 5) % (c->vocab_size - 3);
+        tokens[1] = tokens[2] = tokens[40] = 77;
+        prefill(&t, tokens, 41, 0);
+        same[rotates] = 1;
+        for (int kvh = 0; kvh < c->n_kv_heads; kvh++) {
+            const float *k1 = t.state.key_cache + kv_cache_offset(c, 0, kvh, 1);
+            same[rotates] &= memcmp(k1, t.state.key_cache + kv_cache_offset(c, 0, kvh, 2), head_size_of(c) * sizeof(float)) == 0;
+            same[rotates] &= memcmp(k1, t.state.key_cache + kv_cache_offset(c, 0, kvh, 40), head_size_of(c) * sizeof(float)) == 0;
+        }
+        free_transformer(&t);
+    }
+    variant_layer0 = LAYER_NOPE;
+    check(same[0] && !same[1], "nope_layer_keys_do_not_depend_on_position_rotating_ones_do",
+          same[0] ? "the rotating layer's keys did not change with position" : "NoPE keys differ across positions");
 }
 
 // Writes text to dir/name (dir/name created as needed is the caller's job).
@@ -1168,6 +1248,17 @@ int main(int argc, char **argv) {
                                            "shifted_keys_equal_fresh_keys_in_layer_0_yarn_p_rope_half");
         test_shifted_keys_equal_fresh_keys(argv[1], 1.0f, ROPE_SCALING_LLAMA3,
                                            "shifted_keys_equal_fresh_keys_in_layer_0_llama3");
+        // the same forward-pass checks on the variant block (make_variant)
+        use_variant = 1;
+        test_block_forward_equals_token_forward(argv[1]);
+        test_fast_forward_equals_plain_forward(argv[1]);
+        test_nope_keys_do_not_depend_on_position(argv[1]);
+        test_shifted_keys_equal_fresh_keys(argv[1], 0, ROPE_SCALING_NONE, "variant_shifted_keys_in_nope_layer_0_are_exact");
+        variant_layer0 = LAYER_ROPE_SECOND;
+        test_shifted_keys_equal_fresh_keys(argv[1], 0, ROPE_SCALING_NONE,
+                                           "variant_shifted_keys_equal_fresh_keys_in_layer_0_second_setting");
+        variant_layer0 = LAYER_NOPE;
+        use_variant = 0;
     }
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed != 0;
