@@ -3267,6 +3267,7 @@ static int generate(Transformer *t, Tokenizer *tok, Sampler *sampler, const char
         generated[n_generated++] = token = next;
     }
     printf("\n");
+    fflush(stdout); // the line ends before the timing line on stderr, even where both go to one pipe
     double t2 = time_in_s();
     if (verbose) print_token_ids("generated", generated, n_generated);
     free(generated);
