@@ -13,7 +13,7 @@ lengths and tiny widths, so that the run state, not the weights, is what is big.
 """
 import os
 import re
-import resource
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -48,26 +48,37 @@ def models(tmp_path_factory):
             "deep": write_random_checkpoint(d / "deep.bin", seed=4, **DEEP)}
 
 
+# The child's peak RSS from wait4 counts what the process held before exec too: a child
+# forked by this pytest process starts with pytest's pages (hundreds of MiB once other test
+# files have loaded large arrays). So a fresh, small Python forks run and reports its peak.
+SPAWN = """
+import os, resource, sys
+limit, out = int(sys.argv[1]), sys.argv[2]
+pid = os.fork()
+if pid == 0:
+    if limit:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    os.execv(sys.argv[3], sys.argv[3:])
+_, status, usage = os.wait4(pid, 0)
+with open(out, "w") as f:
+    f.write(str(usage.ru_maxrss))
+sys.exit(os.waitstatus_to_exitcode(status) & 255)
+"""
+
+
 def run_limited(*args, address_space=None, timeout=120):
     """Runs run with args; returns (CompletedProcess-like, peak RSS in bytes) measured on this child
-    alone (os.wait4), under an address-space limit in bytes when given."""
-    def limit():
-        if address_space:
-            resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+    alone (os.wait4 in a small helper process), under an address-space limit in bytes when given."""
     cmd = RUN_PREFIX + [RUN_BIN] + [str(a) for a in args]
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        p = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, preexec_fn=limit,
-                             env=dict(os.environ, OMP_NUM_THREADS="1"))
-        try:
-            _, status, usage = os.wait4(p.pid, 0)
-        except BaseException:
-            p.kill()
-            raise
-        p.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        result = subprocess.CompletedProcess(cmd, p.returncode, out.read(), err.read())
-    return result, usage.ru_maxrss * 1024  # Linux: kilobytes
+    with tempfile.NamedTemporaryFile("r") as peak:
+        r = subprocess.run(["/usr/bin/python3", "-S", "-c", SPAWN, str(address_space or 0), peak.name,
+                            shutil.which(cmd[0]) or cmd[0], *cmd[1:]],
+                           capture_output=True, stdin=subprocess.DEVNULL, timeout=timeout,
+                           env=dict(os.environ, OMP_NUM_THREADS="1"))
+        kilobytes = peak.read()
+    result = subprocess.CompletedProcess(cmd, r.returncode if r.returncode < 128 else r.returncode - 256,
+                                         r.stdout, r.stderr)
+    return result, int(kilobytes) * 1024  # Linux: kilobytes
 
 
 def error_line(r, code):
