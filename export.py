@@ -80,11 +80,9 @@ MATRIX_TENSORS = {"token_embedding", "wq", "wk", "wv", "wo", "w1", "w2", "w3", "
 # version 2's block options (bytes 112..151): block_flags, activation, embedding_multiplier,
 # attention_scale, attention_softcap, final_softcap, layer_table_offset, layer_table_bytes
 ROPE_V2_BLOCK = struct.Struct("<Ii4f2Q")
-BLOCK_OPTIONS_AT = 112
 # the second RoPE setting (bytes 152..191): the first's fields from rope_theta on, in the
 # header's order: theta, fraction, factor, rule, original length, the five rule fields
 ROPE_V2_SECOND = struct.Struct("<3f2i5f")
-SECOND_ROPE_AT = 152
 FLAG_QKV_BIAS, FLAG_QK_NORM, FLAG_POST_NORMS = 1, 2, 4
 ACTIVATIONS = ["swiglu", "geglu-tanh"]  # the header's activation codes 0, 1
 LAYER_NOPE, LAYER_ROPE_FIRST, LAYER_ROPE_SECOND = 0, 1, 2  # the per-layer table's rope field
@@ -1663,7 +1661,6 @@ PIECE_TEXT, PIECE_SCORE, PIECE_TYPE = 1, 2, 3
 TRAINER_MODEL_TYPE, TRAINER_BYTE_FALLBACK, TRAINER_BOS_ID, TRAINER_EOS_ID = 3, 35, 41, 42
 NORMALIZER_NAME, NORMALIZER_DUMMY_PREFIX, NORMALIZER_REMOVE_SPACES = 1, 3, 4
 SP_MODEL_BPE = 2  # TrainerSpec.model_type: 1 unigram (the default), 2 bpe, 3 word, 4 char
-SP_TYPE_NAMES = {1: "normal", 2: "unknown", 3: "control", 4: "user-defined", 5: "unused", 6: "byte"}
 DEFAULT_BOS_ID, DEFAULT_EOS_ID = 1, 2
 SPACE_MARK = "\u2581"  # SentencePiece's "▁", which stands for a space
 

@@ -3280,14 +3280,21 @@ static int generate(Transformer *t, Tokenizer *tok, Sampler *sampler, const char
 // ----------------------------------------------------------------------------
 // Tokenize: the prompt's token ids, one per line with the piece as printable text.
 
+// Writes byte c to f with control characters escaped: \n, \r, \t, else \xNN.
+static void put_escaped_byte(unsigned char c, FILE *f) {
+    if (c == '\n') fputs("\\n", f);
+    else if (c == '\r') fputs("\\r", f);
+    else if (c == '\t') fputs("\\t", f);
+    else if (c < 0x20 || c == 0x7f) fprintf(f, "\\x%02x", c);
+    else fputc(c, f);
+}
+
+// A piece on stdout with its control characters and backslashes escaped, so that the
+// escapes can be read back unambiguously.
 static void print_escaped(const char *s) {
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '\n') fputs("\\n", stdout);
-        else if (*p == '\t') fputs("\\t", stdout);
-        else if (*p == '\r') fputs("\\r", stdout);
-        else if (*p == '\\') fputs("\\\\", stdout);
-        else if (*p < 0x20 || *p == 0x7f) printf("\\x%02x", *p);
-        else putchar(*p);
+        if (*p == '\\') fputs("\\\\", stdout);
+        else put_escaped_byte(*p, stdout);
     }
 }
 
@@ -5225,13 +5232,7 @@ static void usage(FILE *out) {
 // Writes s with its control characters escaped (\n, \r, \t, \xNN), so that a path
 // or an argument that holds a newline cannot split the one line an error is.
 static void fputs_visible(const char *s, FILE *f) {
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '\n') fputs("\\n", f);
-        else if (*p == '\r') fputs("\\r", f);
-        else if (*p == '\t') fputs("\\t", f);
-        else if (*p < 0x20 || *p == 0x7f) fprintf(f, "\\x%02x", *p);
-        else fputc(*p, f);
-    }
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) put_escaped_byte(*p, f);
 }
 
 // "run: error: MESSAGE SUFFIX" on stderr, one line whatever the message holds.
