@@ -1225,6 +1225,8 @@ static void attention_scores_fast(float *att, const float *q, const float *keys,
 static void attention_values_fast(float *out, const float *att, const float *values, int n, int head_size);
 static int attention_fast(Transformer *t, int l, int B, int pos0);
 static int swiglu_fast(float *hb, const float *hb2, long n);
+static void read_order_layer_begins(void);
+static void read_order_layer_ends(void);
 
 // Inspect's accumulators (-m inspect): the query/key chunk norms and the attention
 // summary of each position. The rotation preserves |chunk i|, so measuring before
@@ -1534,6 +1536,10 @@ static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, 
         for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] *= c->embedding_multiplier;
 
     for (int l = 0; l < c->n_layers; l++) {
+        // decoding (B = 1), the first tokens try the matmuls' reading orders, a layer
+        // each, timing them (Making it fast, section 5): the same bits in any order
+        if (B == 1) read_order_layer_begins();
+
         // attention rmsnorm: xb = rmsnorm(x)
         for (int b = 0; b < B; b++)
             rmsnorm(s->xb + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_att + (size_t)l * dim, dim, eps);
@@ -1614,6 +1620,7 @@ static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, 
             for (int b = 0; b < B; b++)
                 rmsnorm(s->xb2 + (size_t)b * dim, s->xb2 + (size_t)b * dim, w->rms_post_ffn + (size_t)l * dim, dim, eps);
         for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] += s->xb2[i];
+        if (B == 1) read_order_layer_ends();
     }
 
     // final rmsnorm and the classifier: logits = Wcls rmsnorm(x)
@@ -4172,12 +4179,12 @@ static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOpti
 // registers as they are loaded (lanes_load_weights), and the arithmetic after the
 // load is the float32 kernels': the same bits from half the bytes.
 //   1. dot() in SIMD registers
-//   2. decode: rows in groups of four, in the reading order timed fastest, the
-//      rows split across threads
+//   2. decode: rows in groups of four, in the reading order that decode's first
+//      tokens timed fastest, the rows split across threads
 //   3. prefill: tiles of rows x tokens
 //   4. attention and SwiGLU across threads
 //   5. memory: the KV cache in huge pages, pages touched before the clock starts,
-//      threads pinned to cores; the decode reading order timed
+//      threads pinned to cores; the trial of the decode reading orders
 
 // 1. dot() in SIMD registers --------------------------------------------------
 //
@@ -4400,8 +4407,8 @@ static int worth_a_parallel_region(long work) {
 // exactly dot()'s lanes and roundings (one row is one chain, whatever is read beside
 // it), so they give the same bits and differ only in the pattern of addresses they
 // ask memory for. Which pattern streams fastest depends on the CPU's prefetchers
-// (docs/performance.md), so the program times them on the model's own matrices at
-// start-up (choose_read_order, section 5) and keeps the fastest.
+// (docs/performance.md), so decode's first tokens try each on the model's own layers
+// (read_order_layer_begins, section 5), and decode keeps the fastest.
 //   quarters-prefetch: four chains (dot_rows4) on the rows i, i + d/4, i + d/2,
 //     i + 3d/4, with a software prefetch ahead in each: four plain sequential
 //     streams, plus more reads in flight than the hardware prefetchers keep.
@@ -4412,8 +4419,8 @@ typedef enum { READ_QUARTERS_PREFETCH, READ_QUARTERS, READ_ADJACENT, READ_ROWS, 
 static const char *read_order_names[N_READ_ORDERS] = {"quarters-prefetch", "quarters", "adjacent", "rows"};
 
 // The order decode uses: a property of the machine (and the model's sizes), one for
-// the process. quarters-prefetch until timed: the measured best on Zen 3, Zen 5 and
-// Sapphire Rapids.
+// the process. quarters-prefetch until the trial chooses: the measured best on Zen 3,
+// Zen 5 and Sapphire Rapids.
 static ReadOrder read_order = READ_QUARTERS_PREFETCH;
 
 // matmul() for one token, rows in groups of four: group i of d/4 is the rows i, i +
@@ -5014,51 +5021,57 @@ static void prepare_to_run(Transformer *t, int n_positions) {
 }
 
 // Chooses the decode matmul's reading order (section 2) on this machine, for this
-// model, by timing each order on the model's own layers. Every order computes the
-// same bits, so the choice changes only the speed. Done once, before the clock
-// starts. The samples are one layer's decode matmuls each (all layers have the same
-// shapes, so their times compare), taken in steps: at step s, order o reads layer
-// (s + o L/4) mod L of the L layers. So the orders take turns (a machine shared
-// with other work slows them alike), and between two readings of a layer about a
-// whole model's bytes are read, as between two tokens of decode: the times are of
-// the stream from memory decode sees, not of a cache that an immediate re-read
-// would hit. Which order goes first in a step rotates as well: on a busy machine
-// the scheduler's time slices recur with a period of their own, and a fixed
-// sequence could put the same order at the same phase each step. Each order's
-// figure is the lower quartile of its samples: the speed it keeps when not
-// interrupted, without resting on one lucky sample (the minimum), while samples
-// the host's scheduler interrupted fall above it. Steps go on for
-// READ_ORDER_BUDGET seconds, or up to READ_ORDER_LIMIT until READ_ORDER_MIN_STEPS
-// are done (a busy machine), and stop sooner after READ_ORDER_MAX_STEPS or two
-// readings of every layer per order. An order replaces the default only when its
-// figure is READ_ORDER_MARGIN faster: a closer result is noise. Matrices that fit in
-// a large cache (READ_ORDER_MIN_BYTES) are not timed: decode there is not bound by
-// streaming memory, and the choice cannot matter.
+// model, by decode itself. Every order computes the same bits, so decode's first
+// tokens can try them on their own work: the k-th layer decoded (forward_block
+// calls read_order_layer_begins and _ends around each layer of a one-token block)
+// uses the order (k + k / N) mod N of the N orders, so the orders take turns and
+// which goes first rotates from one round of N layers to the next (on a busy
+// machine the scheduler's time slices recur with a period of their own, and a fixed
+// sequence could put the same order at the same phase each round). A layer's time,
+// its matmuls and everything between them (all layers have the same shapes, and
+// attention the same length within a token), is a sample of its order. After
+// READ_ORDER_SAMPLES samples of each, decode keeps the order whose lower quartile
+// is fastest: the speed it keeps when not interrupted, without resting on one lucky
+// sample (the minimum), while samples the host's scheduler interrupted fall above
+// it. An order replaces the default only when it is READ_ORDER_MARGIN faster: a
+// closer result is noise.
+//   The samples are decode's own reads from memory, with the rest of the forward
+// pass between them, and trying costs only the slower orders' extra time: no weight
+// is read for the trial alone. (The first version timed the orders at start-up, on
+// passes of their own over the layers: 0.08-0.4 s before the first token, 3-8% of a
+// 256-token decode of the 110M shape, docs/performance.md.) Models whose matrices
+// fit in a large cache (READ_ORDER_MIN_BYTES) are not tried: decode there is not
+// bound by streaming memory, and the choice cannot matter.
 #define READ_ORDER_MIN_BYTES (8 << 20)
-#define READ_ORDER_BUDGET 0.25
-#define READ_ORDER_LIMIT 1.0
-#define READ_ORDER_MIN_STEPS 5
-#define READ_ORDER_MAX_STEPS 64
+#define READ_ORDER_SAMPLES 16
 #define READ_ORDER_MARGIN 0.03
 
-// One token's decode matmuls of layer l, as forward() calls them, on the run
-// state's arrays; returns the seconds they took.
-static double time_layer_matmuls(Transformer *t, int l) {
-    Config *c = &t->config;
-    TransformerWeights *w = &t->weights;
-    RunState *s = &t->state;
-    int dim = c->dim, kv_dim = kv_dim_of(c), hidden = c->hidden_dim;
-    double start = time_in_s();
-    Projection qkv[3] = {{s->q, matrix_at(w->wq, (size_t)l * dim * dim), dim},
-                         {s->k, matrix_at(w->wk, (size_t)l * kv_dim * dim), kv_dim},
-                         {s->v, matrix_at(w->wv, (size_t)l * kv_dim * dim), kv_dim}};
-    matmuls_fast(s->xb, dim, qkv, 3);
-    matmul_fast(s->xb2, s->xb, matrix_at(w->wo, (size_t)l * dim * dim), dim, dim);
-    Projection w13[2] = {{s->hb, matrix_at(w->w1, (size_t)l * hidden * dim), hidden},
-                         {s->hb2, matrix_at(w->w3, (size_t)l * hidden * dim), hidden}};
-    matmuls_fast(s->xb, dim, w13, 2);
-    matmul_fast(s->xb2, s->hb, matrix_at(w->w2, (size_t)l * dim * hidden), hidden, dim);
-    return time_in_s() - start;
+typedef enum { TRIAL_NONE, TRIAL_FORCED, TRIAL_SMALL, TRIAL_RUNNING, TRIAL_DONE } TrialState;
+
+typedef struct {
+    TrialState state;
+    double matrix_bytes;                                  // the model's, for -v when not tried
+    long layers;                                          // layers tried so far
+    double started;                                       // when the layer being tried began
+    double seconds[N_READ_ORDERS][READ_ORDER_SAMPLES];    // each order's samples, in the order taken
+    double quartile[N_READ_ORDERS];                       // each order's lower quartile, once done
+} ReadOrderTrial;
+
+static ReadOrderTrial read_order_trial; // one for the process, as read_order is
+
+// At start-up: the order from RUN_READ_ORDER (forced >= 0), or a trial on decode's
+// first tokens for a model too large for a cache.
+static void start_read_order_trial(const Config *c, int forced) {
+    size_t per_layer = (size_t)c->dim * (2 * (size_t)q_dim_of(c) + 2 * (size_t)kv_dim_of(c) + 3 * (size_t)c->hidden_dim);
+    ReadOrderTrial *trial = &read_order_trial;
+    memset(trial, 0, sizeof(*trial));
+    trial->matrix_bytes = ((double)c->n_layers * per_layer + (double)c->vocab_size * c->dim) * weight_type_bytes(c->weight_type);
+    if (forced >= 0) {
+        read_order = (ReadOrder)forced;
+        trial->state = TRIAL_FORCED;
+    } else {
+        trial->state = trial->matrix_bytes < READ_ORDER_MIN_BYTES ? TRIAL_SMALL : TRIAL_RUNNING;
+    }
 }
 
 static int compare_seconds(const void *a, const void *b) {
@@ -5066,51 +5079,59 @@ static int compare_seconds(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-// forced: an order from RUN_READ_ORDER, or -1 to time them. With verbose, says on
-// stderr which order decode uses and why.
-static void choose_read_order(Transformer *t, int forced, int verbose) {
-    const Config *c = &t->config;
-    int L = c->n_layers;
-    size_t per_layer = (size_t)c->dim * (2 * c->dim + 2 * kv_dim_of(c) + 3 * c->hidden_dim);
-    size_t bytes = ((size_t)L * per_layer + (size_t)c->vocab_size * c->dim) * weight_type_bytes(c->weight_type);
-    if (forced >= 0) {
-        read_order = (ReadOrder)forced;
-        if (verbose) fprintf(stderr, "run: decode read order: %s (RUN_READ_ORDER)\n", read_order_names[read_order]);
-        return;
-    }
-    if (bytes < READ_ORDER_MIN_BYTES) {
-        if (verbose)
-            fprintf(stderr, "run: decode read order: %s (not timed: %.1f MB of matrices fit in a cache)\n",
-                    read_order_names[read_order], bytes / 1e6);
-        return;
-    }
-    double samples[N_READ_ORDERS][READ_ORDER_MAX_STEPS], quartile[N_READ_ORDERS], start = time_in_s();
-    int max_steps = 2 * L < READ_ORDER_MAX_STEPS ? 2 * L : READ_ORDER_MAX_STEPS, steps = 0;
-    if (max_steps < READ_ORDER_MIN_STEPS) max_steps = READ_ORDER_MIN_STEPS;
-    while (steps < max_steps) {
-        double elapsed = time_in_s() - start;
-        if (steps > 0 && elapsed >= (steps < READ_ORDER_MIN_STEPS ? READ_ORDER_LIMIT : READ_ORDER_BUDGET)) break;
-        for (int k = 0; k < N_READ_ORDERS; k++) {
-            int o = (steps + k) % N_READ_ORDERS; // which order goes first rotates too
-            read_order = (ReadOrder)o;
-            samples[o][steps] = time_layer_matmuls(t, (int)((steps + (long)o * L / N_READ_ORDERS) % L));
-        }
-        steps++;
-    }
+// The trial's end: each order's lower quartile, and the fastest kept if it beats the
+// default by the margin.
+static void end_read_order_trial(ReadOrderTrial *trial) {
     ReadOrder fastest = READ_QUARTERS_PREFETCH, chosen = READ_QUARTERS_PREFETCH;
     for (int o = 0; o < N_READ_ORDERS; o++) {
-        qsort(samples[o], steps, sizeof(double), compare_seconds);
-        quartile[o] = samples[o][steps / 4];
-        if (quartile[o] < quartile[fastest]) fastest = (ReadOrder)o;
+        qsort(trial->seconds[o], READ_ORDER_SAMPLES, sizeof(double), compare_seconds);
+        trial->quartile[o] = trial->seconds[o][READ_ORDER_SAMPLES / 4];
+        if (trial->quartile[o] < trial->quartile[fastest]) fastest = (ReadOrder)o;
     }
-    if (quartile[fastest] < quartile[chosen] * (1.0 - READ_ORDER_MARGIN)) chosen = fastest;
+    if (trial->quartile[fastest] < trial->quartile[chosen] * (1.0 - READ_ORDER_MARGIN)) chosen = fastest;
     read_order = chosen;
-    if (verbose) {
-        fprintf(stderr, "run: decode read order: %s (%d layers each in %.2f s, lower quartile ms:",
-                read_order_names[chosen], steps, time_in_s() - start);
-        for (int o = 0; o < N_READ_ORDERS; o++) fprintf(stderr, " %s %.3f", read_order_names[o], quartile[o] * 1e3);
-        fprintf(stderr, ")\n");
+    trial->state = TRIAL_DONE;
+}
+
+// Around each layer of a one-token block: while the trial runs, the layer uses the
+// next order in turn, and its time becomes that order's sample.
+static void read_order_layer_begins(void) {
+    ReadOrderTrial *trial = &read_order_trial;
+    if (trial->state != TRIAL_RUNNING || !use_fast_kernels) return;
+    long k = trial->layers;
+    read_order = (ReadOrder)((k + k / N_READ_ORDERS) % N_READ_ORDERS);
+    trial->started = time_in_s();
+}
+
+static void read_order_layer_ends(void) {
+    ReadOrderTrial *trial = &read_order_trial;
+    if (trial->state != TRIAL_RUNNING || !use_fast_kernels) return;
+    long k = trial->layers++;
+    trial->seconds[read_order][k / N_READ_ORDERS] = time_in_s() - trial->started; // one sample per round
+    if (trial->layers == (long)N_READ_ORDERS * READ_ORDER_SAMPLES) end_read_order_trial(trial);
+    else read_order = READ_QUARTERS_PREFETCH; // the classifier, after the layers, reads in the default
+}
+
+// -v: which order decode used, and why, on stderr (at the end: the trial runs
+// during decode, whose text is on stdout).
+static void print_read_order(void) {
+    const ReadOrderTrial *trial = &read_order_trial;
+    fprintf(stderr, "run: decode read order: %s (", read_order_names[read_order]);
+    if (trial->state == TRIAL_FORCED) {
+        fprintf(stderr, "RUN_READ_ORDER");
+    } else if (trial->state == TRIAL_SMALL) {
+        fprintf(stderr, "not tried: %.1f MB of matrices fit in a cache", trial->matrix_bytes / 1e6);
+    } else if (trial->state == TRIAL_RUNNING) {
+        fprintf(stderr, "the default: decode ended %ld layers into the trial of %d", trial->layers,
+                N_READ_ORDERS * READ_ORDER_SAMPLES);
+    } else if (trial->state == TRIAL_DONE) {
+        fprintf(stderr, "tried on decode's first %d layers, lower quartile ms:", N_READ_ORDERS * READ_ORDER_SAMPLES);
+        for (int o = 0; o < N_READ_ORDERS; o++)
+            fprintf(stderr, " %s %.3f", read_order_names[o], trial->quartile[o] * 1e3);
+    } else {
+        fprintf(stderr, "the default");
     }
+    fprintf(stderr, ")\n");
 }
 
 // ----------------------------------------------------------------------------
@@ -5376,7 +5397,7 @@ static long threads_from_environment(void) {
 }
 
 // RUN_READ_ORDER: the decode matmul's reading order by name (for tests and
-// benchmarks), instead of the fastest timed at start-up. -1 when it is not set.
+// benchmarks), instead of the trial on decode's first tokens. -1 when it is not set.
 static int read_order_from_environment(void) {
     const char *value = getenv("RUN_READ_ORDER");
     if (!value || value[0] == '\0') return -1;
@@ -5634,7 +5655,7 @@ int main(int argc, char *argv[]) {
     // fills the whole context in a long session; ppl and inspect map theirs as they go
     if (!is_tokenize) {
         prepare_to_run(&transformer, is_generate ? (int)steps : is_chat ? c->seq_len : 0);
-        choose_read_order(&transformer, forced_read_order, verbose);
+        start_read_order_trial(c, forced_read_order);
     }
 
     // 4. run the mode
@@ -5662,6 +5683,7 @@ int main(int argc, char *argv[]) {
         result = chat(&transformer, &tokenizer, &sampler, opt);
     }
     if (result != 0) runtime_error();
+    if (verbose && !is_tokenize) print_read_order();
     check_stdout();
 
     free_sampler(&sampler);

@@ -14,15 +14,16 @@
    "forward" against "matrices" what the work between them costs. Then "matrices"
    once more in each of the decode matmul's reading orders (run.c, "Making it fast",
    section 2), in the same alternating rounds, as GB/s and as a ratio to the first
-   order: what run's start-up timing (choose_read_order) chooses between. On a
+   order: what decode's trial of the orders (run.c, section 5) chooses between. On a
    shared machine the rounds' speeds move together, so the ratio is taken within
    each round, and its median over the rounds printed with its range.
    Usage: OMP_NUM_THREADS=N bench/read_order MODEL [ROUNDS [orders]]   (make bench/read_order)
-   "orders" times the reading orders only, and as run's start-up does (choose_read_order):
-   one layer's matmuls per sample, the orders taking turns on layers a quarter of the
-   model apart, ROUNDS x n_layers samples per order; it prints each order's GB/s at the
-   lower quartile and the median of its samples' times, and their ratio to the first
-   order's: on a busy machine the robust figures. */
+   "orders" times the reading orders only, by samples of one layer's matmuls, the
+   orders taking turns on layers a quarter of the model apart (between two readings of
+   a layer the rest of the model is read, as between two tokens of decode), ROUNDS x
+   n_layers samples per order; it prints each order's GB/s at the lower quartile and
+   the median of its samples' times, and their ratio to the first order's: on a busy
+   machine the robust figures. (run itself tries the orders on decode's own layers.) */
 #define RUN_TESTING
 #include "../run.c"
 
@@ -60,7 +61,27 @@ static int compare_doubles(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-// The orders-only probe: choose_read_order's sampling, rounds x n_layers steps.
+// One token's decode matmuls of layer l, as forward_block calls them, on the run
+// state's arrays; returns the seconds they took.
+static double time_layer_matmuls(Transformer *t, int l) {
+    const Config *c = &t->config;
+    const TransformerWeights *w = &t->weights;
+    RunState *s = &t->state;
+    size_t dim = c->dim, kv_dim = kv_dim_of(c), hidden = c->hidden_dim, q_dim = q_dim_of(c);
+    double start = time_in_s();
+    Projection qkv[3] = {{s->q, matrix_at(w->wq, l * q_dim * dim), (int)q_dim},
+                         {s->k, matrix_at(w->wk, l * kv_dim * dim), (int)kv_dim},
+                         {s->v, matrix_at(w->wv, l * kv_dim * dim), (int)kv_dim}};
+    matmuls(s, s->xb, qkv, 3, 1, (int)dim);
+    matmul(s->xb2, s->xb, matrix_at(w->wo, l * dim * q_dim), (int)q_dim, (int)dim);
+    Projection w13[2] = {{s->hb, matrix_at(w->w1, l * hidden * dim), (int)hidden},
+                         {s->hb2, matrix_at(w->w3, l * hidden * dim), (int)hidden}};
+    matmuls(s, s->xb, w13, 2, 1, (int)dim);
+    matmul(s->xb2, s->hb, matrix_at(w->w2, l * dim * hidden), (int)hidden, (int)dim);
+    return time_in_s() - start;
+}
+
+// The orders-only probe: rounds x n_layers steps, each order a layer per step.
 static void time_orders_by_layer(Transformer *t, int rounds) {
     const Config *c = &t->config;
     int L = c->n_layers, steps = rounds * L;

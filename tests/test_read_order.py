@@ -2,8 +2,9 @@
 
 Each order reads the weight rows in another pattern but computes every row as the same dot()
 chain, so forcing any of them (RUN_READ_ORDER) must give the same tokens and text, bit for bit,
-in float32 and bf16 files, on one thread and two; run times them at start-up on a model whose
-matrices are too large for a cache, says with -v which it chose, and leaves a tiny model untimed.
+in float32 and bf16 files, on one thread and two; decode's first tokens try them, a layer each,
+on a model whose matrices are too large for a cache, and the tokens of that trial are the same
+too; -v says which order decode kept, and a tiny model is not tried.
 (That each order equals the plain matmul on odd sizes is tests/test_rope.c's.)
 """
 import os
@@ -78,21 +79,32 @@ def test_forced_read_order_is_said_with_v(models):
 
 
 @pytest.mark.parametrize("weights", ["f32", "bf16"])
-def test_timed_read_order_is_named_and_generates_the_same_tokens(models, weights):
+def test_tried_read_order_is_named_and_generates_the_same_tokens(models, weights):
+    # 6 layers and 19 decoded tokens: the trial's 64 layers end in the 11th token
     r = run_with(models[weights], *ARGS, threads=2)
     m = read_order_line(r)
     assert m, r.stderr.decode()
     assert m.group(1).decode() in ORDERS
-    assert re.match(rb"\d+ layers each in \d+\.\d\d s, lower quartile ms:", m.group(2))
+    assert m.group(2).startswith(b"tried on decode's first 64 layers, lower quartile ms:")
     for o in ORDERS:  # every order was timed, in milliseconds per layer
         assert re.search(rb" " + o.encode() + rb" \d+\.\d{3}\b", m.group(2)), o
     assert generated(r) == generated(run_with(models[weights], *ARGS, order="rows", threads=2))
 
 
-def test_tiny_model_is_not_timed():
+def test_decode_shorter_than_the_trial_keeps_the_default_and_says_so(models):
+    # a 5-token prompt, then 3 tokens decoded: 3 x 6 layers of the trial's 64
+    args = ARGS[:ARGS.index("-n")] + ["-n", 8] + ARGS[ARGS.index("-n") + 2:]
+    r = run_with(models["f32"], *args)
+    m = read_order_line(r)
+    assert m and m.group(1) == b"quarters-prefetch", r.stderr.decode()
+    assert m.group(2) == b"the default: decode ended 18 layers into the trial of 64"
+    assert generated(r) == generated(run_with(models["f32"], *args, order="adjacent"))
+
+
+def test_tiny_model_is_not_tried():
     r = run_with(STORIES, "-z", TOK512, "-t", 0, "-n", 4, "-v", "-p", "Once")
     m = read_order_line(r)
-    assert m and m.group(1) == b"quarters-prefetch" and m.group(2).startswith(b"not timed")
+    assert m and m.group(1) == b"quarters-prefetch" and m.group(2).startswith(b"not tried")
 
 
 def test_unknown_read_order_is_a_command_line_error():
