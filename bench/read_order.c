@@ -29,24 +29,28 @@
 
 #define PASSES 20 // passes of a reader per round: about a tenth of a second on 110M
 
-// Every matmul of one decode step, in forward_block's order and groups.
-static void all_matmuls(Transformer *t) {
+// One token's decode matmuls of layer l, as forward_block calls them, on the run
+// state's arrays.
+static void layer_matmuls(Transformer *t, int l) {
     const Config *c = &t->config;
     const TransformerWeights *w = &t->weights;
     RunState *s = &t->state;
-    size_t dim = c->dim, hidden = c->hidden_dim, kv_dim = kv_dim_of(c);
-    for (int l = 0; l < c->n_layers; l++) {
-        Projection qkv[3] = {{s->q, matrix_at(w->wq, l * dim * dim), (int)dim},
-                             {s->k, matrix_at(w->wk, l * dim * kv_dim), (int)kv_dim},
-                             {s->v, matrix_at(w->wv, l * dim * kv_dim), (int)kv_dim}};
-        matmuls(s, s->xb, qkv, 3, 1, (int)dim);
-        matmul(s->xb2, s->xb, matrix_at(w->wo, l * dim * dim), (int)dim, (int)dim);
-        Projection w13[2] = {{s->hb, matrix_at(w->w1, l * dim * hidden), (int)hidden},
-                             {s->hb2, matrix_at(w->w3, l * dim * hidden), (int)hidden}};
-        matmuls(s, s->xb, w13, 2, 1, (int)dim);
-        matmul(s->xb2, s->hb, matrix_at(w->w2, l * dim * hidden), (int)hidden, (int)dim);
-    }
-    matmul(s->logits, s->x, w->wcls, (int)dim, c->vocab_size);
+    size_t dim = c->dim, kv_dim = kv_dim_of(c), hidden = c->hidden_dim, q_dim = q_dim_of(c);
+    Projection qkv[3] = {{s->q, matrix_at(w->wq, l * q_dim * dim), (int)q_dim},
+                         {s->k, matrix_at(w->wk, l * kv_dim * dim), (int)kv_dim},
+                         {s->v, matrix_at(w->wv, l * kv_dim * dim), (int)kv_dim}};
+    matmuls(s, s->xb, qkv, 3, 1, (int)dim);
+    matmul(s->xb2, s->xb, matrix_at(w->wo, l * dim * q_dim), (int)q_dim, (int)dim);
+    Projection w13[2] = {{s->hb, matrix_at(w->w1, l * hidden * dim), (int)hidden},
+                         {s->hb2, matrix_at(w->w3, l * hidden * dim), (int)hidden}};
+    matmuls(s, s->xb, w13, 2, 1, (int)dim);
+    matmul(s->xb2, s->hb, matrix_at(w->w2, l * dim * hidden), (int)hidden, (int)dim);
+}
+
+// Every matmul of one decode step, in forward_block's order and groups.
+static void all_matmuls(Transformer *t) {
+    for (int l = 0; l < t->config.n_layers; l++) layer_matmuls(t, l);
+    matmul(t->state.logits, t->state.x, t->weights.wcls, t->config.dim, t->config.vocab_size);
 }
 
 // The bytes all_matmuls (and a decode step) reads from the weights (of any type).
@@ -61,23 +65,10 @@ static int compare_doubles(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-// One token's decode matmuls of layer l, as forward_block calls them, on the run
-// state's arrays; returns the seconds they took.
+// layer_matmuls, timed: the seconds they took.
 static double time_layer_matmuls(Transformer *t, int l) {
-    const Config *c = &t->config;
-    const TransformerWeights *w = &t->weights;
-    RunState *s = &t->state;
-    size_t dim = c->dim, kv_dim = kv_dim_of(c), hidden = c->hidden_dim, q_dim = q_dim_of(c);
     double start = time_in_s();
-    Projection qkv[3] = {{s->q, matrix_at(w->wq, l * q_dim * dim), (int)q_dim},
-                         {s->k, matrix_at(w->wk, l * kv_dim * dim), (int)kv_dim},
-                         {s->v, matrix_at(w->wv, l * kv_dim * dim), (int)kv_dim}};
-    matmuls(s, s->xb, qkv, 3, 1, (int)dim);
-    matmul(s->xb2, s->xb, matrix_at(w->wo, l * dim * q_dim), (int)q_dim, (int)dim);
-    Projection w13[2] = {{s->hb, matrix_at(w->w1, l * hidden * dim), (int)hidden},
-                         {s->hb2, matrix_at(w->w3, l * hidden * dim), (int)hidden}};
-    matmuls(s, s->xb, w13, 2, 1, (int)dim);
-    matmul(s->xb2, s->hb, matrix_at(w->w2, l * dim * hidden), (int)hidden, (int)dim);
+    layer_matmuls(t, l);
     return time_in_s() - start;
 }
 
