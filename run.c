@@ -120,6 +120,18 @@ static int fail(const char *fmt, ...) {
     return -1;
 }
 
+// Puts "where: " before the message a failed callee left: where is formatted as
+// fail's message is ("checkpoint %s", path), and the line reads "where: message".
+static int fail_in(const char *fmt, ...) {
+    char reason[sizeof(error_message)], where[sizeof(error_message)];
+    snprintf(reason, sizeof(reason), "%s", error_message);
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(where, sizeof(where), fmt, args);
+    va_end(args);
+    return fail("%s: %s", where, reason);
+}
+
 // ----------------------------------------------------------------------------
 // Transformer model: config and weights
 
@@ -365,6 +377,10 @@ static float read_f32(const unsigned char *p) {
     memcpy(&f, &u, sizeof(f));
     return f;
 }
+static uint64_t read_u64(const unsigned char *p) { return (uint64_t)read_u32(p) | (uint64_t)read_u32(p + 4) << 32; }
+
+// x rounded up to a multiple of unit (a tensor's start in an aligned file, an allocation's size)
+static uint64_t round_up(uint64_t x, uint64_t unit) { return (x + unit - 1) / unit * unit; }
 
 static int check_range(const char *name, long value, long lo, long hi) {
     if (value < lo || value > hi)
@@ -457,19 +473,14 @@ static int validate_config(const Config *c) {
             return fail("rope2_theta %g must be finite and > 0 (0: no second setting)", second.rope_theta);
         if (!(second.rope_fraction >= 0 && second.rope_fraction <= 1))
             return fail("rope2_fraction %g must be in [0, 1]", second.rope_fraction);
-        if (validate_rope_scaling(&second) != 0 || check_rope_angles(&second) != 0) {
-            char reason[sizeof(error_message)];
-            snprintf(reason, sizeof(reason), "%s", error_message);
-            return fail("second RoPE setting: %s", reason);
-        }
+        if (validate_rope_scaling(&second) != 0 || check_rope_angles(&second) != 0)
+            return fail_in("second RoPE setting");
     }
     return 0; // the KV cache is sized by the context in use, and checked there (check_context_fits)
 }
 
 static uint64_t map_weights(TransformerWeights *w, const Config *c, CheckpointFormat format, uintptr_t base,
                             uint64_t offset);
-
-static uint64_t read_u64(const unsigned char *p) { return (uint64_t)read_u32(p) | (uint64_t)read_u32(p + 4) << 32; }
 
 // A float option of the block: 0 (its default), or finite and > 0.
 static int check_block_option(const char *name, float value) {
@@ -540,7 +551,7 @@ static int parse_header_v2(const unsigned char *data, Config *c) {
 // layer starting at the first multiple of 64 at or after the last tensor's end.
 static int check_layer_table_place(const Config *c, uint64_t tensors_end) {
     if (c->layer_table_offset == 0 && c->layer_table_bytes == 0) return 0;
-    uint64_t expected = (tensors_end + ROPE_V2_ALIGNMENT - 1) / ROPE_V2_ALIGNMENT * ROPE_V2_ALIGNMENT;
+    uint64_t expected = round_up(tensors_end, ROPE_V2_ALIGNMENT);
     if (c->layer_table_offset != expected)
         return fail("layer_table_offset %llu is not %llu (the first multiple of 64 after the last tensor)",
                     (unsigned long long)c->layer_table_offset, (unsigned long long)expected);
@@ -570,14 +581,14 @@ static int parse_layer_table(const unsigned char *table, Config *c) {
 // ROPE version 2's tokenizer section (bytes 96..111): where it starts and how long
 // it is, or 0 and 0 for a file without one.
 static void read_tokenizer_span(const unsigned char *data, SectionSpan *tokenizer) {
-    tokenizer->offset = (uint64_t)read_u32(data + 96) | (uint64_t)read_u32(data + 100) << 32;
-    tokenizer->bytes = (uint64_t)read_u32(data + 104) | (uint64_t)read_u32(data + 108) << 32;
+    tokenizer->offset = read_u64(data + 96);
+    tokenizer->bytes = read_u64(data + 104);
 }
 
 // The tokenizer section sits at the first multiple of 64 after the last tensor
 // (which ends at *expected_size) and ends the file.
 static int place_tokenizer_section(const SectionSpan *tokenizer, uint64_t *expected_size) {
-    uint64_t start = (*expected_size + ROPE_V2_ALIGNMENT - 1) / ROPE_V2_ALIGNMENT * ROPE_V2_ALIGNMENT;
+    uint64_t start = round_up(*expected_size, ROPE_V2_ALIGNMENT);
     if (tokenizer->offset == 0) {
         if (tokenizer->bytes != 0)
             return fail("tokenizer_bytes is %llu but tokenizer_offset is 0", (unsigned long long)tokenizer->bytes);
@@ -690,7 +701,7 @@ typedef struct {
 } TensorLayout;
 
 static uint64_t next_tensor(TensorLayout *t, uint64_t elements, size_t element_bytes) {
-    t->at = (t->at + t->alignment - 1) / t->alignment * t->alignment;
+    t->at = round_up(t->at, t->alignment);
     uint64_t start = t->at;
     t->at += elements * element_bytes;
     return start;
@@ -753,6 +764,16 @@ static int open_regular_file(const char *path, const char *what, size_t *size);
 static char *read_whole_file(const char *path, const char *what, size_t *size);
 static int check_tokenizer_start(const char *path, int vocab_size);
 
+// Longrope's factors, from the mapped file, into the config: finite and > 0, and the
+// angles they give finite.
+static int use_longrope_factors(Config *c, const float *factors) {
+    c->longrope_factors = factors;
+    for (int i = 0; i < 2 * rope_angles_of(c); i++)
+        if (!isfinite(factors[i]) || factors[i] <= 0)
+            return fail("longrope factor %d is %g; it must be finite and > 0", i, factors[i]);
+    return check_rope_angles(c);
+}
+
 // Opens and maps a checkpoint. Nothing is allocated until the file size agrees
 // with the header.
 static int load_checkpoint(Transformer *t, const char *path) {
@@ -770,10 +791,8 @@ static int load_checkpoint(Transformer *t, const char *path) {
     size_t offset = 0;
     uint64_t expected = 0;
     if (parse_header(mapped, size, &t->config, &t->format, &offset, &expected, &t->tokenizer) != 0) {
-        char reason[sizeof(error_message)];
-        snprintf(reason, sizeof(reason), "%s", error_message);
         munmap(mapped, size);
-        return fail("checkpoint %s: %s", path, reason);
+        return fail_in("checkpoint %s", path);
     }
     if (expected != size) {
         munmap(mapped, size);
@@ -786,31 +805,16 @@ static int load_checkpoint(Transformer *t, const char *path) {
     }
     if (t->config.layer_table_bytes &&
         parse_layer_table((const unsigned char *)mapped + t->config.layer_table_offset, &t->config) != 0) {
-        char reason[sizeof(error_message)];
-        snprintf(reason, sizeof(reason), "%s", error_message);
         munmap(mapped, size);
-        return fail("checkpoint %s: %s", path, reason);
+        return fail_in("checkpoint %s", path);
     }
     t->mapped = mapped;
     t->file_size = size;
     map_weights(&t->weights, &t->config, t->format, (uintptr_t)mapped, offset);
-    if (t->weights.rope_factors) { // longrope's factors: finite and > 0, and the angles they give finite
-        t->config.longrope_factors = t->weights.rope_factors;
-        for (int i = 0; i < 2 * rope_angles_of(&t->config); i++) {
-            float f = t->weights.rope_factors[i];
-            if (!isfinite(f) || f <= 0) {
-                munmap(mapped, size);
-                memset(t, 0, sizeof(*t));
-                return fail("checkpoint %s: longrope factor %d is %g; it must be finite and > 0", path, i, f);
-            }
-        }
-        if (check_rope_angles(&t->config) != 0) {
-            char reason[sizeof(error_message)];
-            snprintf(reason, sizeof(reason), "%s", error_message);
-            munmap(mapped, size);
-            memset(t, 0, sizeof(*t));
-            return fail("checkpoint %s: %s", path, reason);
-        }
+    if (t->weights.rope_factors && use_longrope_factors(&t->config, t->weights.rope_factors) != 0) {
+        munmap(mapped, size);
+        memset(t, 0, sizeof(*t));
+        return fail_in("checkpoint %s", path);
     }
     return 0;
 }
@@ -1008,8 +1012,6 @@ static void free_run_state(RunState *s) {
     memset(s, 0, sizeof(*s));
 }
 
-static size_t round_up(size_t bytes, size_t unit) { return (bytes + unit - 1) / unit * unit; }
-
 // n floats starting on a multiple of `alignment` (aligned_alloc wants the size a
 // multiple of it too).
 static float *alloc_floats_aligned(size_t n, size_t alignment) {
@@ -1039,11 +1041,15 @@ static uint64_t run_state_fixed_floats(const Config *c) {
 
 static uint64_t kv_cache_floats_per_position(const Config *c) { return 2ull * c->n_layers * kv_dim_of(c); }
 
+// The width of a setting's cos and sin tables: its rotated pairs, and at least one
+// (a setting that rotates nothing still gets a table to point at).
+static int rope_table_width(const Config *c) { return max_int(rope_angles_of(c), 1); }
+
 static uint64_t run_state_floats_per_position(const Config *c) {
-    uint64_t angles = rope_angles_of(c) > 0 ? rope_angles_of(c) : 1;
+    uint64_t angles = rope_table_width(c);
     if (has_second_rope(c)) {
         Config second = rope_setting(c, LAYER_ROPE_SECOND);
-        angles += rope_angles_of(&second) > 0 ? rope_angles_of(&second) : 1;
+        angles += rope_table_width(&second);
     }
     return kv_cache_floats_per_position(c) + (uint64_t)PREFILL_BLOCK * c->n_heads + 2 * angles;
 }
@@ -1155,7 +1161,7 @@ static int build_run_state(RunState *s, const Config *c) {
     memset(s, 0, sizeof(*s));
     size_t B = PREFILL_BLOCK, kv_dim = kv_dim_of(c);
     size_t cache = (size_t)c->n_layers * c->seq_len * kv_dim;
-    size_t angles = rope_angles_of(c) > 0 ? rope_angles_of(c) : 1;
+    size_t angles = rope_table_width(c);
     size_t wide = max_int(c->dim, q_dim_of(c)); // xb: a normalized x, then the heads' outputs
     s->x = alloc_floats(B * c->dim);
     s->xb = alloc_floats(B * wide);
@@ -1182,7 +1188,7 @@ static int build_run_state(RunState *s, const Config *c) {
     rope_build_tables(s->rope_cos, s->rope_sin, c);
     if (has_second_rope(c)) { // Gemma 3's local layers: their own theta
         Config second = rope_setting(c, LAYER_ROPE_SECOND);
-        size_t angles2 = rope_angles_of(&second) > 0 ? rope_angles_of(&second) : 1;
+        size_t angles2 = rope_table_width(&second);
         s->rope2_cos = alloc_floats((size_t)c->seq_len * angles2);
         s->rope2_sin = alloc_floats((size_t)c->seq_len * angles2);
         if (!s->rope2_cos || !s->rope2_sin) {
@@ -4986,11 +4992,11 @@ static void touch_run_state(Transformer *t, int n_positions) {
     const Config *c = &t->config;
     RunState *s = &t->state;
     size_t B = PREFILL_BLOCK, dim = c->dim, kv_dim = kv_dim_of(c), hidden = c->hidden_dim, q_dim = q_dim_of(c);
-    size_t wide = dim > q_dim ? dim : q_dim;
+    size_t wide = max_int(dim, q_dim);
     float *arrays[] = {s->x, s->xb, s->xb2, s->q, s->q_head, s->q_pairs, s->k, s->v, s->hb, s->hb2, s->scratch, s->att,
                        s->logits};
     size_t lengths[] = {B * dim, B * wide, B * dim, B * q_dim, B * q_dim, B * q_dim, B * kv_dim, B * kv_dim, B * hidden,
-                        B * hidden, B * (hidden > wide ? hidden : wide), B * c->n_heads * (size_t)c->seq_len,
+                        B * hidden, B * max_int(hidden, wide), B * c->n_heads * (size_t)c->seq_len,
                         (size_t)c->vocab_size}; // the logits: the one row that generation uses
     for (size_t i = 0; i < sizeof(arrays) / sizeof(arrays[0]); i++) memset(arrays[i], 0, lengths[i] * sizeof(float));
     int n_runs = c->n_layers * c->n_kv_heads, r;
