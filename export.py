@@ -415,19 +415,19 @@ def check_size(path, what, expected):
         raise ExportError(f"{path}: {what} header implies {expected} bytes, but the file has {actual}")
 
 
-def map_aligned(path, shapes, weight_type):
-    """{name: view into a version 2 file}: each tensor at the next multiple of 64 bytes, the
-    matrices in weight_type, the norms float32. Returns (tensors, the file size they imply)."""
+def map_aligned(path, c, weight_type):
+    """{name: view into a version 2 file}: the tensors where rope_layout, which writes them,
+    places them (each at the next multiple of 64 bytes, the matrices in weight_type, the norms
+    float32). Returns (tensors, the file size they imply)."""
     data = np.memmap(path, dtype=np.uint8, mode="r")
-    tensors, at = {}, HEADER_BYTES
-    for name, shape in shapes:
-        at = -(-at // TENSOR_ALIGNMENT) * TENSOR_ALIGNMENT
-        storage = np.dtype(NUMPY_STORAGE[weight_type if name in MATRIX_TENSORS else "f32"])
-        count = math.prod(shape)
-        if at + count * storage.itemsize <= len(data):
-            tensors[name] = data[at:at + count * storage.itemsize].view(storage).reshape(shape)
-        at += count * storage.itemsize
-    return tensors, at
+    layout, end, _ = rope_layout(c, weight_type, ROPE_VERSION_2)
+    tensors = {}
+    for name, shape, kind, at in layout:
+        storage = np.dtype(NUMPY_STORAGE[kind])
+        nbytes = math.prod(shape) * storage.itemsize
+        if at + nbytes <= len(data):
+            tensors[name] = data[at:at + nbytes].view(storage).reshape(shape)
+    return tensors, end
 
 
 def read_rope(path, data):
@@ -461,7 +461,7 @@ def read_rope(path, data):
     if version == ROPE_VERSION:
         check_size(path, "ROPE", HEADER_BYTES + 4 * n_floats(shapes))
         return c, map_floats(path, HEADER_BYTES, shapes), weight_type, None
-    tensors, end = map_aligned(path, shapes, weight_type)
+    tensors, end = map_aligned(path, c, weight_type)
     tokenizer = None
     if tok_offset or tok_bytes:
         if tok_offset != end + -end % TENSOR_ALIGNMENT or tok_bytes < TOKN_HEADER_BYTES:
