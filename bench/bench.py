@@ -19,9 +19,11 @@ M tokens Y tok/s" on stderr; we take the median of several rounds.
 
 Decode streams every weight once per token: all float32 matrices and norms and
 the classifier, but not the token embedding (one row per token is read) unless the
-classifier shares it, in which case it is streamed once, as the classifier. That
-many bytes times decode tok/s is the achieved weight traffic, printed next to the
-read bandwidth that bench/stream measures with the same number of threads.
+classifier shares it, in which case it is streamed once, as the classifier. Its
+attention also reads the KV cache, keys and values of positions 0..pos in every
+layer (on average over the decode run's positions). Those bytes times decode tok/s
+are the achieved traffic, printed next to the read bandwidth that bench/stream
+measures with the same number of threads.
 
 Prefill is bound by arithmetic instead: its floating-point operations (counted
 by prefill_flops from the model's shape) times prefill tok/s over the prompt's
@@ -63,7 +65,7 @@ bandwidth reading, the two prefills, and with LLAMA_BENCH llama-bench on a BF16 
 made from the F32 one by llama.cpp's llama-quantize (beside llama-bench, or
 $LLAMA_QUANTIZE), which rounds to nearest even too: the same weights again. Decode's
 traffic is counted in the bytes actually read per token: 2 a weight for the streamed
-matrices and the classifier, 4 for the norms.
+matrices and the classifier, 4 for the norms and the KV cache.
 
 Only numpy and the standard library.
 """
@@ -141,6 +143,15 @@ def streamed_bytes(dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared,
     matrices = layers * (q_dim * dim + 2 * kv_dim * dim + dim * q_dim + 3 * hidden * dim) + vocab * dim
     norms = 2 * layers * dim + dim
     return matrices * (4 if weight_type == "f32" else 2) + 4 * norms
+
+
+def kv_cache_bytes(dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared, positions):
+    """Bytes of the KV cache that decode reads per token, on average over the decode run's positions:
+    attention at position p reads the keys and values of positions 0..p in every layer, float32
+    whatever the weights' type. The weights streamed since the last token have pushed them out of
+    the caches, so they come from memory as the weights do."""
+    kv_dim = kv_heads * (dim // heads)
+    return statistics.mean(2 * layers * (p + 1) * kv_dim * 4 for p in positions) if positions else 0
 
 
 def prefill_flops(dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared, n):
@@ -655,13 +666,14 @@ def check_same_output(runner, narrow, wide):
 
 
 def bench_16bit(runner, name, path, weight_type, threads, runs, stream_reps, cpus, prompt, n_prompt,
-                decode_steps, lbench, gguf):
+                decode_steps, decode_positions, lbench, gguf):
     """Rounds of (bandwidth, the 16-bit and float32 decodes, bandwidth, the two prefills, llama-bench
     on the 16-bit GGUF) for each thread count: (table rows, raw lines, any run disturbed)."""
     narrow, wide = ensure_16bit_checkpoints(path, weight_type)
     check_same_output(runner, narrow, wide)
     header = read_header(narrow)
-    bytes16, bytes32 = streamed_bytes(*header, weight_type), streamed_bytes(*header)
+    kv = kv_cache_bytes(*header, decode_positions)
+    bytes16, bytes32 = streamed_bytes(*header, weight_type) + kv, streamed_bytes(*header) + kv
     gguf16 = ensure_gguf_16bit(gguf, weight_type, lbench) if lbench else None
     for f in (narrow, wide, gguf16):
         if f:
@@ -835,7 +847,6 @@ def main():
         header = read_header(path)
         dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared = header
         _, streamed = float_counts(*header)
-        bytes_per_token = 4 * streamed
         runs = 1 if args.quick else (args.runs or RUNS[name])
 
         target = min(PROMPT_TOKENS[name], seq_len)
@@ -843,19 +854,19 @@ def main():
         flops_per_token = prefill_flops(*header, n_prompt) / n_prompt  # of the prefill, on average
         n_short = runner.count_tokens(path, SHORT_PROMPT)
         decode_steps = min(seq_len, n_short - 1 + DECODE_TOKENS)
-        # attention also reads the KV cache: keys and values of positions 0..pos, every layer
-        kv_dim = kv_heads * (dim // heads)
+        # decode reads the weights and, in attention, the KV cache: keys and values of positions 0..pos
         positions = range(n_short, decode_steps)
-        kv_bytes = statistics.mean(2 * layers * (p + 1) * kv_dim * 4 for p in positions) if positions else 0
+        kv_bytes = kv_cache_bytes(*header, positions)
+        bytes_per_token = 4 * streamed + kv_bytes
         notes.append(f"{name}: dim {dim}, hidden {hidden}, {layers} layers, {heads}/{kv_heads} heads, vocab {vocab}, "
-                     f"seq {seq_len}; {bytes_per_token / 1e6:.1f} MB of weights streamed per decoded token "
-                     f"(classifier {'shared with the embedding' if shared else 'separate'}); the KV cache adds "
-                     f"{kv_bytes / 1e6:.1f} MB/token on average over the decode run ({100 * kv_bytes / bytes_per_token:.1f}%, "
-                     f"not counted); prefill prompt {n_prompt} tokens"
+                     f"seq {seq_len}; {4 * streamed / 1e6:.1f} MB of float32 weights streamed per decoded token "
+                     f"(classifier {'shared with the embedding' if shared else 'separate'}) and "
+                     f"{kv_bytes / 1e6:.1f} MB of the KV cache on average over the decode run (counted: "
+                     f"{100 * kv_bytes / bytes_per_token:.1f}% of the bytes read); prefill prompt {n_prompt} tokens"
                      + (f" (the context is {seq_len})" if n_prompt < 256 else "")
                      + f"; decode prompt {n_short} tokens, -n {decode_steps}; median of {runs} round(s)")
 
-        runs16 = (path, prompt, n_prompt, decode_steps)  # for the 16-bit rounds, after the float32 ones
+        runs16 = (path, prompt, n_prompt, decode_steps, positions)  # for the 16-bit rounds, after the float32 ones
         peer_path = ensure_llama2c_checkpoint(path) if peer or lbench else None
         gguf = ensure_gguf(peer_path, tokenizer, lbench) if lbench else None
         log(f"bench: {name}: warm-up run (page cache) ...")
@@ -978,9 +989,9 @@ def main():
                            + (f"; llama-bench pp {', '.join(f'{r:.1f}' for r in pp_rates)}, tg "
                               f"{', '.join(f'{r:.1f}' for r in tg_rates)} tok/s" if lbench else ""))
         for weight_type in dtypes:
-            path16, prompt16, n_prompt16, steps16 = runs16
+            path16, prompt16, n_prompt16, steps16, positions16 = runs16
             r16, raw16, d16 = bench_16bit(runner, name, path16, weight_type, threads, runs, stream_reps, cpus,
-                                          prompt16, n_prompt16, steps16, lbench, gguf)
+                                          prompt16, n_prompt16, steps16, positions16, lbench, gguf)
             rows16 += r16
             raw += raw16
             any_disturbed = any_disturbed or d16
@@ -1035,7 +1046,8 @@ def main():
                    "% of peak: the same prefill flops per token and the same peak reading for both programs, "
                    "so that the two columns say how close each comes to the arithmetic limit")
     out += [f"- {n}" for n in notes]
-    out.append(f"- decode GB/s = weight bytes streamed per token x decode tok/s (median); read GB/s = "
+    out.append(f"- decode GB/s = bytes read per token (the weights streamed and the KV cache, as in the notes "
+               f"above) x decode tok/s (median); read GB/s = "
                f"bench/stream, a sum over 1 GiB of floats, {stream_reps} passes with the same thread count, read "
                f"just before and just after each round's decode run (median over rounds of the two readings' "
                f"mean): the best pass (the peak) and all passes' bytes over their time (what a reader sustains "
