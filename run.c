@@ -4923,9 +4923,9 @@ static void attention_for_head(Transformer *t, int l, int h, int B, int pos0) {
 // product. Inspect's sums are not safe to share, so it runs on one thread.
 //   The work is the scores' multiply-adds, in a matmul's units. In a decoding step
 // each comes with a wait on memory (the keys and values come from DRAM, above), and
-// with its share of the values' pass and the softmax: measured on the 15M shape (Zen 4, one thread,
-// positions 5-255), 0.6 ns a multiply-add of the scores, where a decode matmul takes
-// 0.07-0.13 ns a multiply-add. So each counts eight.
+// with its share of the values' pass and the softmax: measured on the 15M shape
+// (Zen 4, one thread, positions 5-255), 0.6 ns a multiply-add of the scores, where a
+// decode matmul takes 0.07-0.13 ns a multiply-add. So each counts eight.
 #define DECODE_ATTENTION_WEIGHT 8
 
 static int attention_fast(Transformer *t, int l, int B, int pos0) {
@@ -5100,10 +5100,11 @@ static ReadOrderTrial read_order_trial; // one for the process, as read_order is
 // At start-up: the order from RUN_READ_ORDER (forced >= 0), or a trial on decode's
 // first tokens for a model too large for a cache.
 static void start_read_order_trial(const Config *c, int forced) {
-    size_t per_layer = (size_t)c->dim * (2 * (size_t)q_dim_of(c) + 2 * (size_t)kv_dim_of(c) + 3 * (size_t)c->hidden_dim);
+    // a layer's matrices: wq and wo (q_dim x dim), wk and wv (kv_dim x dim), w1, w2, w3 (hidden x dim)
+    double per_layer = (double)c->dim * (2.0 * q_dim_of(c) + 2.0 * kv_dim_of(c) + 3.0 * c->hidden_dim);
     ReadOrderTrial *trial = &read_order_trial;
     memset(trial, 0, sizeof(*trial));
-    trial->matrix_bytes = ((double)c->n_layers * per_layer + (double)c->vocab_size * c->dim) * weight_type_bytes(c->weight_type);
+    trial->matrix_bytes = (c->n_layers * per_layer + (double)c->vocab_size * c->dim) * weight_type_bytes(c->weight_type);
     if (forced >= 0) {
         read_order = (ReadOrder)forced;
         trial->state = TRIAL_FORCED;
