@@ -353,6 +353,45 @@ static void test_16bit_matmul_equals_widened_f32(WeightType type, int n, int d, 
 // the decode split: for any shares (uneven, one of them zero, summing to 1 only up
 // to rounding) the threads' bands of rows follow each other and cover 0..rows-1,
 // each row once
+// greedy decoding picks the first index of the largest value, as llama2.c's loop
+// does: ties go to the earlier index, -0 and +0 tie, NaN is never the largest
+// unless it is at index 0 (which nothing then beats). The reference is that
+// definition, written over the sorted-out candidates; the arrays are drawn from a
+// few values so that ties, zeros of both signs, infinities and NaNs all occur, at
+// lengths around the vectors' sixteen.
+static int first_index_of_largest(const float *p, int n) {
+    if (isnan(p[0])) return 0;
+    double largest = -INFINITY;
+    int any = 0;
+    for (int i = 0; i < n; i++)
+        if (!isnan(p[i]) && (!any || p[i] > largest)) largest = p[i], any = 1;
+    for (int i = 0; i < n; i++)
+        if (p[i] == largest) return i;
+    return -1;
+}
+
+static void test_greedy_choice_is_first_index_of_largest(void) {
+    const float values[] = {0.0f, -0.0f, 1.0f, -1.0f, 2.5f, INFINITY, -INFINITY, NAN};
+    unsigned long long rng = 7;
+    float p[80];
+    int bad = 0, first_bad_n = 0;
+    for (int trial = 0; trial < 200000; trial++) {
+        int n = 1 + random_u32(&rng) % 80;
+        for (int i = 0; i < n; i++) p[i] = values[random_u32(&rng) % 8];
+        int fast = sample_argmax(p, n), want = first_index_of_largest(p, n);
+        use_fast_kernels = 0;
+        int plain = sample_argmax(p, n);
+        use_fast_kernels = 1;
+        if (fast != want || plain != want) {
+            if (!bad) first_bad_n = n;
+            bad++;
+        }
+    }
+    char detail[96];
+    snprintf(detail, sizeof(detail), "%d of 200000 arrays differ (the first of length %d)", bad, first_bad_n);
+    check(bad == 0, "greedy_choice_is_first_index_of_largest", detail);
+}
+
 static void test_thread_bands_cover_every_row_once(void) {
     double shares[][4] = {{1.0}, {0.5, 0.5}, {0.9, 0.1}, {0.0, 1.0}, {0.3, 0.3, 0.4}, {0.1, 0.2, 0.3, 0.4 + 1e-12},
                           {0.25, 0.0, 0.5, 0.25 - 1e-12}};
@@ -1222,6 +1261,7 @@ int main(int argc, char **argv) {
     for (WeightType type = WEIGHT_BF16; type <= WEIGHT_F16; type++)
         for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
             test_16bit_matmul_equals_widened_f32(type, sizes[i].n, sizes[i].d, sizes[i].what);
+    test_greedy_choice_is_first_index_of_largest();
     test_thread_bands_cover_every_row_once();
     test_row_split_follows_thread_speeds();
     test_uneven_split_keeps_matmul_bitwise(37 * 8, 251, "matmul_under_uneven_thread_split_equals_one_dot_per_row_bitwise");
