@@ -60,12 +60,15 @@ Each ratio printed is the median over rounds of that round's own ratio.
 weights rounded to bf16 (export.py --dtype bf16, round to nearest even) in a ROPE
 version 2 file, against the float32 file of the same widened weights (export.py
 --dtype f32 of that file: the outputs are the same, bit for bit, which each model's
-first use checks). Each round: a bandwidth reading, the two decodes (in turns), a
-bandwidth reading, the two prefills, and with LLAMA_BENCH llama-bench on a BF16 GGUF
-made from the F32 one by llama.cpp's llama-quantize (beside llama-bench, or
-$LLAMA_QUANTIZE), which rounds to nearest even too: the same weights again. Decode's
-traffic is counted in the bytes actually read per token: 2 a weight for the streamed
-matrices and the classifier, 4 for the norms and the KV cache.
+first use checks). Each round: a bandwidth reading, four decodes in a balanced order
+(16-bit, float32, float32, 16-bit, or the reverse, alternating by round, so that a
+drift of the machine's speed within the round weighs on both alike; each file's rate
+is that of its two runs together), a bandwidth reading, the two prefills, and with
+LLAMA_BENCH llama-bench on a BF16 GGUF made from the F32 one by llama.cpp's
+llama-quantize (beside llama-bench, or $LLAMA_QUANTIZE), which rounds to nearest even
+too: the same weights again. Decode's traffic is counted in the bytes actually read
+per token: 2 a weight for the streamed matrices and the classifier, 4 for the norms
+and the KV cache.
 
 Only numpy and the standard library.
 """
@@ -667,8 +670,8 @@ def check_same_output(runner, narrow, wide):
 
 def bench_16bit(runner, name, path, weight_type, threads, runs, stream_reps, cpus, prompt, n_prompt,
                 decode_steps, decode_positions, lbench, gguf):
-    """Rounds of (bandwidth, the 16-bit and float32 decodes, bandwidth, the two prefills, llama-bench
-    on the 16-bit GGUF) for each thread count: (table rows, raw lines, any run disturbed)."""
+    """Rounds of (bandwidth, the 16-bit and float32 decodes twice each, bandwidth, the two prefills,
+    llama-bench on the 16-bit GGUF) for each thread count: (table rows, raw lines, any run disturbed)."""
     narrow, wide = ensure_16bit_checkpoints(path, weight_type)
     check_same_output(runner, narrow, wide)
     header = read_header(narrow)
@@ -683,15 +686,21 @@ def bench_16bit(runner, name, path, weight_type, threads, runs, stream_reps, cpu
     rows, raw, any_disturbed = [], [], False
     for t in threads:
         log(f"bench: {name} {weight_type}, {t} thread(s): {runs} round(s) of bandwidth, prefill and decode ...")
-        r = {k: [] for k in ("dec16", "dec32", "pre16", "pre32", "peak", "pp", "tg")}
+        r = {k: [] for k in ("dec16", "dec32", "runs16", "runs32", "pre16", "pre32", "peak", "pp", "tg")}
         retries, disturbed = [runs], 0
         for k in range(runs):
             runner.cpu = cpus[k % len(cpus)] if t == 1 and len(cpus) > 1 else None
             peak1, _, d1 = stream_bandwidth(runner.contention, t, stream_reps, runner.cpu)
-            for f in ((narrow, wide) if k % 2 == 0 else (wide, narrow)):
+            rates = {narrow: [], wide: []}
+            for f in ((narrow, wide, wide, narrow) if k % 2 == 0 else (wide, narrow, narrow, wide)):
                 (_, _, _, rate, _, _), d = runner.timed_quiet(f, t, SHORT_PROMPT, decode_steps, retries)
-                r["dec16" if f == narrow else "dec32"].append(rate)
+                rates[f].append(rate)
                 disturbed += d
+            # each file's rate over its two runs together (the same tokens in each: the harmonic mean)
+            r["dec16"].append(statistics.harmonic_mean(rates[narrow]))
+            r["dec32"].append(statistics.harmonic_mean(rates[wide]))
+            r["runs16"].append(rates[narrow])
+            r["runs32"].append(rates[wide])
             peak2, _, d2 = stream_bandwidth(runner.contention, t, stream_reps, runner.cpu)
             r["peak"].append((peak1 + peak2) / 2)
             disturbed += d1 + d2
@@ -723,8 +732,11 @@ def bench_16bit(runner, name, path, weight_type, threads, runs, stream_reps, cpu
                      f"**{ratio('dec16', 'dec32'):.2f}x**", f"{ratio('pre16', 'pre32'):.2f}x",
                      f"{med('pp'):.1f}" if r["pp"] else "-", f"{med('tg'):.1f}" if r["tg"] else "-",
                      f"{vs_pp:.2f}x" if vs_pp else "-", f"{vs_tg:.2f}x" if vs_tg else "-"])
-        raw.append(f"{name} {weight_type}, {t} thread(s), by round: decode {weight_type} "
-                   f"{', '.join(f'{v:.1f}' for v in r['dec16'])}, f32 {', '.join(f'{v:.1f}' for v in r['dec32'])}; "
+        def two_runs(rates, runs):
+            return ", ".join(f"{v:.1f} ({a:.1f}, {b:.1f})" for v, (a, b) in zip(rates, runs))
+
+        raw.append(f"{name} {weight_type}, {t} thread(s), by round: decode (both runs, then each) {weight_type} "
+                   f"{two_runs(r['dec16'], r['runs16'])}, f32 {two_runs(r['dec32'], r['runs32'])}; "
                    f"prefill {weight_type} {', '.join(f'{v:.1f}' for v in r['pre16'])}, f32 "
                    f"{', '.join(f'{v:.1f}' for v in r['pre32'])} tok/s; read bandwidth (best pass) "
                    f"{', '.join(f'{v:.2f}' for v in r['peak'])} GB/s"
