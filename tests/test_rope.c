@@ -350,15 +350,13 @@ static void test_16bit_matmul_equals_widened_f32(WeightType type, int n, int d, 
     free(h), free(w), free(x), free(ref), free(one), free(block), free(plain), free(scratch);
 }
 
-// the decode split: for any shares (uneven, one of them zero, summing to 1 only up
-// to rounding) the threads' bands of rows follow each other and cover 0..rows-1,
-// each row once
 // greedy decoding picks the first index of the largest value, as llama2.c's loop
 // does: ties go to the earlier index, -0 and +0 tie, NaN is never the largest
 // unless it is at index 0 (which nothing then beats). The reference is that
-// definition, written over the sorted-out candidates; the arrays are drawn from a
-// few values so that ties, zeros of both signs, infinities and NaNs all occur, at
-// lengths around the vectors' sixteen.
+// definition written out directly: the largest of the values that are not NaN,
+// then its first index. The arrays are drawn from a few values so that ties, zeros
+// of both signs, infinities and NaNs all occur, at lengths around the vectors'
+// sixteen.
 static int first_index_of_largest(const float *p, int n) {
     if (isnan(p[0])) return 0;
     double largest = -INFINITY;
@@ -392,6 +390,9 @@ static void test_greedy_choice_is_first_index_of_largest(void) {
     check(bad == 0, "greedy_choice_is_first_index_of_largest", detail);
 }
 
+// the decode split: for any shares (uneven, one of them zero, summing to 1 only up
+// to rounding) the threads' bands of rows follow each other and cover 0..rows-1,
+// each row once
 static void test_thread_bands_cover_every_row_once(void) {
     double shares[][4] = {{1.0}, {0.5, 0.5}, {0.9, 0.1}, {0.0, 1.0}, {0.3, 0.3, 0.4}, {0.1, 0.2, 0.3, 0.4 + 1e-12},
                           {0.25, 0.0, 0.5, 0.25 - 1e-12}};
