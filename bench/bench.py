@@ -127,15 +127,14 @@ def read_header(path):
     return (*sizes, shared)
 
 
-def float_counts(dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared):
-    """(floats in the file, floats streamed per decoded token)."""
+def file_floats(dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared):
+    """Floats in a float32 file of this shape: the embedding, the layers, rms_final and, when not
+    shared, the classifier."""
     head_size = dim // heads
     q_dim, kv_dim = heads * head_size, kv_heads * head_size
     per_layer = 2 * dim + q_dim * dim + 2 * kv_dim * dim + dim * q_dim + 3 * hidden * dim
     body = layers * per_layer + dim  # the layers and rms_final
-    total = vocab * dim + body + (0 if shared else vocab * dim)
-    streamed = body + vocab * dim  # + the classifier, once (shared or not); no embedding rows
-    return total, streamed
+    return vocab * dim + body + (0 if shared else vocab * dim)
 
 
 def streamed_bytes(dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared, weight_type="f32"):
@@ -193,8 +192,7 @@ def drop_from_page_cache(path):
 def ensure_checkpoint(name):
     shape = SHAPES[name]
     path = os.path.join(BENCH, f"model{name}.bin")
-    total, _ = float_counts(*shape, True)
-    expected = ropefile.HEADER_BYTES + 4 * total
+    expected = ropefile.HEADER_BYTES + 4 * file_floats(*shape, True)
     if os.path.exists(path) and os.path.getsize(path) == expected:
         return path
     log(f"bench: writing the random {name} checkpoint {os.path.relpath(path, ROOT)} "
@@ -686,7 +684,7 @@ def bench_16bit(runner, name, path, weight_type, threads, runs, stream_reps, cpu
     rows, raw, any_disturbed = [], [], False
     for t in threads:
         log(f"bench: {name} {weight_type}, {t} thread(s): {runs} round(s) of bandwidth, prefill and decode ...")
-        r = {k: [] for k in ("dec16", "dec32", "runs16", "runs32", "pre16", "pre32", "peak", "pp", "tg")}
+        r = {k: [] for k in ("runs16", "runs32", "pre16", "pre32", "peak", "pp", "tg")}
         retries, disturbed = [runs], 0
         for k in range(runs):
             runner.cpu = cpus[k % len(cpus)] if t == 1 and len(cpus) > 1 else None
@@ -696,9 +694,6 @@ def bench_16bit(runner, name, path, weight_type, threads, runs, stream_reps, cpu
                 (_, _, _, rate, _, _), d = runner.timed_quiet(f, t, SHORT_PROMPT, decode_steps, retries)
                 rates[f].append(rate)
                 disturbed += d
-            # each file's rate over its two runs together (the same tokens in each: the harmonic mean)
-            r["dec16"].append(statistics.harmonic_mean(rates[narrow]))
-            r["dec32"].append(statistics.harmonic_mean(rates[wide]))
             r["runs16"].append(rates[narrow])
             r["runs32"].append(rates[wide])
             peak2, _, d2 = stream_bandwidth(runner.contention, t, stream_reps, runner.cpu)
@@ -716,6 +711,9 @@ def bench_16bit(runner, name, path, weight_type, threads, runs, stream_reps, cpu
                 r["tg"].append(tg)
                 disturbed += d
         runner.cpu = None
+        # each round's rate of a file: its two runs together (the same tokens in each: the harmonic mean)
+        r["dec16"] = [statistics.harmonic_mean(pair) for pair in r["runs16"]]
+        r["dec32"] = [statistics.harmonic_mean(pair) for pair in r["runs32"]]
 
         def med(key, scale=1.0):
             return statistics.median(scale * v for v in r[key])
@@ -858,7 +856,6 @@ def main():
         path = ensure_checkpoint(name)
         header = read_header(path)
         dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared = header
-        _, streamed = float_counts(*header)
         runs = 1 if args.quick else (args.runs or RUNS[name])
 
         target = min(PROMPT_TOKENS[name], seq_len)
@@ -868,10 +865,10 @@ def main():
         decode_steps = min(seq_len, n_short - 1 + DECODE_TOKENS)
         # decode reads the weights and, in attention, the KV cache: keys and values of positions 0..pos
         positions = range(n_short, decode_steps)
-        kv_bytes = kv_cache_bytes(*header, positions)
-        bytes_per_token = 4 * streamed + kv_bytes
+        weight_bytes, kv_bytes = streamed_bytes(*header), kv_cache_bytes(*header, positions)
+        bytes_per_token = weight_bytes + kv_bytes
         notes.append(f"{name}: dim {dim}, hidden {hidden}, {layers} layers, {heads}/{kv_heads} heads, vocab {vocab}, "
-                     f"seq {seq_len}; {4 * streamed / 1e6:.1f} MB of float32 weights streamed per decoded token "
+                     f"seq {seq_len}; {weight_bytes / 1e6:.1f} MB of float32 weights streamed per decoded token "
                      f"(classifier {'shared with the embedding' if shared else 'separate'}) and "
                      f"{kv_bytes / 1e6:.1f} MB of the KV cache on average over the decode run (counted: "
                      f"{100 * kv_bytes / bytes_per_token:.1f}% of the bytes read); prefill prompt {n_prompt} tokens"
