@@ -45,9 +45,13 @@ Side by side with the programs users would otherwise run, on the same weights:
   PEER=/path/to/run          a llama2.c-compatible CLI (karpathy/llama2.c's run,
                              built as its Makefile's `runomp` builds it). Each
                              round also runs it on the same checkpoint written in
-                             llama2.c's format, same prompt, -n and threads, right
-                             before or after our decode run (the order alternates);
-                             the ratio is of whole-process wall times.
+                             llama2.c's format, same prompt, -n and threads: our
+                             decode and the peer's twice each, in a balanced order
+                             (run, peer, peer, run, or the reverse, alternating by
+                             round), so that a drift within the round weighs on both
+                             alike; the ratio is of whole-process wall times, each
+                             program's two runs together (the decode rate and its
+                             share of the bandwidth too).
   LLAMA_BENCH=/path/to/llama-bench   llama.cpp's benchmark on the same weights as
                              F32 GGUF (bench/model*.gguf; when missing, made with
                              llama-convert-llama2c-to-ggml found beside llama-bench
@@ -81,6 +85,7 @@ import os
 import platform
 import re
 import resource
+import select
 import statistics
 import struct
 import subprocess
@@ -385,12 +390,10 @@ class Runner:
                                  preexec_fn=pin_to(self.cpu))
             last = (busy0, 0.0, t0)
             disturbed = 0.0
+            exited = exit_watch(p)
             while True:
-                try:
-                    p.wait(timeout=0.25)
+                if exited(0.25):
                     break
-                except subprocess.TimeoutExpired:
-                    pass
                 now = (cpu_busy_seconds(), process_cpu_seconds(p.pid), time.time())
                 if now[1] is None:
                     continue
@@ -400,12 +403,15 @@ class Runner:
                 if stoppable and disturbed >= STOP_AFTER:
                     p.kill()  # our own child, by its handle
                     p.wait()
+                    exited(None)
                     return None
                 if now[2] - t0 > 900:
                     p.kill()
                     p.wait()
+                    exited(None)
                     raise SystemExit("bench: a run took more than 15 minutes; stopped it")
-            busy1, ours1, t1 = cpu_busy_seconds(), children_cpu_seconds(), time.time()
+            t1 = time.time()  # the moment it exited, give or take a millisecond (exit_watch)
+            busy1, ours1 = cpu_busy_seconds(), children_cpu_seconds()
             err.seek(0)
             stderr = err.read().decode("utf-8", "replace")
             out.seek(0)
@@ -435,6 +441,37 @@ class Runner:
                 return r, disturbed
             retries[0] -= 1
             log(f"bench: other processes used {r[-2]:.1f} core(s) during a {threads}-thread run; running it again")
+
+
+def exit_watch(p):
+    """A function exited(timeout) that waits up to timeout seconds for the child p to exit and
+    says whether it has (reaped); exited(None) releases what it holds. Whole-process wall times
+    end where it returns, so it must return when the child exits: Popen.wait(timeout) polls at
+    intervals growing to 50 ms, which added 15-32 ms to runs of 0.5-4 s (30 ms, 6%, to a
+    0.47 s run). A pidfd (Linux 5.3) becomes readable the moment the process exits."""
+    try:
+        fd = os.pidfd_open(p.pid)
+    except (AttributeError, OSError):  # no pidfd: polling, as coarse as above
+        def polled(timeout):
+            if timeout is None:
+                return True
+            try:
+                p.wait(timeout=timeout)
+                return True
+            except subprocess.TimeoutExpired:
+                return False
+        return polled
+
+    def exited(timeout):
+        if timeout is None:
+            os.close(fd)
+            return True
+        if not select.select([fd], [], [], timeout)[0]:
+            return False
+        p.wait()
+        os.close(fd)
+        return True
+    return exited
 
 
 def peer_decode(runner, peer, model, threads, prompt, steps, stoppable):
@@ -666,6 +703,12 @@ def check_same_output(runner, narrow, wide):
         raise SystemExit(f"bench: {narrow} and {wide} (the same weights widened) print different text")
 
 
+def rates_and_runs(rates, runs):
+    """Each round's rate, followed, where the round ran a program twice, by its two runs' rates."""
+    return ", ".join(f"{v:.1f}" + (f" ({', '.join(f'{x:.1f}' for x in each)})" if len(each) > 1 else "")
+                     for v, each in zip(rates, runs))
+
+
 def bench_16bit(runner, name, path, weight_type, threads, runs, stream_reps, cpus, prompt, n_prompt,
                 decode_steps, decode_positions, lbench, gguf):
     """Rounds of (bandwidth, the 16-bit and float32 decodes twice each, bandwidth, the two prefills,
@@ -730,11 +773,8 @@ def bench_16bit(runner, name, path, weight_type, threads, runs, stream_reps, cpu
                      f"**{ratio('dec16', 'dec32'):.2f}x**", f"{ratio('pre16', 'pre32'):.2f}x",
                      f"{med('pp'):.1f}" if r["pp"] else "-", f"{med('tg'):.1f}" if r["tg"] else "-",
                      f"{vs_pp:.2f}x" if vs_pp else "-", f"{vs_tg:.2f}x" if vs_tg else "-"])
-        def two_runs(rates, runs):
-            return ", ".join(f"{v:.1f} ({a:.1f}, {b:.1f})" for v, (a, b) in zip(rates, runs))
-
         raw.append(f"{name} {weight_type}, {t} thread(s), by round: decode (both runs, then each) {weight_type} "
-                   f"{two_runs(r['dec16'], r['runs16'])}, f32 {two_runs(r['dec32'], r['runs32'])}; "
+                   f"{rates_and_runs(r['dec16'], r['runs16'])}, f32 {rates_and_runs(r['dec32'], r['runs32'])}; "
                    f"prefill {weight_type} {', '.join(f'{v:.1f}' for v in r['pre16'])}, f32 "
                    f"{', '.join(f'{v:.1f}' for v in r['pre32'])} tok/s; read bandwidth (best pass) "
                    f"{', '.join(f'{v:.2f}' for v in r['peak'])} GB/s"
@@ -892,6 +932,7 @@ def main():
             # figures drift by 10-30% within minutes, all of them together.
             log(f"bench: {name}, {t} thread(s): {runs} round(s) of bandwidth, prefill and decode ...")
             pre, dec, dec_n, peaks, means, speedups, others = [], [], [], [], [], [], []
+            dec_runs, peer_runs = [], []  # each round's runs, for the raw lines
             of_peak, of_mean = [], []
             flops_peaks, of_flops_peak = [], []
             disturbed = bw_disturbed = 0
@@ -907,26 +948,37 @@ def main():
                 runner.cpu = cpus[k % len(cpus)] if t == 1 and len(cpus) > 1 else None
                 round_cpus.append(runner.cpu)
                 peak1, mean1, d1 = stream_bandwidth(runner.contention, t, stream_reps, runner.cpu)
-                # ours and the peer one after the other, first one then the other by turns
-                for turn in ((0, 1) if k % 2 == 0 else (1, 0)):
+                # with a peer, ours and the peer twice each in a balanced order (ours, peer, peer,
+                # ours, or the reverse, alternating by round), so that a drift of the machine's
+                # speed within the round weighs on both alike; each program's rate is that of its
+                # two runs together (the same tokens in each: the harmonic mean, total tokens over
+                # total time)
+                order = ((0, 1, 1, 0) if k % 2 == 0 else (1, 0, 0, 1)) if peer else (0,)
+                ours, ours_walls, peer_walls = [], [], []
+                for turn in order:
                     if turn == 0:
-                        (_, _, m, d_rate, o, wall), d = runner.timed_quiet(path, t, SHORT_PROMPT, decode_steps,
-                                                                            retries)
-                    elif peer:
+                        (_, _, m, rate, o, wall), d = runner.timed_quiet(path, t, SHORT_PROMPT, decode_steps,
+                                                                          retries)
+                        ours.append(rate)
+                        ours_walls.append(wall)
+                    else:
                         (o, peer_wall), d = runner.timed_quiet(
                             None, t, None, None, retries,
                             run=lambda stoppable: peer_decode(runner, peer, peer_path, t, SHORT_PROMPT,
                                                               decode_steps, stoppable))
-                    else:
-                        continue
+                        peer_walls.append(peer_wall)
                     others.append(o)
                     disturbed += d
+                d_rate, wall = statistics.harmonic_mean(ours), statistics.mean(ours_walls)
                 dec.append(d_rate)
+                dec_runs.append(ours)
                 dec_n.append(m)
                 ours_wall.append((decode_steps - 1) / wall)
                 if peer:
+                    peer_wall = statistics.mean(peer_walls)
                     vs_peer.append(peer_wall / wall)
                     peer_rates.append((decode_steps - 1) / peer_wall)
+                    peer_runs.append([(decode_steps - 1) / w for w in peer_walls])
                 peak2, mean2, d2 = stream_bandwidth(runner.contention, t, stream_reps, runner.cpu)
                 # the bandwidth while the decode ran, as near as we can tell
                 peak, mean = (peak1 + peak2) / 2, (mean1 + mean2) / 2
@@ -967,7 +1019,7 @@ def main():
                        f"{', '.join(f'{a:.2f}/{b:.2f}' for a, b in zip(peaks, means))} GB/s; "
                        f"peak {', '.join(f'{a:.1f}' for a in flops_peaks)} GFLOP/s; "
                        f"prefill {', '.join(f'{r:.1f}' for r in pre)} tok/s; "
-                       f"decode {', '.join(f'{r:.1f}' for r in dec)} tok/s; "
+                       f"decode{' (both runs, then each)' if peer else ''} {rates_and_runs(dec, dec_runs)} tok/s; "
                        f"other processes used up to {max(others):.2f} core(s) during a kept run"
                        + (f"; {redone} run(s) redone" if redone else "")
                        + (f"; **{disturbed} kept run(s) disturbed**" if disturbed else "")
@@ -994,7 +1046,7 @@ def main():
                              f"{d_med:.1f}", cell(tg_rates), cell(vs_tg, "{:.2f}x")])
                 raw.append(f"{name}, {t} thread(s), side by side by round: run decode, whole process "
                            f"{', '.join(f'{r:.1f}' for r in ours_wall)} tok/s"
-                           + (f"; peer {', '.join(f'{r:.1f}' for r in peer_rates)} tok/s" if peer else "")
+                           + (f"; peer (both runs, then each) {rates_and_runs(peer_rates, peer_runs)} tok/s" if peer else "")
                            + (f"; llama-bench pp {', '.join(f'{r:.1f}' for r in pp_rates)}, tg "
                               f"{', '.join(f'{r:.1f}' for r in tg_rates)} tok/s" if lbench else ""))
         for weight_type in dtypes:
