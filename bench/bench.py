@@ -703,6 +703,12 @@ def check_same_output(runner, narrow, wide):
         raise SystemExit(f"bench: {narrow} and {wide} (the same weights widened) print different text")
 
 
+def balanced_order(k, a, b):
+    """Round k's order of two programs run twice each: a, b, b, a, or b, a, a, b in odd rounds,
+    so that a drift of the machine's speed within the round weighs on both alike."""
+    return (a, b, b, a) if k % 2 == 0 else (b, a, a, b)
+
+
 def rates_and_runs(rates, runs):
     """Each round's rate, followed, where the round ran a program twice, by its two runs' rates."""
     return ", ".join(f"{v:.1f}" + (f" ({', '.join(f'{x:.1f}' for x in each)})" if len(each) > 1 else "")
@@ -733,7 +739,7 @@ def bench_16bit(runner, name, path, weight_type, threads, runs, stream_reps, cpu
             runner.cpu = cpus[k % len(cpus)] if t == 1 and len(cpus) > 1 else None
             peak1, _, d1 = stream_bandwidth(runner.contention, t, stream_reps, runner.cpu)
             rates = {narrow: [], wide: []}
-            for f in ((narrow, wide, wide, narrow) if k % 2 == 0 else (wide, narrow, narrow, wide)):
+            for f in balanced_order(k, narrow, wide):
                 (_, _, _, rate, _, _), d = runner.timed_quiet(f, t, SHORT_PROMPT, decode_steps, retries)
                 rates[f].append(rate)
                 disturbed += d
@@ -948,12 +954,10 @@ def main():
                 runner.cpu = cpus[k % len(cpus)] if t == 1 and len(cpus) > 1 else None
                 round_cpus.append(runner.cpu)
                 peak1, mean1, d1 = stream_bandwidth(runner.contention, t, stream_reps, runner.cpu)
-                # with a peer, ours and the peer twice each in a balanced order (ours, peer, peer,
-                # ours, or the reverse, alternating by round), so that a drift of the machine's
-                # speed within the round weighs on both alike; each program's rate is that of its
-                # two runs together (the same tokens in each: the harmonic mean, total tokens over
-                # total time)
-                order = ((0, 1, 1, 0) if k % 2 == 0 else (1, 0, 0, 1)) if peer else (0,)
+                # with a peer, ours and the peer twice each in a balanced order; each program's
+                # rate is that of its two runs together (the same tokens in each: the harmonic
+                # mean, total tokens over total time)
+                order = balanced_order(k, 0, 1) if peer else (0,)
                 ours, ours_walls, peer_walls = [], [], []
                 for turn in order:
                     if turn == 0:
