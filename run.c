@@ -1,16 +1,20 @@
 /* run.c: inference for Llama-architecture models, about rotary position embeddings.
 
-   One file, read top to bottom: the model first, then the machinery that makes it
-   fast. The checkpoint (config, weights, loading); rotary position embeddings (RoPE
-   and p-RoPE); the forward pass, in the plain form that reads like the equations;
-   moving the KV cache; the BPE tokenizer (SentencePiece's, as in llama2.c, and the
-   byte-level BPE of GPT-2, Llama 3, Qwen and SmolLM2: the text cut into words by a
-   pattern, each word's UTF-8 bytes merged pair by pair in the order the model
-   learned them); the sampler; the programs built from them
-   (generate, tokenize, perplexity, inspect, chat); then "Making it fast" (SIMD
-   kernels, prefill tiles, threads, memory), each piece a refinement of a plain
-   function above that computes the same bits; then the command line. The README's
-   "Reading run.c" is a map.
+   One file, read top to bottom in the order of one token's trip: the model first,
+   then the machinery a learner may skip.
+     The model: the config and weights (plain structs); rotary position embeddings
+     (RoPE and p-RoPE: the frequencies, the rotation and its tables), then the
+     scaling rules past the training length; the forward pass, in the plain form
+     that reads like the equations; moving the KV cache by RoPE's relative
+     property; the sampler.
+     The machinery: loading and validating the checkpoint formats; sizing and
+     allocating the run state; the BPE tokenizer (SentencePiece's, as in llama2.c,
+     and the byte-level BPE of GPT-2, Llama 3, Qwen and SmolLM2); the programs
+     built from them (generate, tokenize, perplexity, inspect, chat); "Making it
+     fast" (SIMD kernels, prefill tiles, threads, memory), each piece a refinement
+     of a plain function above that computes the same bits (RUN_PLAIN=1 runs
+     without them); -m rope; the command line. The README's "Reading run.c" is a
+     map, and docs/reading.md the full one.
 
    RoPE (Su et al., RoFormer, 2021) rotates each pair i of query/key dimensions by
    the angle pos * theta^(-2i/head_size), so that q_m . k_n depends on m - n only.
@@ -362,6 +366,783 @@ static float yarn_beta_fast(const Config *c) { return or_default(c->yarn_beta_fa
 static float yarn_beta_slow(const Config *c) { return or_default(c->yarn_beta_slow, 1.0f); }
 static float llama3_low_freq(const Config *c) { return or_default(c->llama3_low_freq_factor, 1.0f); }
 static float llama3_high_freq(const Config *c) { return or_default(c->llama3_high_freq_factor, 4.0f); }
+
+// ----------------------------------------------------------------------------
+// Rotary position embeddings (RoPE and p-RoPE)
+//
+// Pair i of a head is the two dims (2i, 2i+1) (llama2.c's adjacent layout). At
+// position pos it is rotated by the angle pos * omega_i, where
+//     omega_i = theta^(-2i / head_size),       i = 0 .. head_size/2 - 1
+// is the angular frequency: i = 0 turns fastest (one radian per token), the last
+// pairs slowest (a scaling rule, below, may change them). The rotation is the 2x2 block of RoFormer's R(theta, m):
+//     [x'_2i  ]   [cos a  -sin a] [x_2i  ]
+//     [x'_2i+1] = [sin a   cos a] [x_2i+1],   a = pos * omega_i.
+// p-RoPE rotates only pairs i < rope_angles = floor(p * head_size / 2), with the
+// same omega_i as full RoPE; the others keep their values (an infinite wavelength).
+// We loop over the rotated pairs only: the paper's pos / infinity is never computed.
+
+// The unscaled frequency theta^(-2i/head_size), computed in float exactly as llama2.c
+// does, so that its outputs match ours.
+static float rope_base_frequency(const Config *c, int i) {
+    return 1.0f / powf(c->rope_theta, (float)(2 * i) / (float)head_size_of(c));
+}
+
+// The scaling rules below (a learner may read them after the forward pass) give
+// each pair its frequency and the attention factor; with no rule they are
+// rope_base_frequency and 1.
+static float rope_frequency(const Config *c, int i);
+static float rope_attention_factor(const Config *c);
+
+// The plain version: rotates one head vector at position pos, computing the angles
+// on the spot. The tests check it against the explicit matrix R(theta, m), and the
+// table-driven rope_apply below (what the forward pass uses) against it.
+__attribute__((unused)) static void rope_rotate_head(float *vec, const Config *c, int pos) {
+    int n_rotated = rope_angles_of(c);
+    float factor = rope_attention_factor(c);
+    for (int i = 0; i < n_rotated; i++) {
+        float angle = pos * rope_frequency(c, i);
+        float cos_a = cosf(angle) * factor, sin_a = sinf(angle) * factor;
+        float x0 = vec[2 * i], x1 = vec[2 * i + 1];
+        vec[2 * i] = x0 * cos_a - x1 * sin_a;
+        vec[2 * i + 1] = x0 * sin_a + x1 * cos_a;
+    }
+}
+
+// The refinement used in the forward pass: cos and sin of every (pos, pair) are
+// computed once per run into tables (seq_len x rope_angles), since the same angles
+// recur for every layer, head and token. Both carry the attention factor.
+static void rope_build_tables(float *cos_table, float *sin_table, const Config *c) {
+    int n_rotated = rope_angles_of(c);
+    float factor = rope_attention_factor(c), omega[MAX_DIM / 2];
+    for (int i = 0; i < n_rotated; i++) omega[i] = rope_frequency(c, i);
+    for (int pos = 0; pos < c->seq_len; pos++) {
+        for (int i = 0; i < n_rotated; i++) {
+            float angle = pos * omega[i];
+            cos_table[(size_t)pos * n_rotated + i] = cosf(angle) * factor;
+            sin_table[(size_t)pos * n_rotated + i] = sinf(angle) * factor;
+        }
+    }
+}
+
+// Rotates n_heads consecutive head vectors at one position, from the tables.
+static void rope_apply(float *vec, int n_heads, int head_size, int n_rotated, const float *cos_pos,
+                       const float *sin_pos) {
+    for (int h = 0; h < n_heads; h++) {
+        float *head = vec + h * head_size;
+        for (int i = 0; i < n_rotated; i++) {
+            float x0 = head[2 * i], x1 = head[2 * i + 1];
+            head[2 * i] = x0 * cos_pos[i] - x1 * sin_pos[i];
+            head[2 * i + 1] = x0 * sin_pos[i] + x1 * cos_pos[i];
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// Past the training length: the scaling rules
+//
+// A model trained on contexts of L positions (rope_original_len) has seen pair i
+// turn through at most L * omega_i radians. Past L, the slow pairs reach angles
+// never seen in training, and attention breaks down. Each rule changes only the
+// frequencies omega_i (and one attention factor), so that positions up to s * L
+// (s = rope_factor) look more like the trained ones. Nothing else in the forward
+// pass changes, and since the KV cache holds keys rotated by R(n), a rule can be
+// chosen at inference time without retraining.
+//   none    omega_i
+//   linear  omega_i / s: every position divided by s ("position interpolation",
+//           Chen et al. 2023). The fast pairs, which resolve neighbouring tokens,
+//           turn s times slower too.
+//   ntk     theta' = theta * s^(d/(d-2)), d = head_size ("NTK-aware", bloc97 2023):
+//           pair 0 keeps its frequency, the slowest pair is divided by s, those
+//           between by less (a larger base stretches the slow end of the spectrum).
+//   yarn    (Peng et al. 2023) by each pair's number of turns over L, r_i = L / wavelength_i:
+//           r_i > beta_fast: kept; r_i < beta_slow: divided by s; a linear ramp
+//           between. Plus an attention factor, 0.1 ln s + 1 by default, that
+//           multiplies cos and sin (so q . k of the rotated pairs by its square):
+//           interpolated attention is flatter, and this sharpens it again.
+//   llama3  (Meta's Llama 3.1) by wavelength: above L / low_freq_factor divided by
+//           s, below L / high_freq_factor kept, a smooth blend between.
+// Each rule equals the rope-initialisation function of Hugging Face transformers
+// with the same parameters (tests/scaling_reference.py). p-RoPE composes with every
+// rule: the rule acts on the rotated pairs only (for yarn, whose ramp is counted
+// over the rotated dims, as transformers counts it with partial_rotary_factor), and
+// the unrotated pairs stay unrotated.
+
+// yarn's ramp: the (fractional) pair index at which a pair turns `rotations` times
+// over the original length, for `dims` rotated dims with base `base`:
+//   i = dims * ln(L / (2 pi rotations)) / (2 ln base)
+static double yarn_correction_pair(double rotations, int dims, double base, int original_len) {
+    return dims * log(original_len / (rotations * 2.0 * M_PI)) / (2.0 * log(base));
+}
+
+// yarn's weight of the interpolated frequency for pair i: 0 for the fast pairs
+// (kept), 1 for the slow ones (divided by s), linear between. The bounds are
+// rounded outwards and clamped to [0, dims - 1], as transformers does.
+static double yarn_ramp(const Config *c, int i) {
+    int dims = 2 * rope_angles_of(c); // the rotated dims
+    double base = pow(c->rope_theta, (double)dims / head_size_of(c)); // so that base^(-2i/dims) = theta^(-2i/head_size)
+    double low = floor(yarn_correction_pair(yarn_beta_fast(c), dims, base, c->rope_original_len));
+    double high = ceil(yarn_correction_pair(yarn_beta_slow(c), dims, base, c->rope_original_len));
+    low = fmax(low, 0.0);
+    high = fmin(high, dims - 1.0);
+    if (low == high) high += 0.001; // no division by zero
+    return fmin(fmax((i - low) / (high - low), 0.0), 1.0);
+}
+
+// llama3's frequency: interpolated past L / low_freq_factor, kept below L /
+// high_freq_factor, and between a blend weighted by how often the pair turns over L.
+static double llama3_frequency(const Config *c, double omega) {
+    double s = c->rope_factor, L = c->rope_original_len, low = llama3_low_freq(c), high = llama3_high_freq(c);
+    double wavelength = 2.0 * M_PI / omega;
+    if (wavelength < L / high) return omega;
+    if (wavelength > L / low) return omega / s;
+    double smooth = (L / wavelength - low) / (high - low);
+    return (1.0 - smooth) * omega / s + smooth * omega;
+}
+
+// omega_i of a rotating pair i under the rule in force, in radians per token.
+static float rope_frequency(const Config *c, int i) {
+    float omega = rope_base_frequency(c, i), s = c->rope_factor;
+    int d = head_size_of(c);
+    switch (c->rope_scaling) {
+    case ROPE_SCALING_LINEAR:
+        return omega / s;
+    case ROPE_SCALING_NTK: {
+        if (d <= 2) return omega; // a single pair: omega_0 = 1 whatever the base
+        double theta = (double)c->rope_theta * pow(s, (double)d / (d - 2));
+        return (float)pow(theta, -2.0 * i / d);
+    }
+    case ROPE_SCALING_YARN: {
+        double ramp = yarn_ramp(c, i);
+        return (float)((double)omega / s * ramp + (double)omega * (1.0 - ramp));
+    }
+    case ROPE_SCALING_LLAMA3:
+        return (float)llama3_frequency(c, omega);
+    case ROPE_SCALING_LONGROPE: {
+        // Phi-3 128k, Phi-4-mini: omega_i / ext_i, ext the short factors when the
+        // context in use is within the trained length, the long ones beyond it (as
+        // llama.cpp chooses, by the context rather than the text so far)
+        if (!c->longrope_factors) return omega; // the header alone (no weights mapped yet)
+        int longer = c->seq_len > c->rope_original_len;
+        return omega / c->longrope_factors[(longer ? rope_angles_of(c) : 0) + i];
+    }
+    default:
+        return omega;
+    }
+}
+
+// The factor that multiplies cos and sin: the file's, else yarn's 0.1 ln s + 1 (1
+// for s <= 1), else 1.
+static float rope_attention_factor(const Config *c) {
+    if (c->rope_attention_factor != 0.0f) return c->rope_attention_factor;
+    if (c->rope_scaling == ROPE_SCALING_YARN && c->rope_factor > 1) return (float)(0.1 * log(c->rope_factor) + 1.0);
+    if (c->rope_scaling == ROPE_SCALING_LONGROPE && c->rope_factor > 1 && c->rope_original_len > 1) // sqrt(1 + ln s / ln L)
+        return (float)sqrt(1.0 + log(c->rope_factor) / log(c->rope_original_len));
+    return 1.0f;
+}
+
+// ----------------------------------------------------------------------------
+// The forward pass: the dynamics of the Transformer
+//
+// Written in its plain form, the one to check against the equations. Where a loop
+// has a faster version (SIMD, several rows at a time, tiles, threads), the plain
+// function calls it from its first line; the fast versions live together in the
+// section "Making it fast" near the end, and each computes exactly the same sums,
+// bit for bit (tests/test_rope.c compares them). Setting use_fast_kernels to 0
+// runs the plain loops alone: RUN_PLAIN=1 ./run ... does, so that a debugger steps
+// through the loops below and never into "Making it fast".
+
+static int use_fast_kernels = 1;
+
+// The fast versions of the functions below, in "Making it fast".
+#ifdef USE_SIMD
+static float dot_simd(const float *a, const float *b, int n);
+static float dot_weights_simd(Matrix w, const float *x, int n);
+#endif
+typedef struct Projection Projection;
+static void matmul_fast(float *xout, const float *x, Matrix w, int n, int d);
+static void matmul_tiled(float *xout, const float *x, Matrix w, int B, int n, int d, float *scratch);
+static void matmuls_fast(const float *x, int n, const Projection *p, int n_proj);
+static void attention_scores_fast(float *att, const float *q, const float *keys, int n, int head_size);
+static void attention_values_fast(float *out, const float *att, const float *values, int n, int head_size);
+static int attention_fast(Transformer *t, int l, int B, int pos0);
+static int swiglu_fast(float *hb, const float *hb2, long n);
+static int argmax_fast(const float *p, int n);
+static void read_order_layer_begins(void);
+static void read_order_layer_ends(void);
+// -m inspect's accumulators, in "Inspect": they only read q, k and the attention.
+static void inspect_record_chunks(InspectStats *st, const Config *c, int layer, const float *q, const float *k);
+static void inspect_record_attention(InspectStats *st, const Config *c, int layer, int h, const float *att, int pos);
+static void inspect_count_positions(InspectStats *st, int B, int pos0);
+
+// o = w * x / sqrt(mean(x^2) + eps)   (RMSNorm; the order of operations is llama2.c's)
+static void rmsnorm(float *o, const float *x, const float *weight, int size, float eps) {
+    float ss = 0.0f;
+    for (int j = 0; j < size; j++) ss += x[j] * x[j];
+    ss /= size;
+    ss += eps;
+    ss = 1.0f / sqrtf(ss);
+    for (int j = 0; j < size; j++) o[j] = weight[j] * (ss * x[j]);
+}
+
+// x = exp(x - max) / sum(exp(x - max)), in place
+static void softmax(float *x, int size) {
+    float max_val = x[0];
+    for (int i = 1; i < size; i++)
+        if (x[i] > max_val) max_val = x[i];
+    float sum = 0.0f;
+    for (int i = 0; i < size; i++) {
+        x[i] = expf(x[i] - max_val);
+        sum += x[i];
+    }
+    for (int i = 0; i < size; i++) x[i] /= sum;
+}
+
+// a * b + c, rounded once (a fused multiply-add) wherever the target has one: x86-64
+// with FMA, 64-bit ARM always. The build turns off the compiler's own contraction
+// (-ffp-contract=off), so every dot product below is computed with exactly the same
+// roundings, whichever kernel computes it and on whichever machine.
+static inline float mul_add(float a, float b, float c) {
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+    return fmaf(a, b, c);
+#else
+    return a * b + c;
+#endif
+}
+
+// The dot product every matmul uses: eight interleaved partial sums (lane l takes
+// j = l, l+8, l+16, ...; a tail shorter than eight goes to the first lanes), added
+// pairwise at the end. A plain running sum gives the same value up to rounding, but
+// one long chain of dependent additions cannot use SIMD; eight lanes are one AVX
+// register (two NEON registers). This is the contract every fast kernel keeps.
+static float reduce_lanes(const float acc[DOT_LANES]) {
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+static float dot(const float *a, const float *b, int n) {
+#ifdef USE_SIMD
+    if (use_fast_kernels) return dot_simd(a, b, n); // the same lanes in SIMD registers
+#endif
+    float acc[DOT_LANES] = {0};
+    int j = 0;
+    for (; j + DOT_LANES <= n; j += DOT_LANES)
+        for (int l = 0; l < DOT_LANES; l++) acc[l] = mul_add(a[j + l], b[j + l], acc[l]);
+    for (int l = 0; j < n; j++, l++) acc[l] = mul_add(a[j], b[j], acc[l]);
+    return reduce_lanes(acc);
+}
+
+// The 16-bit weight types widened to float32, exactly (every bf16 and every f16 is
+// a float32 value).
+//   bf16: the top 16 bits of a float32; the widened value is those bits shifted up,
+//     the low 16 fraction bits zero.
+//   f16: sign s, 5 exponent bits e (bias 15), 10 fraction bits f:
+//     e = 31: infinity (f = 0) or NaN (f kept, made quiet, as the hardware does)
+//     0 < e < 31: (-1)^s 2^(e-15) 1.f, a float32 exponent of e - 15 + 127
+//     e = 0: (-1)^s 2^-14 0.f (subnormal; 0 when f = 0): normalized by shifting f up
+//     until its leading 1 reaches the implicit bit, one exponent step per shift
+static inline float bits_to_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+static inline float bf16_to_f32(uint16_t h) { return bits_to_f32((uint32_t)h << 16); }
+
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, f = h & 0x3ff;
+    if (e == 0x1f) return bits_to_f32(sign | 0x7f800000u | f << 13 | (f ? 0x400000u : 0)); // inf, quiet NaN
+    if (e != 0) return bits_to_f32(sign | (e - 15 + 127) << 23 | f << 13);
+    if (f == 0) return bits_to_f32(sign); // +-0
+    e = 1;
+    while (!(f & 0x400)) { // subnormal: 2^-14 0.f = 2^(e-15) 1.f' after the shifts
+        f <<= 1;
+        e--;
+    }
+    return bits_to_f32(sign | (e - 15 + 127) << 23 | (f & 0x3ff) << 13);
+}
+
+// Element i of weights stored as `type`, widened to float32.
+static inline float widen(const void *data, size_t i, WeightType type) {
+    if (type == WEIGHT_BF16) return bf16_to_f32(((const uint16_t *)data)[i]);
+    if (type == WEIGHT_F16) return f16_to_f32(((const uint16_t *)data)[i]);
+    return ((const float *)data)[i];
+}
+
+// W[i,:] . x for a row of weights of any type: each weight widened to float32, then
+// exactly dot()'s lanes and roundings, so a 16-bit row gives the bits the float32
+// row holding the widened weights gives.
+static float dot_weights(Matrix w, const float *x, int n) {
+    if (w.type == WEIGHT_F32) return dot(w.data, x, n);
+#ifdef USE_SIMD
+    if (use_fast_kernels) return dot_weights_simd(w, x, n); // widened in SIMD registers
+#endif
+    float acc[DOT_LANES] = {0};
+    int j = 0;
+    for (; j + DOT_LANES <= n; j += DOT_LANES)
+        for (int l = 0; l < DOT_LANES; l++) acc[l] = mul_add(widen(w.data, j + l, w.type), x[j + l], acc[l]);
+    for (int l = 0; j < n; j++, l++) acc[l] = mul_add(widen(w.data, j, w.type), x[j], acc[l]);
+    return reduce_lanes(acc);
+}
+
+// W (d,n) @ x (n,) -> xout (d,): one token, xout[i] = W[i,:] . x.
+static void matmul(float *xout, const float *x, Matrix w, int n, int d) {
+    if (use_fast_kernels) {
+        matmul_fast(xout, x, w, n, d); // rows in groups of four, split across threads
+        return;
+    }
+    for (int i = 0; i < d; i++) xout[i] = dot_weights(matrix_at(w, (size_t)i * n), x, n);
+}
+
+// X (B,n) @ W^T (n,d) -> XOUT (B,d): the B tokens of a block, xout[b*d + i] = W[i,:] . x[b,:],
+// each token exactly as matmul computes it.
+static void matmul_tokens(RunState *s, float *xout, const float *x, Matrix w, int B, int n, int d) {
+    if (use_fast_kernels && B > 1) {
+        matmul_tiled(xout, x, w, B, n, d, s->scratch); // tiles of rows x tokens, split across threads
+        return;
+    }
+    for (int b = 0; b < B; b++) matmul(xout + (size_t)b * d, x + (size_t)b * n, w, n, d);
+}
+
+// One matrix of several that multiply the same input: xout = W x, W of d rows.
+struct Projection {
+    float *xout;
+    Matrix w;
+    int d;
+};
+
+// Each projection of p applied to the B tokens of x (rows of n).
+static void matmuls(RunState *s, const float *x, const Projection *p, int n_proj, int B, int n) {
+    if (use_fast_kernels && B == 1) {
+        matmuls_fast(x, n, p, n_proj); // all in one parallel region
+        return;
+    }
+    for (int j = 0; j < n_proj; j++) matmul_tokens(s, p[j].xout, x, p[j].w, B, n, p[j].d);
+}
+
+// att[t] = q . k_t for the first n positions.
+static void attention_scores(float *att, const float *q, const float *keys, int n, int head_size) {
+    if (use_fast_kernels) {
+        attention_scores_fast(att, q, keys, n, head_size); // four keys at a time
+        return;
+    }
+    for (int tt = 0; tt < n; tt++) att[tt] = dot(q, keys + (size_t)tt * head_size, head_size);
+}
+
+// out = sum over the first n positions of att[t] * v_t, added one position at a time.
+static void attention_values(float *out, const float *att, const float *values, int n, int head_size) {
+    if (use_fast_kernels) {
+        attention_values_fast(out, att, values, n, head_size); // four values per pass over out
+        return;
+    }
+    memset(out, 0, head_size * sizeof(float));
+    for (int tt = 0; tt < n; tt++)
+        for (int i = 0; i < head_size; i++) out[i] += att[tt] * values[(size_t)tt * head_size + i];
+}
+
+// The first position layer l's query at pos attends to: 0 (full attention), or, on
+// a sliding layer of window W (Mistral, Gemma 2's and 3's local layers), the W
+// latest positions, pos itself included (transformers: key s is seen when
+// pos - W < s <= pos).
+static int first_visible(const Config *c, int l, int pos) {
+    int window = c->layer_window[l];
+    return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
+
+// Grouped-query causal attention of query head h for token b of a block, at position
+// pos in layer l. Key/value head h / group serves `group` query heads.
+//   score_t = q_h . k_t / sqrt(head_size),  t = first .. pos (first_visible)
+//   a = softmax(score)
+//   out_h = sum_t a_t v_t
+// With scores_ready, the products q_h . k_t are already in att (attention_fast
+// computes a whole block's at once).
+static void attention_head(Transformer *t, int l, int b, int h, int pos, int scores_ready) {
+    const Config *c = &t->config;
+    RunState *s = &t->state;
+    int head_size = head_size_of(c), group = c->n_heads / c->n_kv_heads, q_dim = q_dim_of(c);
+    size_t kv_offset = kv_cache_offset(c, l, h / group, 0);
+    const float *q = s->q + (size_t)b * q_dim + h * head_size;
+    float *att = s->att + ((size_t)b * c->n_heads + h) * c->seq_len;
+    const float *keys = s->key_cache + kv_offset, *values = s->value_cache + kv_offset; // position t: + t * head_size
+    int first = first_visible(c, l, pos), n = pos + 1 - first;
+    if (!scores_ready) attention_scores(att + first, q, keys + (size_t)first * head_size, n, head_size);
+    if (c->attention_scale == 0.0f) { // the Llama block: 1 / sqrt(head_size)
+        float root = sqrtf(head_size);
+        for (int tt = first; tt <= pos; tt++) att[tt] /= root;
+    } else { // a model's own scale (Gemma 2, 3: query_pre_attn_scalar^-1/2)
+        for (int tt = first; tt <= pos; tt++) att[tt] *= c->attention_scale;
+    }
+    if (c->attention_softcap != 0.0f) { // Gemma 2: score -> cap tanh(score / cap), |score| < cap
+        float cap = c->attention_softcap;
+        for (int tt = first; tt <= pos; tt++) att[tt] = cap * tanhf(att[tt] / cap);
+    }
+    softmax(att + first, n);
+    if (s->inspect) {
+        if (first > 0) memset(att, 0, first * sizeof(float)); // the keys out of the window: weight 0
+        inspect_record_attention(s->inspect, c, l, h, att, pos);
+    }
+    attention_values(s->xb + (size_t)b * q_dim + h * head_size, att + first, values + (size_t)first * head_size, n,
+                     head_size);
+}
+
+// Attention of every head for the B tokens of a block at positions pos0 .. pos0+B-1.
+// Token b sees positions 0 .. pos0 + b, the earlier tokens of its own block included
+// (their keys and values are already in the cache).
+static void attention(Transformer *t, int l, int B, int pos0) {
+    if (use_fast_kernels && attention_fast(t, l, B, pos0)) return; // heads across threads; a block's scores as a matrix product
+    for (int h = 0; h < t->config.n_heads; h++)
+        for (int b = 0; b < B; b++) attention_head(t, l, b, h, pos0 + b, 0);
+}
+
+// SwiGLU's gate for one unit: silu(gate) * up, with silu(v) = v * sigmoid(v)
+static inline float swiglu_unit(float gate, float up) { return gate * (1.0f / (1.0f + expf(-gate))) * up; }
+
+// hb = silu(hb) * hb2 over n floats
+static void swiglu(float *hb, const float *hb2, long n) {
+    if (use_fast_kernels && swiglu_fast(hb, hb2, n)) return; // split across threads
+    for (long i = 0; i < n; i++) hb[i] = swiglu_unit(hb[i], hb2[i]);
+}
+
+// GeGLU's gate for one unit (Gemma): gelu(gate) * up, with the tanh GELU
+//   gelu(v) = 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3)))
+static inline float geglu_unit(float gate, float up) {
+    const float k = 0.7978845608028654f; // sqrt(2 / pi)
+    return 0.5f * gate * (1.0f + tanhf(k * (gate + 0.044715f * gate * gate * gate))) * up;
+}
+
+// hb = gelu(hb) * hb2 over n floats
+static void geglu(float *hb, const float *hb2, long n) {
+    for (long i = 0; i < n; i++) hb[i] = geglu_unit(hb[i], hb2[i]);
+}
+
+// x = cap tanh(x / cap) over n floats (Gemma 2's final-logit soft-cap)
+static void softcap(float *x, long n, float cap) {
+    for (long i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
+}
+
+// out = row `token` of the token embedding, widened to float32.
+static void embedding_row(float *out, Matrix embedding, int token, int dim) {
+    Matrix row = matrix_at(embedding, (size_t)token * dim);
+    for (int j = 0; j < dim; j++) out[j] = widen(row.data, j, row.type);
+}
+
+// Which logits forward_block computes: the classifier reads vocab_size x dim
+// weights, as much as all the layers of a small model, so a prompt's blocks skip it
+// but for the last token of the last block.
+typedef enum { LOGITS_LAST = 0, LOGITS_ALL = 1, LOGITS_NONE = 2 } LogitsWanted;
+
+// The forward pass for a block of B tokens at positions pos0 .. pos0+B-1 (B <=
+// PREFILL_BLOCK, pos0 + B <= seq_len). A decoding step is the case B = 1: read it
+// with B = 1 and every "for b" loop runs once. Fills the KV cache at those
+// positions. Returns the logits, one row of vocab_size per token (LOGITS_ALL), only
+// the last token's (LOGITS_LAST), or none (LOGITS_NONE: NULL).
+//
+// The Llama block is the spine: embed; per layer rmsnorm, q k v, RoPE, attention,
+// Wo, residual; rmsnorm, SwiGLU feed-forward, residual; final rmsnorm, classifier.
+// Every other family is a switch on it, read from the file's header:
+//   here                         embedding_multiplier (Gemma: x * sqrt(dim))
+//                                qkv_bias (Qwen2), qk_norm (Qwen3, Gemma 3)
+//                                layer_rope: p-RoPE's rope_angles pairs (every model:
+//                                  all pairs for full RoPE), NoPE layers (SmolLM3),
+//                                  the second setting (Gemma 3's local layers)
+//                                post_norms (Gemma 2, 3), activation GeGLU (Gemma)
+//                                final_softcap (Gemma 2)
+//   attention_head, one down     layer_window: sliding layers (Mistral, Phi-3,
+//                                  Gemma 2's and 3's local layers)
+//                                attention_scale (Gemma 2, 3), attention_softcap
+//                                  (Gemma 2)
+//   export.py, before the file   Gemma's norm x * (1 + w): 1 + w is stored;
+//                                Phi-3's fused qkv and gate_up split in three and two;
+//                                Hugging Face's rotate_half pairs (i, i + d/2) permuted
+//                                  into adjacent pairs (2i, 2i+1) in Wq and Wk rows;
+//                                GPT-NeoX's partial_rotary_factor f as p-RoPE with
+//                                  theta' = theta^(1/f)
+static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, LogitsWanted wanted) {
+    const Config *c = &t->config;
+    const TransformerWeights *w = &t->weights;
+    RunState *s = &t->state;
+    int dim = c->dim, hidden = c->hidden_dim, kv_dim = kv_dim_of(c), head_size = head_size_of(c);
+    int q_dim = q_dim_of(c); // dim in the Llama block; Qwen3 and Gemma 7B have heads wider than dim / n_heads
+    float eps = c->norm_eps;
+    int n_rotated_first = rope_angles_of(c), n_rotated_second = 0; // each RoPE setting's rotated pairs
+    if (has_second_rope(c)) {
+        Config second = rope_setting(c, LAYER_ROPE_SECOND);
+        n_rotated_second = rope_angles_of(&second);
+    }
+
+    // the token embeddings: x[b] = embedding[token b], widened to float32
+    for (int b = 0; b < B; b++) embedding_row(s->x + (size_t)b * dim, w->token_embedding, tokens[b], dim);
+    if (c->embedding_multiplier != 0.0f) // Gemma: x = embedding * sqrt(dim) (the file stores it as rounded)
+        for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] *= c->embedding_multiplier;
+
+    for (int l = 0; l < c->n_layers; l++) {
+        if (B == 1) read_order_layer_begins(); // timing only ("Making it fast", 5): the same bits
+
+        // attention rmsnorm: xb = rmsnorm(x)
+        for (int b = 0; b < B; b++)
+            rmsnorm(s->xb + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_att + (size_t)l * dim, dim, eps);
+
+        // q = Wq xb, k = Wk xb, v = Wv xb
+        Projection qkv[3] = {{s->q, matrix_at(w->wq, (size_t)l * q_dim * dim), q_dim},
+                             {s->k, matrix_at(w->wk, (size_t)l * kv_dim * dim), kv_dim},
+                             {s->v, matrix_at(w->wv, (size_t)l * kv_dim * dim), kv_dim}};
+        matmuls(s, s->xb, qkv, 3, B, dim);
+        if (c->qkv_bias) { // Qwen2: q += bq, k += bk, v += bv
+            for (int b = 0; b < B; b++) {
+                float *q = s->q + (size_t)b * q_dim, *k = s->k + (size_t)b * kv_dim, *v = s->v + (size_t)b * kv_dim;
+                for (int i = 0; i < q_dim; i++) q[i] += w->bq[(size_t)l * q_dim + i];
+                for (int i = 0; i < kv_dim; i++) k[i] += w->bk[(size_t)l * kv_dim + i];
+                for (int i = 0; i < kv_dim; i++) v[i] += w->bv[(size_t)l * kv_dim + i];
+            }
+        }
+        if (c->qk_norm) { // Qwen3, Gemma 3: each query and key head RMSNormed over its head_size values
+            const float *qn = w->q_norm + (size_t)l * head_size, *kn = w->k_norm + (size_t)l * head_size;
+            for (int b = 0; b < B; b++) {
+                for (int h = 0; h < c->n_heads; h++) {
+                    float *q = s->q + (size_t)b * q_dim + h * head_size;
+                    rmsnorm(q, q, qn, head_size, eps);
+                }
+                for (int h = 0; h < c->n_kv_heads; h++) {
+                    float *k = s->k + (size_t)b * kv_dim + h * head_size;
+                    rmsnorm(k, k, kn, head_size, eps);
+                }
+            }
+        }
+
+        // RoPE: rotate q and k by their position with the layer's setting. Only the
+        // first n_rotated = floor(p head_size / 2) pairs turn (p-RoPE; p = 1 is full
+        // RoPE, all head_size / 2), the rest keep their values; a NoPE layer (SmolLM3's
+        // every fourth) turns none. Then k, rotated, and v, never rotated, are cached:
+        // a cached key already holds R(pos) k, so no step rotates it again.
+        int rope = c->layer_rope[l];
+        int n_rotated = rope == LAYER_ROPE_SECOND ? n_rotated_second : n_rotated_first;
+        const float *cos_table = rope == LAYER_ROPE_SECOND ? s->rope2_cos : s->rope_cos;
+        const float *sin_table = rope == LAYER_ROPE_SECOND ? s->rope2_sin : s->rope_sin;
+        for (int b = 0; b < B; b++) {
+            int pos = pos0 + b;
+            float *q = s->q + (size_t)b * q_dim, *k = s->k + (size_t)b * kv_dim, *v = s->v + (size_t)b * kv_dim;
+            if (s->inspect) inspect_record_chunks(s->inspect, c, l, q, k); // -m inspect only
+            if (rope != LAYER_NOPE) {
+                const float *cos_pos = cos_table + (size_t)pos * n_rotated, *sin_pos = sin_table + (size_t)pos * n_rotated;
+                rope_apply(q, c->n_heads, head_size, n_rotated, cos_pos, sin_pos);
+                rope_apply(k, c->n_kv_heads, head_size, n_rotated, cos_pos, sin_pos);
+            }
+            for (int kvh = 0; kvh < c->n_kv_heads; kvh++) {
+                size_t at = kv_cache_offset(c, l, kvh, pos);
+                memcpy(s->key_cache + at, k + kvh * head_size, head_size * sizeof(float));
+                memcpy(s->value_cache + at, v + kvh * head_size, head_size * sizeof(float));
+            }
+        }
+        if (s->inspect && l == 0) inspect_count_positions(s->inspect, B, pos0);
+
+        // multi-head attention: xb = attention(q, cached k, cached v)
+        attention(t, l, B, pos0);
+
+        // x = x + Wo xb (the residual connection); Gemma 2, 3 normalize Wo xb first
+        matmul_tokens(s, s->xb2, s->xb, matrix_at(w->wo, (size_t)l * dim * q_dim), B, q_dim, dim);
+        if (c->post_norms)
+            for (int b = 0; b < B; b++)
+                rmsnorm(s->xb2 + (size_t)b * dim, s->xb2 + (size_t)b * dim, w->rms_post_att + (size_t)l * dim, dim, eps);
+        for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] += s->xb2[i];
+
+        // ffn rmsnorm: xb = rmsnorm(x)
+        for (int b = 0; b < B; b++)
+            rmsnorm(s->xb + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_ffn + (size_t)l * dim, dim, eps);
+
+        // the feed-forward: x = x + W2 (act(W1 xb) * (W3 xb)), act silu (SwiGLU) or the
+        // tanh GELU (GeGLU: Gemma); Gemma 2, 3 normalize its output first
+        Projection w13[2] = {{s->hb, matrix_at(w->w1, (size_t)l * hidden * dim), hidden},
+                             {s->hb2, matrix_at(w->w3, (size_t)l * hidden * dim), hidden}};
+        matmuls(s, s->xb, w13, 2, B, dim);
+        if (c->activation == ACTIVATION_GEGLU_TANH) geglu(s->hb, s->hb2, (long)B * hidden);
+        else swiglu(s->hb, s->hb2, (long)B * hidden);
+        matmul_tokens(s, s->xb2, s->hb, matrix_at(w->w2, (size_t)l * dim * hidden), B, hidden, dim);
+        if (c->post_norms)
+            for (int b = 0; b < B; b++)
+                rmsnorm(s->xb2 + (size_t)b * dim, s->xb2 + (size_t)b * dim, w->rms_post_ffn + (size_t)l * dim, dim, eps);
+        for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] += s->xb2[i];
+        if (B == 1) read_order_layer_ends();
+    }
+
+    // final rmsnorm and the classifier: logits = Wcls rmsnorm(x)
+    if (wanted == LOGITS_NONE) return NULL;
+    int first = wanted == LOGITS_ALL ? 0 : B - 1;
+    for (int b = first; b < B; b++) rmsnorm(s->x + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_final, dim, eps);
+    matmul_tokens(s, s->logits, s->x + (size_t)first * dim, w->wcls, B - first, dim, c->vocab_size);
+    if (c->final_softcap != 0.0f) softcap(s->logits, (long)(B - first) * c->vocab_size, c->final_softcap); // Gemma 2
+    return s->logits;
+}
+
+// One token at position pos: the decoding step. Returns vocab_size logits.
+static float *forward(Transformer *t, int token, int pos) { return forward_block(t, &token, 1, pos, LOGITS_ALL); }
+
+// Runs tokens[0..n) at positions pos0.. through the model in blocks, filling the
+// KV cache. Returns the logits of the last token.
+static float *prefill(Transformer *t, const int *tokens, int n, int pos0) {
+    float *logits = NULL;
+    for (int i = 0; i < n; i += PREFILL_BLOCK) {
+        int len = n - i < PREFILL_BLOCK ? n - i : PREFILL_BLOCK;
+        logits = forward_block(t, tokens + i, len, pos0 + i, i + len < n ? LOGITS_NONE : LOGITS_LAST);
+    }
+    return logits;
+}
+
+// ----------------------------------------------------------------------------
+// Shifting the KV cache: RoPE's relative property at work
+//
+// A key cached at position n holds R(n) k. Moved to position n - delta, it must
+// hold R(n - delta) k, and since R(m)^T R(n) = R(n - m), that is R(-delta) R(n) k:
+// one more rotation of each rotated pair by -delta * omega_i, without knowing k.
+// R(-delta) is R(delta) with the sines negated: the angles of the tables' row for
+// position delta, without the attention factor the tables carry (the key has it
+// already). Values carry no position and move as they are; p-RoPE's unrotated
+// pairs need nothing. Every scaling rule keeps the property: it only changes the
+// omega_i. Chat's --shift rotate drops a conversation's
+// oldest turns this way, as llama.cpp's context shift does, instead of running
+// the kept tokens through the model again. (The two rotations round twice where a
+// fresh key rounds once, so shifted keys differ from fresh ones by about 1e-6 of
+// their size; tests/test_rope.c checks it.)
+//
+// Moves positions from .. from+n-1 of every layer and head down to to .. to+n-1
+// (0 <= to < from).
+static void kv_cache_shift(Transformer *t, int to, int from, int n) {
+    const Config *c = &t->config;
+    RunState *s = &t->state;
+    int head_size = head_size_of(c), delta = from - to;
+    static float cos_delta[3][MAX_DIM / 2], minus_sin_delta[3][MAX_DIM / 2]; // R(-delta) per setting, for rope_apply
+    int rotated[3] = {0, 0, 0}; // LAYER_NOPE: nothing turns
+    for (int which = LAYER_ROPE_FIRST; which <= LAYER_ROPE_SECOND; which++) {
+        if (which == LAYER_ROPE_SECOND && !has_second_rope(c)) break;
+        Config r = rope_setting(c, which);
+        rotated[which] = rope_angles_of(&r);
+        for (int i = 0; i < rotated[which]; i++) { // the tables' angles for position delta, without the attention factor
+            float angle = delta * rope_frequency(&r, i);
+            cos_delta[which][i] = cosf(angle);
+            minus_sin_delta[which][i] = -sinf(angle);
+        }
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        // each layer's keys turn back by its own setting's angles; a NoPE layer's keys carry no position
+        int which = c->layer_rope[l], n_rotated = rotated[which];
+        for (int kvh = 0; kvh < c->n_kv_heads; kvh++) {
+            for (int j = 0; j < n; j++) {
+                size_t src = kv_cache_offset(c, l, kvh, from + j), dst = kv_cache_offset(c, l, kvh, to + j);
+                memcpy(s->value_cache + dst, s->value_cache + src, head_size * sizeof(float));
+                memcpy(s->key_cache + dst, s->key_cache + src, head_size * sizeof(float));
+                rope_apply(s->key_cache + dst, 1, head_size, n_rotated, cos_delta[which], minus_sin_delta[which]);
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// The sampler: logits -> next token. Same generator and order of operations as
+// llama2.c, so that the same seed gives the same tokens.
+
+typedef struct {
+    float prob;
+    int index;
+} ProbIndex;
+
+typedef struct {
+    int vocab_size;
+    ProbIndex *probindex; // scratch for top-p
+    float temperature;
+    float topp;
+    unsigned long long rng_state;
+} Sampler;
+
+static int build_sampler(Sampler *s, int vocab_size, float temperature, float topp, unsigned long long seed) {
+    s->vocab_size = vocab_size;
+    s->temperature = temperature;
+    s->topp = topp;
+    s->rng_state = seed;
+    s->probindex = malloc((size_t)vocab_size * sizeof(ProbIndex));
+    return s->probindex ? 0 : fail("out of memory building the sampler");
+}
+
+static void free_sampler(Sampler *s) { free(s->probindex); }
+
+// xorshift rng (https://en.wikipedia.org/wiki/Xorshift#xorshift.2A)
+static unsigned int random_u32(unsigned long long *state) {
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    return (*state * 0x2545F4914F6CDD1Dull) >> 32;
+}
+
+static float random_f32(unsigned long long *state) { return (random_u32(state) >> 8) / 16777216.0f; } // [0,1)
+
+// Greedy decoding: the index of the largest value, the first of equal ones (an
+// index replaces the best only when its value is greater). NaN is never greater,
+// so a NaN is chosen only at index 0, where nothing then beats it.
+static int sample_argmax(const float *probabilities, int n) {
+    if (use_fast_kernels) return argmax_fast(probabilities, n); // the largest value, then where it first is
+    int max_i = 0;
+    for (int i = 1; i < n; i++)
+        if (probabilities[i] > probabilities[max_i]) max_i = i;
+    return max_i;
+}
+
+// Samples index i with probability probabilities[i]; coin in [0, 1).
+static int sample_mult(const float *probabilities, int n, float coin) {
+    float cdf = 0.0f;
+    for (int i = 0; i < n; i++) {
+        cdf += probabilities[i];
+        if (coin < cdf) return i;
+    }
+    return n - 1; // in case of rounding errors
+}
+
+static int compare_prob_desc(const void *a, const void *b) {
+    const ProbIndex *a_ = a, *b_ = b;
+    if (a_->prob > b_->prob) return -1;
+    if (a_->prob < b_->prob) return 1;
+    return 0;
+}
+
+// Top-p (nucleus) sampling: sample from the smallest set of tokens whose
+// probabilities add up to more than topp. Tokens below (1 - topp) / (n - 1) cannot
+// be in that set and are dropped before sorting, as llama2.c does.
+static int sample_topp(const float *probabilities, int n, float topp, ProbIndex *probindex, float coin) {
+    int n0 = 0;
+    const float cutoff = (1.0f - topp) / (n - 1);
+    for (int i = 0; i < n; i++) {
+        if (probabilities[i] >= cutoff) {
+            probindex[n0].index = i;
+            probindex[n0].prob = probabilities[i];
+            n0++;
+        }
+    }
+    if (n0 == 0) return sample_argmax(probabilities, n); // a flat distribution and a tiny topp: llama2.c would read probindex[-1]
+    qsort(probindex, n0, sizeof(ProbIndex), compare_prob_desc);
+    float cumulative_prob = 0.0f;
+    int last_idx = n0 - 1;
+    for (int i = 0; i < n0; i++) {
+        cumulative_prob += probindex[i].prob;
+        if (cumulative_prob > topp) {
+            last_idx = i;
+            break;
+        }
+    }
+    float r = coin * cumulative_prob;
+    float cdf = 0.0f;
+    for (int i = 0; i <= last_idx; i++) {
+        cdf += probindex[i].prob;
+        if (r < cdf) return probindex[i].index;
+    }
+    return probindex[last_idx].index;
+}
+
+// Greedy at temperature 0; otherwise softmax(logits / T), then top-p or plain sampling.
+static int sample(Sampler *s, float *logits) {
+    if (s->temperature == 0.0f) return sample_argmax(logits, s->vocab_size);
+    int best = sample_argmax(logits, s->vocab_size);
+    if (!isfinite(logits[best] / s->temperature)) return best; // T -> 0 is greedy; dividing would give inf - inf
+    for (int q = 0; q < s->vocab_size; q++) logits[q] /= s->temperature;
+    softmax(logits, s->vocab_size);
+    float coin = random_f32(&s->rng_state);
+    if (s->topp <= 0 || s->topp >= 1) return sample_mult(logits, s->vocab_size, coin);
+    return sample_topp(logits, s->vocab_size, s->topp, s->probindex, coin);
+}
 
 // ----------------------------------------------------------------------------
 // Loading a checkpoint: detect the format, check the header, check the file size,
@@ -820,173 +1601,6 @@ static int load_checkpoint(Transformer *t, const char *path) {
 }
 
 // ----------------------------------------------------------------------------
-// Rotary position embeddings (RoPE and p-RoPE)
-//
-// Pair i of a head is the two dims (2i, 2i+1) (llama2.c's adjacent layout). At
-// position pos it is rotated by the angle pos * omega_i, where
-//     omega_i = theta^(-2i / head_size),       i = 0 .. head_size/2 - 1
-// is the angular frequency: i = 0 turns fastest (one radian per token), the last
-// pairs slowest (a scaling rule, below, may change them). The rotation is the 2x2 block of RoFormer's R(theta, m):
-//     [x'_2i  ]   [cos a  -sin a] [x_2i  ]
-//     [x'_2i+1] = [sin a   cos a] [x_2i+1],   a = pos * omega_i.
-// p-RoPE rotates only pairs i < rope_angles = floor(p * head_size / 2), with the
-// same omega_i as full RoPE; the others keep their values (an infinite wavelength).
-// We loop over the rotated pairs only: the paper's pos / infinity is never computed.
-
-// The unscaled frequency theta^(-2i/head_size), computed in float exactly as llama2.c
-// does, so that its outputs match ours.
-static float rope_base_frequency(const Config *c, int i) {
-    return 1.0f / powf(c->rope_theta, (float)(2 * i) / (float)head_size_of(c));
-}
-
-// ----------------------------------------------------------------------------
-// Past the training length: the scaling rules
-//
-// A model trained on contexts of L positions (rope_original_len) has seen pair i
-// turn through at most L * omega_i radians. Past L, the slow pairs reach angles
-// never seen in training, and attention breaks down. Each rule changes only the
-// frequencies omega_i (and one attention factor), so that positions up to s * L
-// (s = rope_factor) look more like the trained ones. Nothing else in the forward
-// pass changes, and since the KV cache holds keys rotated by R(n), a rule can be
-// chosen at inference time without retraining.
-//   none    omega_i
-//   linear  omega_i / s: every position divided by s ("position interpolation",
-//           Chen et al. 2023). The fast pairs, which resolve neighbouring tokens,
-//           turn s times slower too.
-//   ntk     theta' = theta * s^(d/(d-2)), d = head_size ("NTK-aware", bloc97 2023):
-//           pair 0 keeps its frequency, the slowest pair is divided by s, those
-//           between by less (a larger base stretches the slow end of the spectrum).
-//   yarn    (Peng et al. 2023) by each pair's number of turns over L, r_i = L / wavelength_i:
-//           r_i > beta_fast: kept; r_i < beta_slow: divided by s; a linear ramp
-//           between. Plus an attention factor, 0.1 ln s + 1 by default, that
-//           multiplies cos and sin (so q . k of the rotated pairs by its square):
-//           interpolated attention is flatter, and this sharpens it again.
-//   llama3  (Meta's Llama 3.1) by wavelength: above L / low_freq_factor divided by
-//           s, below L / high_freq_factor kept, a smooth blend between.
-// Each rule equals the rope-initialisation function of Hugging Face transformers
-// with the same parameters (tests/scaling_reference.py). p-RoPE composes with every
-// rule: the rule acts on the rotated pairs only (for yarn, whose ramp is counted
-// over the rotated dims, as transformers counts it with partial_rotary_factor), and
-// the unrotated pairs stay unrotated.
-
-// yarn's ramp: the (fractional) pair index at which a pair turns `rotations` times
-// over the original length, for `dims` rotated dims with base `base`:
-//   i = dims * ln(L / (2 pi rotations)) / (2 ln base)
-static double yarn_correction_pair(double rotations, int dims, double base, int original_len) {
-    return dims * log(original_len / (rotations * 2.0 * M_PI)) / (2.0 * log(base));
-}
-
-// yarn's weight of the interpolated frequency for pair i: 0 for the fast pairs
-// (kept), 1 for the slow ones (divided by s), linear between. The bounds are
-// rounded outwards and clamped to [0, dims - 1], as transformers does.
-static double yarn_ramp(const Config *c, int i) {
-    int dims = 2 * rope_angles_of(c); // the rotated dims
-    double base = pow(c->rope_theta, (double)dims / head_size_of(c)); // so that base^(-2i/dims) = theta^(-2i/head_size)
-    double low = floor(yarn_correction_pair(yarn_beta_fast(c), dims, base, c->rope_original_len));
-    double high = ceil(yarn_correction_pair(yarn_beta_slow(c), dims, base, c->rope_original_len));
-    low = fmax(low, 0.0);
-    high = fmin(high, dims - 1.0);
-    if (low == high) high += 0.001; // no division by zero
-    return fmin(fmax((i - low) / (high - low), 0.0), 1.0);
-}
-
-// llama3's frequency: interpolated past L / low_freq_factor, kept below L /
-// high_freq_factor, and between a blend weighted by how often the pair turns over L.
-static double llama3_frequency(const Config *c, double omega) {
-    double s = c->rope_factor, L = c->rope_original_len, low = llama3_low_freq(c), high = llama3_high_freq(c);
-    double wavelength = 2.0 * M_PI / omega;
-    if (wavelength < L / high) return omega;
-    if (wavelength > L / low) return omega / s;
-    double smooth = (L / wavelength - low) / (high - low);
-    return (1.0 - smooth) * omega / s + smooth * omega;
-}
-
-// omega_i of a rotating pair i under the rule in force, in radians per token.
-static float rope_frequency(const Config *c, int i) {
-    float omega = rope_base_frequency(c, i), s = c->rope_factor;
-    int d = head_size_of(c);
-    switch (c->rope_scaling) {
-    case ROPE_SCALING_LINEAR:
-        return omega / s;
-    case ROPE_SCALING_NTK: {
-        if (d <= 2) return omega; // a single pair: omega_0 = 1 whatever the base
-        double theta = (double)c->rope_theta * pow(s, (double)d / (d - 2));
-        return (float)pow(theta, -2.0 * i / d);
-    }
-    case ROPE_SCALING_YARN: {
-        double ramp = yarn_ramp(c, i);
-        return (float)((double)omega / s * ramp + (double)omega * (1.0 - ramp));
-    }
-    case ROPE_SCALING_LLAMA3:
-        return (float)llama3_frequency(c, omega);
-    case ROPE_SCALING_LONGROPE: {
-        // Phi-3 128k, Phi-4-mini: omega_i / ext_i, ext the short factors when the
-        // context in use is within the trained length, the long ones beyond it (as
-        // llama.cpp chooses, by the context rather than the text so far)
-        if (!c->longrope_factors) return omega; // the header alone (no weights mapped yet)
-        int longer = c->seq_len > c->rope_original_len;
-        return omega / c->longrope_factors[(longer ? rope_angles_of(c) : 0) + i];
-    }
-    default:
-        return omega;
-    }
-}
-
-// The factor that multiplies cos and sin: the file's, else yarn's 0.1 ln s + 1 (1
-// for s <= 1), else 1.
-static float rope_attention_factor(const Config *c) {
-    if (c->rope_attention_factor != 0.0f) return c->rope_attention_factor;
-    if (c->rope_scaling == ROPE_SCALING_YARN && c->rope_factor > 1) return (float)(0.1 * log(c->rope_factor) + 1.0);
-    if (c->rope_scaling == ROPE_SCALING_LONGROPE && c->rope_factor > 1 && c->rope_original_len > 1) // sqrt(1 + ln s / ln L)
-        return (float)sqrt(1.0 + log(c->rope_factor) / log(c->rope_original_len));
-    return 1.0f;
-}
-
-// The plain version: rotates one head vector at position pos, computing the angles
-// on the spot. The tests check it against the explicit matrix R(theta, m), and the
-// table-driven rope_apply below (what the forward pass uses) against it.
-__attribute__((unused)) static void rope_rotate_head(float *vec, const Config *c, int pos) {
-    int n_rotated = rope_angles_of(c);
-    float factor = rope_attention_factor(c);
-    for (int i = 0; i < n_rotated; i++) {
-        float angle = pos * rope_frequency(c, i);
-        float cos_a = cosf(angle) * factor, sin_a = sinf(angle) * factor;
-        float x0 = vec[2 * i], x1 = vec[2 * i + 1];
-        vec[2 * i] = x0 * cos_a - x1 * sin_a;
-        vec[2 * i + 1] = x0 * sin_a + x1 * cos_a;
-    }
-}
-
-// The refinement used in the forward pass: cos and sin of every (pos, pair) are
-// computed once per run into tables (seq_len x rope_angles), since the same angles
-// recur for every layer, head and token. Both carry the attention factor.
-static void rope_build_tables(float *cos_table, float *sin_table, const Config *c) {
-    int n_rotated = rope_angles_of(c);
-    float factor = rope_attention_factor(c), omega[MAX_DIM / 2];
-    for (int i = 0; i < n_rotated; i++) omega[i] = rope_frequency(c, i);
-    for (int pos = 0; pos < c->seq_len; pos++) {
-        for (int i = 0; i < n_rotated; i++) {
-            float angle = pos * omega[i];
-            cos_table[(size_t)pos * n_rotated + i] = cosf(angle) * factor;
-            sin_table[(size_t)pos * n_rotated + i] = sinf(angle) * factor;
-        }
-    }
-}
-
-// Rotates n_heads consecutive head vectors at one position, from the tables.
-static void rope_apply(float *vec, int n_heads, int head_size, int n_rotated, const float *cos_pos,
-                       const float *sin_pos) {
-    for (int h = 0; h < n_heads; h++) {
-        float *head = vec + h * head_size;
-        for (int i = 0; i < n_rotated; i++) {
-            float x0 = head[2 * i], x1 = head[2 * i + 1];
-            head[2 * i] = x0 * cos_pos[i] - x1 * sin_pos[i];
-            head[2 * i + 1] = x0 * sin_pos[i] + x1 * cos_pos[i];
-        }
-    }
-}
-
-// ----------------------------------------------------------------------------
 // Run state: activations, KV cache and RoPE tables
 
 static void free_run_state(RunState *s) {
@@ -1204,501 +1818,6 @@ static void free_transformer(Transformer *t) {
     free_run_state(&t->state);
     if (t->mapped) munmap(t->mapped, t->file_size);
     memset(t, 0, sizeof(*t));
-}
-
-// ----------------------------------------------------------------------------
-// The forward pass: the dynamics of the Transformer
-//
-// Written in its plain form, the one to check against the equations. Where a loop
-// has a faster version (SIMD, several rows at a time, tiles, threads), the plain
-// function calls it from its first line; the fast versions live together in the
-// section "Making it fast" near the end, and each computes exactly the same sums,
-// bit for bit (tests/test_rope.c compares them). Setting use_fast_kernels to 0
-// runs the plain loops alone.
-
-static int use_fast_kernels = 1;
-
-// The fast versions of the functions below, in "Making it fast".
-#ifdef USE_SIMD
-static float dot_simd(const float *a, const float *b, int n);
-static float dot_weights_simd(Matrix w, const float *x, int n);
-#endif
-typedef struct Projection Projection;
-static void matmul_fast(float *xout, const float *x, Matrix w, int n, int d);
-static void matmul_tiled(float *xout, const float *x, Matrix w, int B, int n, int d, float *scratch);
-static void matmuls_fast(const float *x, int n, const Projection *p, int n_proj);
-static void attention_scores_fast(float *att, const float *q, const float *keys, int n, int head_size);
-static void attention_values_fast(float *out, const float *att, const float *values, int n, int head_size);
-static int attention_fast(Transformer *t, int l, int B, int pos0);
-static int swiglu_fast(float *hb, const float *hb2, long n);
-static int argmax_fast(const float *p, int n);
-static void read_order_layer_begins(void);
-static void read_order_layer_ends(void);
-
-// Inspect's accumulators (-m inspect): the query/key chunk norms and the attention
-// summary of each position. The rotation preserves |chunk i|, so measuring before
-// or after it gives the same number.
-static void inspect_record_chunks(InspectStats *st, const Config *c, int layer, const float *q, const float *k) {
-    int head_size = head_size_of(c), pairs = head_size / 2, group = c->n_heads / c->n_kv_heads;
-    for (int h = 0; h < c->n_heads; h++) {
-        const float *qh = q + h * head_size, *kh = k + (h / group) * head_size;
-        double *qn = st->q_norm + ((size_t)layer * c->n_heads + h) * pairs;
-        double *kn = st->k_norm + ((size_t)layer * c->n_heads + h) * pairs;
-        for (int i = 0; i < pairs; i++) {
-            qn[i] += sqrt((double)qh[2 * i] * qh[2 * i] + (double)qh[2 * i + 1] * qh[2 * i + 1]);
-            kn[i] += sqrt((double)kh[2 * i] * kh[2 * i] + (double)kh[2 * i + 1] * kh[2 * i + 1]);
-        }
-    }
-}
-
-static void inspect_record_attention(InspectStats *st, const Config *c, int layer, int h, const float *att, int pos) {
-    if (pos < 1) return; // position 0 can only attend to itself
-    double *a = st->attn + ((size_t)layer * c->n_heads + h) * 3;
-    a[0] += att[0];       // BOS
-    a[1] += att[pos];     // current token
-    a[2] += att[pos - 1]; // previous token
-}
-
-// Counts the B positions of a block starting at pos0 (once per block, in layer 0).
-static void inspect_count_positions(InspectStats *st, int B, int pos0) {
-    st->positions += B;
-    for (int b = 0; b < B; b++) st->attn_positions += pos0 + b >= 1;
-}
-
-// o = w * x / sqrt(mean(x^2) + eps)   (RMSNorm; the order of operations is llama2.c's)
-static void rmsnorm(float *o, const float *x, const float *weight, int size, float eps) {
-    float ss = 0.0f;
-    for (int j = 0; j < size; j++) ss += x[j] * x[j];
-    ss /= size;
-    ss += eps;
-    ss = 1.0f / sqrtf(ss);
-    for (int j = 0; j < size; j++) o[j] = weight[j] * (ss * x[j]);
-}
-
-// x = exp(x - max) / sum(exp(x - max)), in place
-static void softmax(float *x, int size) {
-    float max_val = x[0];
-    for (int i = 1; i < size; i++)
-        if (x[i] > max_val) max_val = x[i];
-    float sum = 0.0f;
-    for (int i = 0; i < size; i++) {
-        x[i] = expf(x[i] - max_val);
-        sum += x[i];
-    }
-    for (int i = 0; i < size; i++) x[i] /= sum;
-}
-
-// a * b + c, rounded once (a fused multiply-add) wherever the target has one: x86-64
-// with FMA, 64-bit ARM always. The build turns off the compiler's own contraction
-// (-ffp-contract=off), so every dot product below is computed with exactly the same
-// roundings, whichever kernel computes it and on whichever machine.
-static inline float mul_add(float a, float b, float c) {
-#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
-    return fmaf(a, b, c);
-#else
-    return a * b + c;
-#endif
-}
-
-// The dot product every matmul uses: eight interleaved partial sums (lane l takes
-// j = l, l+8, l+16, ...; a tail shorter than eight goes to the first lanes), added
-// pairwise at the end. A plain running sum gives the same value up to rounding, but
-// one long chain of dependent additions cannot use SIMD; eight lanes are one AVX
-// register (two NEON registers). This is the contract every fast kernel keeps.
-static float reduce_lanes(const float acc[DOT_LANES]) {
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
-static float dot(const float *a, const float *b, int n) {
-#ifdef USE_SIMD
-    if (use_fast_kernels) return dot_simd(a, b, n); // the same lanes in SIMD registers
-#endif
-    float acc[DOT_LANES] = {0};
-    int j = 0;
-    for (; j + DOT_LANES <= n; j += DOT_LANES)
-        for (int l = 0; l < DOT_LANES; l++) acc[l] = mul_add(a[j + l], b[j + l], acc[l]);
-    for (int l = 0; j < n; j++, l++) acc[l] = mul_add(a[j], b[j], acc[l]);
-    return reduce_lanes(acc);
-}
-
-// The 16-bit weight types widened to float32, exactly (every bf16 and every f16 is
-// a float32 value).
-//   bf16: the top 16 bits of a float32; the widened value is those bits shifted up,
-//     the low 16 fraction bits zero.
-//   f16: sign s, 5 exponent bits e (bias 15), 10 fraction bits f:
-//     e = 31: infinity (f = 0) or NaN (f kept, made quiet, as the hardware does)
-//     0 < e < 31: (-1)^s 2^(e-15) 1.f, a float32 exponent of e - 15 + 127
-//     e = 0: (-1)^s 2^-14 0.f (subnormal; 0 when f = 0): normalized by shifting f up
-//     until its leading 1 reaches the implicit bit, one exponent step per shift
-static inline float bits_to_f32(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof(f));
-    return f;
-}
-
-static inline float bf16_to_f32(uint16_t h) { return bits_to_f32((uint32_t)h << 16); }
-
-static inline float f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, f = h & 0x3ff;
-    if (e == 0x1f) return bits_to_f32(sign | 0x7f800000u | f << 13 | (f ? 0x400000u : 0)); // inf, quiet NaN
-    if (e != 0) return bits_to_f32(sign | (e - 15 + 127) << 23 | f << 13);
-    if (f == 0) return bits_to_f32(sign); // +-0
-    e = 1;
-    while (!(f & 0x400)) { // subnormal: 2^-14 0.f = 2^(e-15) 1.f' after the shifts
-        f <<= 1;
-        e--;
-    }
-    return bits_to_f32(sign | (e - 15 + 127) << 23 | (f & 0x3ff) << 13);
-}
-
-// Element i of weights stored as `type`, widened to float32.
-static inline float widen(const void *data, size_t i, WeightType type) {
-    if (type == WEIGHT_BF16) return bf16_to_f32(((const uint16_t *)data)[i]);
-    if (type == WEIGHT_F16) return f16_to_f32(((const uint16_t *)data)[i]);
-    return ((const float *)data)[i];
-}
-
-// W[i,:] . x for a row of weights of any type: each weight widened to float32, then
-// exactly dot()'s lanes and roundings, so a 16-bit row gives the bits the float32
-// row holding the widened weights gives.
-static float dot_weights(Matrix w, const float *x, int n) {
-    if (w.type == WEIGHT_F32) return dot(w.data, x, n);
-#ifdef USE_SIMD
-    if (use_fast_kernels) return dot_weights_simd(w, x, n); // widened in SIMD registers
-#endif
-    float acc[DOT_LANES] = {0};
-    int j = 0;
-    for (; j + DOT_LANES <= n; j += DOT_LANES)
-        for (int l = 0; l < DOT_LANES; l++) acc[l] = mul_add(widen(w.data, j + l, w.type), x[j + l], acc[l]);
-    for (int l = 0; j < n; j++, l++) acc[l] = mul_add(widen(w.data, j, w.type), x[j], acc[l]);
-    return reduce_lanes(acc);
-}
-
-// W (d,n) @ x (n,) -> xout (d,): one token, xout[i] = W[i,:] . x.
-static void matmul(float *xout, const float *x, Matrix w, int n, int d) {
-    if (use_fast_kernels) {
-        matmul_fast(xout, x, w, n, d); // rows in groups of four, split across threads
-        return;
-    }
-    for (int i = 0; i < d; i++) xout[i] = dot_weights(matrix_at(w, (size_t)i * n), x, n);
-}
-
-// X (B,n) @ W^T (n,d) -> XOUT (B,d): the B tokens of a block, xout[b*d + i] = W[i,:] . x[b,:],
-// each token exactly as matmul computes it.
-static void matmul_tokens(RunState *s, float *xout, const float *x, Matrix w, int B, int n, int d) {
-    if (use_fast_kernels && B > 1) {
-        matmul_tiled(xout, x, w, B, n, d, s->scratch); // tiles of rows x tokens, split across threads
-        return;
-    }
-    for (int b = 0; b < B; b++) matmul(xout + (size_t)b * d, x + (size_t)b * n, w, n, d);
-}
-
-// One matrix of several that multiply the same input: xout = W x, W of d rows.
-struct Projection {
-    float *xout;
-    Matrix w;
-    int d;
-};
-
-// Each projection of p applied to the B tokens of x (rows of n).
-static void matmuls(RunState *s, const float *x, const Projection *p, int n_proj, int B, int n) {
-    if (use_fast_kernels && B == 1) {
-        matmuls_fast(x, n, p, n_proj); // all in one parallel region
-        return;
-    }
-    for (int j = 0; j < n_proj; j++) matmul_tokens(s, p[j].xout, x, p[j].w, B, n, p[j].d);
-}
-
-// att[t] = q . k_t for the first n positions.
-static void attention_scores(float *att, const float *q, const float *keys, int n, int head_size) {
-    if (use_fast_kernels) {
-        attention_scores_fast(att, q, keys, n, head_size); // four keys at a time
-        return;
-    }
-    for (int tt = 0; tt < n; tt++) att[tt] = dot(q, keys + (size_t)tt * head_size, head_size);
-}
-
-// out = sum over the first n positions of att[t] * v_t, added one position at a time.
-static void attention_values(float *out, const float *att, const float *values, int n, int head_size) {
-    if (use_fast_kernels) {
-        attention_values_fast(out, att, values, n, head_size); // four values per pass over out
-        return;
-    }
-    memset(out, 0, head_size * sizeof(float));
-    for (int tt = 0; tt < n; tt++)
-        for (int i = 0; i < head_size; i++) out[i] += att[tt] * values[(size_t)tt * head_size + i];
-}
-
-// The first position layer l's query at pos attends to: 0 (full attention), or, on
-// a sliding layer of window W (Mistral, Gemma 2's and 3's local layers), the W
-// latest positions, pos itself included (transformers: key s is seen when
-// pos - W < s <= pos).
-static int first_visible(const Config *c, int l, int pos) {
-    int window = c->layer_window[l];
-    return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
-}
-
-// Grouped-query causal attention of query head h for token b of a block, at position
-// pos in layer l. Key/value head h / group serves `group` query heads.
-//   score_t = q_h . k_t / sqrt(head_size),  t = first .. pos (first_visible)
-//   a = softmax(score)
-//   out_h = sum_t a_t v_t
-// With scores_ready, the products q_h . k_t are already in att (attention_fast
-// computes a whole block's at once).
-static void attention_head(Transformer *t, int l, int b, int h, int pos, int scores_ready) {
-    const Config *c = &t->config;
-    RunState *s = &t->state;
-    int head_size = head_size_of(c), group = c->n_heads / c->n_kv_heads, q_dim = q_dim_of(c);
-    size_t kv_offset = kv_cache_offset(c, l, h / group, 0);
-    const float *q = s->q + (size_t)b * q_dim + h * head_size;
-    float *att = s->att + ((size_t)b * c->n_heads + h) * c->seq_len;
-    const float *keys = s->key_cache + kv_offset, *values = s->value_cache + kv_offset; // position t: + t * head_size
-    int first = first_visible(c, l, pos), n = pos + 1 - first;
-    if (!scores_ready) attention_scores(att + first, q, keys + (size_t)first * head_size, n, head_size);
-    if (c->attention_scale == 0.0f) { // the Llama block: 1 / sqrt(head_size)
-        float root = sqrtf(head_size);
-        for (int tt = first; tt <= pos; tt++) att[tt] /= root;
-    } else { // a model's own scale (Gemma 2, 3: query_pre_attn_scalar^-1/2)
-        for (int tt = first; tt <= pos; tt++) att[tt] *= c->attention_scale;
-    }
-    if (c->attention_softcap != 0.0f) { // Gemma 2: score -> cap tanh(score / cap), |score| < cap
-        float cap = c->attention_softcap;
-        for (int tt = first; tt <= pos; tt++) att[tt] = cap * tanhf(att[tt] / cap);
-    }
-    softmax(att + first, n);
-    if (s->inspect) {
-        if (first > 0) memset(att, 0, first * sizeof(float)); // the keys out of the window: weight 0
-        inspect_record_attention(s->inspect, c, l, h, att, pos);
-    }
-    attention_values(s->xb + (size_t)b * q_dim + h * head_size, att + first, values + (size_t)first * head_size, n,
-                     head_size);
-}
-
-// Attention of every head for the B tokens of a block at positions pos0 .. pos0+B-1.
-// Token b sees positions 0 .. pos0 + b, the earlier tokens of its own block included
-// (their keys and values are already in the cache).
-static void attention(Transformer *t, int l, int B, int pos0) {
-    if (use_fast_kernels && attention_fast(t, l, B, pos0)) return; // heads across threads; a block's scores as a matrix product
-    for (int h = 0; h < t->config.n_heads; h++)
-        for (int b = 0; b < B; b++) attention_head(t, l, b, h, pos0 + b, 0);
-}
-
-// SwiGLU's gate for one unit: silu(gate) * up, with silu(v) = v * sigmoid(v)
-static inline float swiglu_unit(float gate, float up) { return gate * (1.0f / (1.0f + expf(-gate))) * up; }
-
-// hb = silu(hb) * hb2 over n floats
-static void swiglu(float *hb, const float *hb2, long n) {
-    if (use_fast_kernels && swiglu_fast(hb, hb2, n)) return; // split across threads
-    for (long i = 0; i < n; i++) hb[i] = swiglu_unit(hb[i], hb2[i]);
-}
-
-// GeGLU's gate for one unit (Gemma): gelu(gate) * up, with the tanh GELU
-//   gelu(v) = 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3)))
-static inline float geglu_unit(float gate, float up) {
-    const float k = 0.7978845608028654f; // sqrt(2 / pi)
-    return 0.5f * gate * (1.0f + tanhf(k * (gate + 0.044715f * gate * gate * gate))) * up;
-}
-
-// hb = gelu(hb) * hb2 over n floats
-static void geglu(float *hb, const float *hb2, long n) {
-    for (long i = 0; i < n; i++) hb[i] = geglu_unit(hb[i], hb2[i]);
-}
-
-// x = cap tanh(x / cap) over n floats (Gemma 2's final-logit soft-cap)
-static void softcap(float *x, long n, float cap) {
-    for (long i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
-}
-
-// out = row `token` of the token embedding, widened to float32.
-static void embedding_row(float *out, Matrix embedding, int token, int dim) {
-    Matrix row = matrix_at(embedding, (size_t)token * dim);
-    for (int j = 0; j < dim; j++) out[j] = widen(row.data, j, row.type);
-}
-
-// Which logits forward_block computes: the classifier reads vocab_size x dim
-// weights, as much as all the layers of a small model, so a prompt's blocks skip it
-// but for the last token of the last block.
-typedef enum { LOGITS_LAST = 0, LOGITS_ALL = 1, LOGITS_NONE = 2 } LogitsWanted;
-
-// The forward pass for a block of B tokens at positions pos0 .. pos0+B-1 (B <=
-// PREFILL_BLOCK, pos0 + B <= seq_len); a decoding step is a block of one. Fills the KV
-// cache at those positions. Returns the logits, one row of vocab_size per token
-// (LOGITS_ALL), only the last token's (LOGITS_LAST), or none (LOGITS_NONE: NULL).
-static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, LogitsWanted wanted) {
-    const Config *c = &t->config;
-    const TransformerWeights *w = &t->weights;
-    RunState *s = &t->state;
-    int dim = c->dim, hidden = c->hidden_dim, kv_dim = kv_dim_of(c), head_size = head_size_of(c);
-    int q_dim = q_dim_of(c); // dim in the Llama block; Qwen3 and Gemma 7B have heads wider than dim / n_heads
-    float eps = c->norm_eps;
-    int n_rotated_first = rope_angles_of(c), n_rotated_second = 0; // each RoPE setting's rotated pairs
-    if (has_second_rope(c)) {
-        Config second = rope_setting(c, LAYER_ROPE_SECOND);
-        n_rotated_second = rope_angles_of(&second);
-    }
-
-    // the token embeddings: x[b] = embedding[token b], widened to float32
-    for (int b = 0; b < B; b++) embedding_row(s->x + (size_t)b * dim, w->token_embedding, tokens[b], dim);
-    if (c->embedding_multiplier != 0.0f) // Gemma: x = embedding * sqrt(dim) (the file stores it as rounded)
-        for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] *= c->embedding_multiplier;
-
-    for (int l = 0; l < c->n_layers; l++) {
-        // decoding (B = 1), the first tokens try the matmuls' reading orders, a layer
-        // each, timing them (Making it fast, section 5): the same bits in any order
-        if (B == 1) read_order_layer_begins();
-
-        // attention rmsnorm: xb = rmsnorm(x)
-        for (int b = 0; b < B; b++)
-            rmsnorm(s->xb + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_att + (size_t)l * dim, dim, eps);
-
-        // q = Wq xb, k = Wk xb, v = Wv xb
-        Projection qkv[3] = {{s->q, matrix_at(w->wq, (size_t)l * q_dim * dim), q_dim},
-                             {s->k, matrix_at(w->wk, (size_t)l * kv_dim * dim), kv_dim},
-                             {s->v, matrix_at(w->wv, (size_t)l * kv_dim * dim), kv_dim}};
-        matmuls(s, s->xb, qkv, 3, B, dim);
-        if (c->qkv_bias) { // Qwen2: q += bq, k += bk, v += bv
-            for (int b = 0; b < B; b++) {
-                float *q = s->q + (size_t)b * q_dim, *k = s->k + (size_t)b * kv_dim, *v = s->v + (size_t)b * kv_dim;
-                for (int i = 0; i < q_dim; i++) q[i] += w->bq[(size_t)l * q_dim + i];
-                for (int i = 0; i < kv_dim; i++) k[i] += w->bk[(size_t)l * kv_dim + i];
-                for (int i = 0; i < kv_dim; i++) v[i] += w->bv[(size_t)l * kv_dim + i];
-            }
-        }
-        if (c->qk_norm) { // Qwen3, Gemma 3: each query and key head RMSNormed over its head_size values
-            const float *qn = w->q_norm + (size_t)l * head_size, *kn = w->k_norm + (size_t)l * head_size;
-            for (int b = 0; b < B; b++) {
-                for (int h = 0; h < c->n_heads; h++) {
-                    float *q = s->q + (size_t)b * q_dim + h * head_size;
-                    rmsnorm(q, q, qn, head_size, eps);
-                }
-                for (int h = 0; h < c->n_kv_heads; h++) {
-                    float *k = s->k + (size_t)b * kv_dim + h * head_size;
-                    rmsnorm(k, k, kn, head_size, eps);
-                }
-            }
-        }
-
-        // RoPE: rotate q and k by their position, with the layer's setting (none on a
-        // NoPE layer: SmolLM3's every fourth); then k and v go into the cache
-        int rope = c->layer_rope[l];
-        int n_rotated = rope == LAYER_ROPE_SECOND ? n_rotated_second : n_rotated_first;
-        const float *cos_table = rope == LAYER_ROPE_SECOND ? s->rope2_cos : s->rope_cos;
-        const float *sin_table = rope == LAYER_ROPE_SECOND ? s->rope2_sin : s->rope_sin;
-        for (int b = 0; b < B; b++) {
-            int pos = pos0 + b;
-            float *q = s->q + (size_t)b * q_dim, *k = s->k + (size_t)b * kv_dim, *v = s->v + (size_t)b * kv_dim;
-            if (s->inspect) inspect_record_chunks(s->inspect, c, l, q, k);
-            if (rope != LAYER_NOPE) {
-                const float *cos_pos = cos_table + (size_t)pos * n_rotated, *sin_pos = sin_table + (size_t)pos * n_rotated;
-                rope_apply(q, c->n_heads, head_size, n_rotated, cos_pos, sin_pos);
-                rope_apply(k, c->n_kv_heads, head_size, n_rotated, cos_pos, sin_pos);
-            }
-            for (int kvh = 0; kvh < c->n_kv_heads; kvh++) {
-                size_t at = kv_cache_offset(c, l, kvh, pos);
-                memcpy(s->key_cache + at, k + kvh * head_size, head_size * sizeof(float));
-                memcpy(s->value_cache + at, v + kvh * head_size, head_size * sizeof(float));
-            }
-        }
-        if (s->inspect && l == 0) inspect_count_positions(s->inspect, B, pos0);
-
-        // multi-head attention: xb = attention(q, cached k, cached v)
-        attention(t, l, B, pos0);
-
-        // x = x + Wo xb (the residual connection); Gemma 2, 3 normalize Wo xb first
-        matmul_tokens(s, s->xb2, s->xb, matrix_at(w->wo, (size_t)l * dim * q_dim), B, q_dim, dim);
-        if (c->post_norms)
-            for (int b = 0; b < B; b++)
-                rmsnorm(s->xb2 + (size_t)b * dim, s->xb2 + (size_t)b * dim, w->rms_post_att + (size_t)l * dim, dim, eps);
-        for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] += s->xb2[i];
-
-        // ffn rmsnorm: xb = rmsnorm(x)
-        for (int b = 0; b < B; b++)
-            rmsnorm(s->xb + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_ffn + (size_t)l * dim, dim, eps);
-
-        // the feed-forward: x = x + W2 (act(W1 xb) * (W3 xb)), act silu (SwiGLU) or the
-        // tanh GELU (GeGLU: Gemma); Gemma 2, 3 normalize its output first
-        Projection w13[2] = {{s->hb, matrix_at(w->w1, (size_t)l * hidden * dim), hidden},
-                             {s->hb2, matrix_at(w->w3, (size_t)l * hidden * dim), hidden}};
-        matmuls(s, s->xb, w13, 2, B, dim);
-        if (c->activation == ACTIVATION_GEGLU_TANH) geglu(s->hb, s->hb2, (long)B * hidden);
-        else swiglu(s->hb, s->hb2, (long)B * hidden);
-        matmul_tokens(s, s->xb2, s->hb, matrix_at(w->w2, (size_t)l * dim * hidden), B, hidden, dim);
-        if (c->post_norms)
-            for (int b = 0; b < B; b++)
-                rmsnorm(s->xb2 + (size_t)b * dim, s->xb2 + (size_t)b * dim, w->rms_post_ffn + (size_t)l * dim, dim, eps);
-        for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] += s->xb2[i];
-        if (B == 1) read_order_layer_ends();
-    }
-
-    // final rmsnorm and the classifier: logits = Wcls rmsnorm(x)
-    if (wanted == LOGITS_NONE) return NULL;
-    int first = wanted == LOGITS_ALL ? 0 : B - 1;
-    for (int b = first; b < B; b++) rmsnorm(s->x + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_final, dim, eps);
-    matmul_tokens(s, s->logits, s->x + (size_t)first * dim, w->wcls, B - first, dim, c->vocab_size);
-    if (c->final_softcap != 0.0f) softcap(s->logits, (long)(B - first) * c->vocab_size, c->final_softcap); // Gemma 2
-    return s->logits;
-}
-
-// One token at position pos: the decoding step. Returns vocab_size logits.
-static float *forward(Transformer *t, int token, int pos) { return forward_block(t, &token, 1, pos, LOGITS_ALL); }
-
-// Runs tokens[0..n) at positions pos0.. through the model in blocks, filling the
-// KV cache. Returns the logits of the last token.
-static float *prefill(Transformer *t, const int *tokens, int n, int pos0) {
-    float *logits = NULL;
-    for (int i = 0; i < n; i += PREFILL_BLOCK) {
-        int len = n - i < PREFILL_BLOCK ? n - i : PREFILL_BLOCK;
-        logits = forward_block(t, tokens + i, len, pos0 + i, i + len < n ? LOGITS_NONE : LOGITS_LAST);
-    }
-    return logits;
-}
-
-// ----------------------------------------------------------------------------
-// Shifting the KV cache: RoPE's relative property at work
-//
-// A key cached at position n holds R(n) k. Moved to position n - delta, it must
-// hold R(n - delta) k, and since R(m)^T R(n) = R(n - m), that is R(-delta) R(n) k:
-// one more rotation of each rotated pair by -delta * omega_i, without knowing k.
-// R(-delta) is R(delta) with the sines negated: the angles of the tables' row for
-// position delta, without the attention factor the tables carry (the key has it
-// already). Values carry no position and move as they are; p-RoPE's unrotated
-// pairs need nothing. Every scaling rule keeps the property: it only changes the
-// omega_i. Chat's --shift rotate drops a conversation's
-// oldest turns this way, as llama.cpp's context shift does, instead of running
-// the kept tokens through the model again. (The two rotations round twice where a
-// fresh key rounds once, so shifted keys differ from fresh ones by about 1e-6 of
-// their size; tests/test_rope.c checks it.)
-//
-// Moves positions from .. from+n-1 of every layer and head down to to .. to+n-1
-// (0 <= to < from).
-static void kv_cache_shift(Transformer *t, int to, int from, int n) {
-    const Config *c = &t->config;
-    RunState *s = &t->state;
-    int head_size = head_size_of(c), delta = from - to;
-    static float cos_delta[3][MAX_DIM / 2], minus_sin_delta[3][MAX_DIM / 2]; // R(-delta) per setting, for rope_apply
-    int rotated[3] = {0, 0, 0}; // LAYER_NOPE: nothing turns
-    for (int which = LAYER_ROPE_FIRST; which <= LAYER_ROPE_SECOND; which++) {
-        if (which == LAYER_ROPE_SECOND && !has_second_rope(c)) break;
-        Config r = rope_setting(c, which);
-        rotated[which] = rope_angles_of(&r);
-        for (int i = 0; i < rotated[which]; i++) { // the tables' angles for position delta, without the attention factor
-            float angle = delta * rope_frequency(&r, i);
-            cos_delta[which][i] = cosf(angle);
-            minus_sin_delta[which][i] = -sinf(angle);
-        }
-    }
-    for (int l = 0; l < c->n_layers; l++) {
-        // each layer's keys turn back by its own setting's angles; a NoPE layer's keys carry no position
-        int which = c->layer_rope[l], n_rotated = rotated[which];
-        for (int kvh = 0; kvh < c->n_kv_heads; kvh++) {
-            for (int j = 0; j < n; j++) {
-                size_t src = kv_cache_offset(c, l, kvh, from + j), dst = kv_cache_offset(c, l, kvh, to + j);
-                memcpy(s->value_cache + dst, s->value_cache + src, head_size * sizeof(float));
-                memcpy(s->key_cache + dst, s->key_cache + src, head_size * sizeof(float));
-                rope_apply(s->key_cache + dst, 1, head_size, n_rotated, cos_delta[which], minus_sin_delta[which]);
-            }
-        }
-    }
 }
 
 // ----------------------------------------------------------------------------
@@ -2979,117 +3098,6 @@ static int build_tokenizer(Tokenizer *t, const char *path, int vocab_size) {
 }
 
 // ----------------------------------------------------------------------------
-// The sampler: logits -> next token. Same generator and order of operations as
-// llama2.c, so that the same seed gives the same tokens.
-
-typedef struct {
-    float prob;
-    int index;
-} ProbIndex;
-
-typedef struct {
-    int vocab_size;
-    ProbIndex *probindex; // scratch for top-p
-    float temperature;
-    float topp;
-    unsigned long long rng_state;
-} Sampler;
-
-static int build_sampler(Sampler *s, int vocab_size, float temperature, float topp, unsigned long long seed) {
-    s->vocab_size = vocab_size;
-    s->temperature = temperature;
-    s->topp = topp;
-    s->rng_state = seed;
-    s->probindex = malloc((size_t)vocab_size * sizeof(ProbIndex));
-    return s->probindex ? 0 : fail("out of memory building the sampler");
-}
-
-static void free_sampler(Sampler *s) { free(s->probindex); }
-
-// xorshift rng (https://en.wikipedia.org/wiki/Xorshift#xorshift.2A)
-static unsigned int random_u32(unsigned long long *state) {
-    *state ^= *state >> 12;
-    *state ^= *state << 25;
-    *state ^= *state >> 27;
-    return (*state * 0x2545F4914F6CDD1Dull) >> 32;
-}
-
-static float random_f32(unsigned long long *state) { return (random_u32(state) >> 8) / 16777216.0f; } // [0,1)
-
-// Greedy decoding: the index of the largest value, the first of equal ones (an
-// index replaces the best only when its value is greater). NaN is never greater,
-// so a NaN is chosen only at index 0, where nothing then beats it.
-static int sample_argmax(const float *probabilities, int n) {
-    if (use_fast_kernels) return argmax_fast(probabilities, n); // the largest value, then where it first is
-    int max_i = 0;
-    for (int i = 1; i < n; i++)
-        if (probabilities[i] > probabilities[max_i]) max_i = i;
-    return max_i;
-}
-
-// Samples index i with probability probabilities[i]; coin in [0, 1).
-static int sample_mult(const float *probabilities, int n, float coin) {
-    float cdf = 0.0f;
-    for (int i = 0; i < n; i++) {
-        cdf += probabilities[i];
-        if (coin < cdf) return i;
-    }
-    return n - 1; // in case of rounding errors
-}
-
-static int compare_prob_desc(const void *a, const void *b) {
-    const ProbIndex *a_ = a, *b_ = b;
-    if (a_->prob > b_->prob) return -1;
-    if (a_->prob < b_->prob) return 1;
-    return 0;
-}
-
-// Top-p (nucleus) sampling: sample from the smallest set of tokens whose
-// probabilities add up to more than topp. Tokens below (1 - topp) / (n - 1) cannot
-// be in that set and are dropped before sorting, as llama2.c does.
-static int sample_topp(const float *probabilities, int n, float topp, ProbIndex *probindex, float coin) {
-    int n0 = 0;
-    const float cutoff = (1.0f - topp) / (n - 1);
-    for (int i = 0; i < n; i++) {
-        if (probabilities[i] >= cutoff) {
-            probindex[n0].index = i;
-            probindex[n0].prob = probabilities[i];
-            n0++;
-        }
-    }
-    if (n0 == 0) return sample_argmax(probabilities, n); // a flat distribution and a tiny topp: llama2.c would read probindex[-1]
-    qsort(probindex, n0, sizeof(ProbIndex), compare_prob_desc);
-    float cumulative_prob = 0.0f;
-    int last_idx = n0 - 1;
-    for (int i = 0; i < n0; i++) {
-        cumulative_prob += probindex[i].prob;
-        if (cumulative_prob > topp) {
-            last_idx = i;
-            break;
-        }
-    }
-    float r = coin * cumulative_prob;
-    float cdf = 0.0f;
-    for (int i = 0; i <= last_idx; i++) {
-        cdf += probindex[i].prob;
-        if (r < cdf) return probindex[i].index;
-    }
-    return probindex[last_idx].index;
-}
-
-// Greedy at temperature 0; otherwise softmax(logits / T), then top-p or plain sampling.
-static int sample(Sampler *s, float *logits) {
-    if (s->temperature == 0.0f) return sample_argmax(logits, s->vocab_size);
-    int best = sample_argmax(logits, s->vocab_size);
-    if (!isfinite(logits[best] / s->temperature)) return best; // T -> 0 is greedy; dividing would give inf - inf
-    for (int q = 0; q < s->vocab_size; q++) logits[q] /= s->temperature;
-    softmax(logits, s->vocab_size);
-    float coin = random_f32(&s->rng_state);
-    if (s->topp <= 0 || s->topp >= 1) return sample_mult(logits, s->vocab_size, coin);
-    return sample_topp(logits, s->vocab_size, s->topp, s->probindex, coin);
-}
-
-// ----------------------------------------------------------------------------
 // Utilities
 
 // Opens an input file (checkpoint, tokenizer, text) for reading: returns its
@@ -3446,6 +3454,36 @@ static int perplexity(Transformer *t, const Tokenizer *tok, const char *text, co
 // current or the previous token) need high frequencies; the paper finds semantic
 // content on the lowest ones. The attention summary is the mean weight each head
 // gives, over positions 1..n-1, to BOS, to the current and to the previous token.
+
+// Inspect's accumulators (-m inspect): the query/key chunk norms and the attention
+// summary of each position. The rotation preserves |chunk i|, so measuring before
+// or after it gives the same number.
+static void inspect_record_chunks(InspectStats *st, const Config *c, int layer, const float *q, const float *k) {
+    int head_size = head_size_of(c), pairs = head_size / 2, group = c->n_heads / c->n_kv_heads;
+    for (int h = 0; h < c->n_heads; h++) {
+        const float *qh = q + h * head_size, *kh = k + (h / group) * head_size;
+        double *qn = st->q_norm + ((size_t)layer * c->n_heads + h) * pairs;
+        double *kn = st->k_norm + ((size_t)layer * c->n_heads + h) * pairs;
+        for (int i = 0; i < pairs; i++) {
+            qn[i] += sqrt((double)qh[2 * i] * qh[2 * i] + (double)qh[2 * i + 1] * qh[2 * i + 1]);
+            kn[i] += sqrt((double)kh[2 * i] * kh[2 * i] + (double)kh[2 * i + 1] * kh[2 * i + 1]);
+        }
+    }
+}
+
+static void inspect_record_attention(InspectStats *st, const Config *c, int layer, int h, const float *att, int pos) {
+    if (pos < 1) return; // position 0 can only attend to itself
+    double *a = st->attn + ((size_t)layer * c->n_heads + h) * 3;
+    a[0] += att[0];       // BOS
+    a[1] += att[pos];     // current token
+    a[2] += att[pos - 1]; // previous token
+}
+
+// Counts the B positions of a block starting at pos0 (once per block, in layer 0).
+static void inspect_count_positions(InspectStats *st, int B, int pos0) {
+    st->positions += B;
+    for (int b = 0; b < B; b++) st->attn_positions += pos0 + b >= 1;
+}
 
 // One shaded cell per value, scaled to the row's maximum (Unicode block characters).
 static void print_shade(double value, double max_value) {
@@ -4433,8 +4471,8 @@ typedef enum { READ_QUARTERS_PREFETCH, READ_QUARTERS, READ_ADJACENT, READ_ROWS, 
 static const char *read_order_names[N_READ_ORDERS] = {"quarters-prefetch", "quarters", "adjacent", "rows"};
 
 // The order decode uses: a property of the machine (and the model's sizes), one for
-// the process. quarters-prefetch until the trial chooses: the measured best on Zen 3,
-// Zen 5 and Sapphire Rapids.
+// the process. quarters-prefetch until the trial chooses: the best where it was
+// measured on most machines (docs/performance.md, "ReadOrder").
 static ReadOrder read_order = READ_QUARTERS_PREFETCH;
 
 // matmul() for one token, rows in groups of four: group i of d/4 is the rows i, i +
@@ -4928,9 +4966,9 @@ static void attention_for_head(Transformer *t, int l, int h, int B, int pos0) {
 // product. Inspect's sums are not safe to share, so it runs on one thread.
 //   The work is the scores' multiply-adds, in a matmul's units. In a decoding step
 // each comes with a wait on memory (the keys and values come from DRAM, above), and
-// with its share of the values' pass and the softmax: measured on the 15M shape
-// (Zen 4, one thread, positions 5-255), 0.6 ns a multiply-add of the scores, where a
-// decode matmul takes 0.07-0.13 ns a multiply-add. So each counts eight.
+// with its share of the values' pass and the softmax, so that one costs several
+// times a decode matmul's multiply-add: each counts eight (the measurement is in
+// docs/performance.md, "DECODE_ATTENTION_WEIGHT").
 #define DECODE_ATTENTION_WEIGHT 8
 
 static int attention_fast(Transformer *t, int l, int B, int pos0) {
@@ -4959,8 +4997,8 @@ static int swiglu_fast(float *hb, const float *hb2, long n) {
 
 // sample_argmax() in two passes that compilers vectorize. Its one loop compares
 // each value with the best so far, read back through the index it just changed: a
-// chain of dependent steps, some 20 us over a 32000-token vocabulary on Zen 4, a
-// few percent of a small model's decoding step. Here the first pass finds the
+// chain of dependent steps, a few percent of a small model's decoding step over a
+// large vocabulary (docs/performance.md, "argmax_fast"). Here the first pass finds the
 // largest value m, sixteen independent running maxima side by side (each, like
 // the loop, replaced only by a greater value, so NaN never enters unless p[0] is
 // NaN); the second finds where m first occurs, sixteen comparisons at a time.
@@ -5112,10 +5150,9 @@ static void prepare_to_run(Transformer *t, int n_positions) {
 //   The samples are decode's own reads from memory, with the rest of the forward
 // pass between them, and trying costs only the slower orders' extra time: no weight
 // is read for the trial alone. (The first version timed the orders at start-up, on
-// passes of their own over the layers: 0.08-0.4 s before the first token, 3-8% of a
-// 256-token decode of the 110M shape, docs/performance.md.) Models whose matrices
-// fit in a large cache (READ_ORDER_MIN_BYTES) are not tried: decode there is not
-// bound by streaming memory, and the choice cannot matter.
+// passes of their own over the layers, and delayed the first token: docs/performance.md.)
+// Models whose matrices fit in a large cache (READ_ORDER_MIN_BYTES) are not tried:
+// decode there is not bound by streaming memory, and the choice cannot matter.
 #define READ_ORDER_MIN_BYTES (8 << 20)
 #define READ_ORDER_SAMPLES 16
 #define READ_ORDER_MARGIN 0.03
@@ -5213,8 +5250,10 @@ static void print_read_order(void) {
 // Rope: the rotation in force, pair by pair (-m rope)
 //
 //   attention_factor: X
-//   i omega_i wavelength_i      one line per pair; wavelength = 2 pi / omega_i tokens,
-//                               inf for a pair that does not rotate
+//   pair omega wavelength       the columns' names
+//   i omega_i wavelength_i      one line per pair i (dims 2i, 2i+1): omega_i radians a
+//                               token, wavelength 2 pi / omega_i tokens; 0 and inf for
+//                               a pair that does not rotate
 // then, in words, which pairs the rule kept, blended or interpolated.
 
 // Prints "label: pairs a-b" for a run of pairs that the rule treated alike.
@@ -5252,6 +5291,7 @@ static void print_rope_setting(const Config *c) {
     int pairs = head_size_of(c) / 2, rotated = rope_angles_of(c);
     float s = c->rope_factor;
     printf("attention_factor: %.9g\n", rope_attention_factor(c));
+    printf("pair omega wavelength\n");
     for (int i = 0; i < pairs; i++) {
         if (i < rotated) printf("%d %.9g %.9g\n", i, rope_frequency(c, i), 2.0 * M_PI / rope_frequency(c, i));
         else printf("%d 0 inf\n", i);
@@ -5482,6 +5522,16 @@ static int read_order_from_environment(void) {
     return -1;
 }
 
+// RUN_PLAIN=1: the plain loops of the forward pass and the sampler only, none of
+// "Making it fast" (use_fast_kernels = 0), for stepping through the equations with a
+// debugger. The same output bit for bit (tests/test_plain_run.py), only slower.
+static int plain_from_environment(void) {
+    const char *value = getenv("RUN_PLAIN");
+    if (!value || value[0] == '\0' || strcmp(value, "0") == 0) return 0;
+    if (strcmp(value, "1") != 0) usage_error("RUN_PLAIN expects 1 (plain loops) or 0, got '%s'", value);
+    return 1;
+}
+
 // The threads to run on: -T, else OMP_NUM_THREADS, else the runtime's default (all
 // cores). More threads than the cores this process may use is allowed (they share
 // the cores, and run slower), but said.
@@ -5676,6 +5726,7 @@ int main(int argc, char *argv[]) {
     if (shift_rotate && no_cache) usage_error("--shift rotate moves the cache, and --no-cache keeps none");
     set_threads(threads);
     int forced_read_order = read_order_from_environment();
+    if (plain_from_environment()) use_fast_kernels = 0;
 
     // 2. load the model; apply the rotary overrides before the RoPE tables are built
     refuse_hugging_face_files(checkpoint_path);
@@ -5758,7 +5809,8 @@ int main(int argc, char *argv[]) {
         result = chat(&transformer, &tokenizer, &sampler, opt);
     }
     if (result != 0) runtime_error();
-    if (verbose && !is_tokenize) print_read_order();
+    if (verbose && !is_tokenize && !use_fast_kernels) fprintf(stderr, "run: RUN_PLAIN=1: the plain loops only\n");
+    else if (verbose && !is_tokenize) print_read_order();
     check_stdout();
 
     free_sampler(&sampler);

@@ -396,8 +396,9 @@ def parse_rope_table(text):
     lines = [line for line in text.splitlines() if line.strip()]
     assert lines and lines[0].startswith("attention_factor:"), text
     af = lines[0].split(":", 1)[1].strip()
+    assert lines[1] == "pair omega wavelength", text  # the columns' names
     rows, notes = [], []
-    for line in lines[1:]:
+    for line in lines[2:]:
         if line[0].isdigit():
             assert not notes, f"a pair line after the notes:\n{text}"
             f = line.split()
