@@ -208,6 +208,7 @@ typedef struct {
     float llama3_low_freq_factor;  // llama3: wavelengths above original / this are interpolated (1)
     float llama3_high_freq_factor; // llama3: wavelengths below original / this are kept (4)
     const float *longrope_factors; // longrope: (2, rope_angles) short then long, from the file (NULL until mapped)
+    int longrope_pairs;            // the pairs those factors are for: the file's rope_angles
     // ROPE version 2's block options (docs/format.md); 0 everywhere is the Llama block
     int head_size;              // width of one head; 0: dim / n_heads (head_size_of)
     int qkv_bias, qk_norm, post_norms; // the flags' bits, one int each
@@ -522,8 +523,9 @@ static float rope_frequency(const Config *c, int i) {
         // context in use is within the trained length, the long ones beyond it (as
         // llama.cpp chooses, by the context rather than the text so far)
         if (!c->longrope_factors) return omega; // the header alone (no weights mapped yet)
+        if (i >= c->longrope_pairs) return NAN;  // no factor for this pair: never read past them
         int longer = c->seq_len > c->rope_original_len;
-        return omega / c->longrope_factors[(longer ? rope_angles_of(c) : 0) + i];
+        return omega / c->longrope_factors[(longer ? c->longrope_pairs : 0) + i];
     }
     default:
         return omega;
@@ -1228,6 +1230,18 @@ static int check_rope_angles(const Config *c) {
     return 0;
 }
 
+// check_rope_angles for each RoPE setting the layers use (-c changes the context
+// of both); a failure in the second names it.
+static int check_every_rope_angles(const Config *c) {
+    if (check_rope_angles(c) != 0) return -1;
+    if (!has_second_rope(c)) return 0;
+    Config second = rope_setting(c, LAYER_ROPE_SECOND);
+    if (check_rope_angles(&second) == 0) return 0;
+    char first_part[sizeof(error_message)];
+    snprintf(first_part, sizeof(first_part), "%s", error_message);
+    return fail("the second RoPE setting's %s", first_part);
+}
+
 // Checks that the sizes are positive, bounded and consistent with each other.
 static int validate_config(const Config *c) {
     if (check_range("dim", c->dim, 1, MAX_DIM) || check_range("hidden_dim", c->hidden_dim, 1, MAX_HIDDEN) ||
@@ -1549,6 +1563,7 @@ static int check_tokenizer_start(const char *path, int vocab_size);
 // angles they give finite.
 static int use_longrope_factors(Config *c, const float *factors) {
     c->longrope_factors = factors;
+    c->longrope_pairs = rope_angles_of(c);
     for (int i = 0; i < 2 * rope_angles_of(c); i++)
         if (!isfinite(factors[i]) || factors[i] <= 0)
             return fail("longrope factor %d is %g; it must be finite and > 0", i, factors[i]);
@@ -5361,6 +5376,8 @@ static void usage(FILE *out) {
             "  -v                 print the generated token ids on stderr (chat: each turn's), and\n"
             "                     the decode matmul's reading order (RUN_READ_ORDER=NAME forces one)\n"
             "  -h, --help         this help\n"
+            "RUN_PLAIN=1 in the environment runs the plain loops only (for a debugger): the\n"
+            "same output, slower.\n"
             "Exit codes: 0 success, 1 bad input file or runtime error, 2 bad command line.\n",
             DEFAULT_CONTEXT);
 }
@@ -5483,6 +5500,26 @@ static int load_tokenizer(Tokenizer *t, const char *path, const Transformer *mod
     return result;
 }
 
+// Whether two paths name the same file (the same device and inode: links and other
+// spellings of a path count). A path that does not exist names no input.
+static int same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    return a && b && stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+// An output path (--csv) that is one of the run's inputs would be truncated while it
+// is read (the checkpoint is mapped: its pages vanish under the forward pass).
+// Refused before anything is opened for writing. tokenizer_path: the tokenizer file
+// in use, NULL when it is the checkpoint's own section.
+static void refuse_output_over_input(const char *flag, const char *out, const char *checkpoint_path,
+                                     const char *tokenizer_path, const char *text_path) {
+    const char *inputs[3][2] = {{checkpoint_path, "the checkpoint"}, {tokenizer_path, "the tokenizer"},
+                                {text_path, "the text file (-f)"}};
+    for (int k = 0; k < 3; k++)
+        if (same_file(out, inputs[k][0]))
+            usage_error("%s %s is %s: writing it would destroy an input of this run", flag, out, inputs[k][1]);
+}
+
 // Parses a whole string as a finite float or exits with a usage error. strtof sets
 // ERANGE for a result too small to be normal too: a subnormal number (or one that
 // rounds to 0) is still the number the user wrote; only overflow is not.
@@ -5496,19 +5533,61 @@ static float parse_float(const char *flag, const char *value) {
     return f;
 }
 
-// OMP_NUM_THREADS, as the OpenMP runtime reads it (a list for nested levels: the
-// first entry), under the same bounds as -T. 0 when it is not set.
+// OMP_NUM_THREADS, as the OpenMP runtime reads it (a list for nested levels, each
+// entry a positive integer), under the same bounds as -T: the first entry, 0 when it
+// is not set. The runtime reads it before main and, for a value it calls invalid,
+// prints its own line and goes on with its default: here such a value is refused.
 static long threads_from_environment(void) {
     const char *value = getenv("OMP_NUM_THREADS");
-    if (!value || value[0] == '\0') return 0;
-    char *end;
-    errno = 0;
-    long n = strtol(value, &end, 10);
-    while (*end == ' ') end++;
-    if (end == value || (*end != '\0' && *end != ',') || errno == ERANGE)
-        usage_error("OMP_NUM_THREADS expects an integer, got '%s'", value);
-    if (n < 1 || n > MAX_THREADS) usage_error("OMP_NUM_THREADS must be in [1, %d], got %ld", MAX_THREADS, n);
-    return n;
+    if (!value) return 0;
+    long first = 0;
+    const char *p = value;
+    do {
+        char *end;
+        errno = 0;
+        long n = strtol(p, &end, 10);
+        while (*end == ' ') end++;
+        if (end == p || (*end != '\0' && *end != ',') || errno == ERANGE)
+            usage_error("OMP_NUM_THREADS expects an integer or a list of them, got '%s'", value);
+        if (n < 1 || n > MAX_THREADS) usage_error("OMP_NUM_THREADS must be in [1, %d], got %ld", MAX_THREADS, n);
+        if (p == value) first = n;
+        p = *end == ',' ? end + 1 : end;
+    } while (*p != '\0' || p[-1] == ',');
+    return first;
+}
+
+// OMP_THREAD_LIMIT and OMP_STACKSIZE, checked as the runtime reads them: a value it
+// calls invalid is refused here (it prints its own line and goes on), and a stack
+// larger than the memory would stop the first parallel region with the runtime's
+// "Thread creation failed" and no word of ours.
+static void check_openmp_environment(void) {
+    const char *limit = getenv("OMP_THREAD_LIMIT");
+    if (limit) {
+        char *end;
+        errno = 0;
+        long n = strtol(limit, &end, 10);
+        while (*end == ' ') end++;
+        if (end == limit || *end != '\0' || errno == ERANGE || n < 1)
+            usage_error("OMP_THREAD_LIMIT expects a positive integer, got '%s'", limit);
+    }
+    const char *stack = getenv("OMP_STACKSIZE");
+    if (stack) {
+        char *end;
+        errno = 0;
+        unsigned long long n = strtoull(stack, &end, 10);
+        while (*end == ' ') end++;
+        int shift = 10; // no suffix: kilobytes
+        const char *units = "bBkKmMgG";
+        if (*end != '\0' && strchr(units, *end)) shift = 10 * (int)((strchr(units, *end) - units) / 2), end++;
+        while (*end == ' ') end++;
+        if (end == stack || *end != '\0' || errno == ERANGE || stack[strspn(stack, " ")] == '-' || n == 0)
+            usage_error("OMP_STACKSIZE expects a size such as 512K or 4M (B, K, M or G), got '%s'", stack);
+        const char *what;
+        uint64_t memory = memory_limit(&what);
+        if (memory > 0 && n > (memory >> shift))
+            usage_error("OMP_STACKSIZE %s asks each thread for a stack larger than the %s of %.2f GiB", stack, what,
+                        gib(memory));
+    }
 }
 
 // RUN_READ_ORDER: the decode matmul's reading order by name (for tests and
@@ -5537,6 +5616,7 @@ static int plain_from_environment(void) {
 // the cores, and run slower), but said.
 static void set_threads(long threads) {
     long from_env = threads_from_environment(); // checked even where -T overrides it, or without OpenMP
+    check_openmp_environment();
 #ifdef _OPENMP
     const char *source = threads > 0 ? "-T" : "OMP_NUM_THREADS";
     if (threads == 0) threads = from_env;
@@ -5732,10 +5812,21 @@ int main(int argc, char *argv[]) {
     refuse_hugging_face_files(checkpoint_path);
     Transformer transformer;
     if (load_checkpoint(&transformer, checkpoint_path) != 0) file_error();
+    if (csv_path) {
+        int own_section = !tokenizer_path && transformer.tokenizer.bytes > 0; // load_tokenizer's choice
+        refuse_output_over_input("--csv", csv_path, checkpoint_path,
+                                 own_section ? NULL : tokenizer_path ? tokenizer_path : "tokenizer.bin", text_path);
+    }
     Config *c = &transformer.config;
+    float file_fraction = c->rope_fraction;
     if (rope_theta > 0) c->rope_theta = rope_theta;
     if (rope_fraction >= 0) c->rope_fraction = rope_fraction;
     apply_rope_scaling_flags(c, scaling, rope_factor, (int)rope_original_len);
+    // longrope's factors are one per rotated pair of the file: another fraction has no factors
+    if (c->rope_scaling == ROPE_SCALING_LONGROPE && rope_angles_of(c) != c->longrope_pairs)
+        usage_error("--rope-fraction %g rotates %d pairs, but this file's longrope factors are for its %d rotated "
+                    "pairs (one per pair): keep its fraction %g, or export without longrope", rope_fraction,
+                    rope_angles_of(c), c->longrope_pairs, file_fraction);
     // the header's settings passed: a failure now is the flags' (a smaller theta, or
     // with --rope-fraction more pairs that rotate)
     if (check_rope_angles(c) != 0) usage_error("%s: %s", rope_theta > 0 ? "--rope-theta" : "--rope-fraction", error_message);
@@ -5744,7 +5835,7 @@ int main(int argc, char *argv[]) {
     // the trained length (rope_original_len), which the header's seq_len gave
     int file_seq_len = c->seq_len;
     c->seq_len = context > 0 ? (int)context : file_seq_len < DEFAULT_CONTEXT ? file_seq_len : DEFAULT_CONTEXT;
-    if (context > 0 && check_rope_angles(c) != 0) usage_error("-c %ld: %s", context, error_message);
+    if (context > 0 && check_every_rope_angles(c) != 0) usage_error("-c %ld: %s", context, error_message);
     // before anything is allocated: a context that does not fit is refused, as a bad
     // command line when -c asked for it (exit 2), else as the file's (exit 1). -m rope
     // and -m tokenize run no model: they allocate no run state and check nothing.

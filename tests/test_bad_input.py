@@ -18,6 +18,7 @@ without BOS/EOS, and temperatures so small that logits / T overflowed.
 import os
 import re
 import resource
+import shutil
 import struct
 import subprocess
 from pathlib import Path
@@ -670,6 +671,54 @@ SEAM_ROWS = [
 ]
 ROWS += SEAM_ROWS
 
+
+def output_over_input(mode, target, link=None):
+    """--csv naming one of the run's own inputs (copies in tmp: a broken check must not destroy the
+    repository's models): target 'checkpoint', 'tokenizer' or 'text', spelled as a symbolic link
+    ('symlink'), a hard link ('hardlink') or another path ('dotted') when link says so."""
+    def build(tmp):
+        tmp = Path(tmp)
+        model, tok = tmp / "model.bin", tmp / "tok.bin"
+        shutil.copyfile(STORIES, model)
+        shutil.copyfile(TOK512, tok)
+        text = put(tmp, "story.txt", b"Once upon a time, there was a girl.")
+        path = {"checkpoint": model, "tokenizer": tok, "text": text}[target]
+        if link == "symlink":
+            (tmp / "alias").symlink_to(path.name)
+            path = tmp / "alias"
+        elif link == "hardlink":
+            os.link(path, tmp / "alias")
+            path = tmp / "alias"
+        elif link == "dotted":
+            path = tmp / "." / ".." / tmp.name / path.name
+        source = ["-f", text] if mode == "ppl" else ["-p", "Once upon a time"]
+        return [model, "-z", tok, "-m", mode, *source, "--csv", path]
+    return build
+
+
+# stories260K in version 2 with a second RoPE setting whose theta (the smallest subnormal) gives
+# finite angles over the file's 512 positions and overflows float32 at 2^20 (head size 8: the
+# slowest pair turns 1.4e-45^(-3/4), about 4e33 radians a token)
+SECOND_SETTING_TINY_THETA = rope([(4, "<i", 2), (152, "<f", 1.4e-45), (156, "<f", 1.0), (160, "<f", 1.0)])
+
+
+# hard to crash, part 3: an output over an input; the second setting's angles under -c
+OUTPUT_ROWS = [
+    (f"csv-{mode}-over-{target}" + (f"-{link}" if link else ""), output_over_input(mode, target, link), 2,
+     f"is the {target if target != 'text' else 'text file (-f)'}: writing it would destroy an input of this run")
+    for mode, target, link in [("ppl", "checkpoint", None), ("ppl", "checkpoint", "symlink"),
+                               ("ppl", "checkpoint", "hardlink"), ("ppl", "checkpoint", "dotted"),
+                               ("ppl", "tokenizer", None), ("ppl", "text", None), ("inspect", "checkpoint", None),
+                               ("inspect", "tokenizer", "symlink")]
+] + [
+    ("c-beyond-the-second-settings-finite-angles",
+     lambda tmp: [*SECOND_SETTING_TINY_THETA(tmp), "-z", TOK512, "-c", str(1 << 20), "-n", "2"], 2,
+     "-c 1048576: the second RoPE setting's rope_theta"),
+    ("second-setting-finite-within-the-file", lambda tmp: [*SECOND_SETTING_TINY_THETA(tmp), "-z", TOK512,
+                                                           "-t", "0", "-n", "4", "-p", "Once"], 0, None),
+]
+ROWS += OUTPUT_ROWS
+
 PARAMS = [row if hasattr(row, "marks") else pytest.param(*row, id=row[0]) for row in ROWS]
 
 
@@ -804,7 +853,7 @@ def test_omp_num_threads_is_capped_as_t_is(value, message):
     assert t.returncode == 2 and b"-T must be in [1, 1024]" in t.stderr
 
 
-@pytest.mark.parametrize("value", ["0", "-3", "two"])
+@pytest.mark.parametrize("value", ["0", "-3", "two", "", "2,", "1,0", "2,,1"])
 def test_omp_num_threads_that_the_runtime_refuses_too(value):
     """Values libgomp itself calls invalid (it prints its own line first, before main runs): exit 2 and our line."""
     r, argv = run_with_threads(value, STORIES, "-z", TOK512, "-t", "0", "-n", "4", "-p", "Once")
@@ -812,6 +861,45 @@ def test_omp_num_threads_that_the_runtime_refuses_too(value):
     errors = [line for line in r.stderr.decode().splitlines() if line.startswith("run: error:")]
     assert len(errors) == 1 and "OMP_NUM_THREADS" in errors[0], r.stderr
     assert r.stdout == b""
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("OMP_THREAD_LIMIT", "0", "OMP_THREAD_LIMIT expects a positive integer, got '0'"),
+    ("OMP_THREAD_LIMIT", "many", "OMP_THREAD_LIMIT expects a positive integer, got 'many'"),
+    ("OMP_STACKSIZE", "1T", "OMP_STACKSIZE expects a size such as 512K or 4M (B, K, M or G), got '1T'"),
+    ("OMP_STACKSIZE", "-4M", "OMP_STACKSIZE expects a size such as 512K or 4M (B, K, M or G), got '-4M'"),
+    ("OMP_STACKSIZE", "100000G", "OMP_STACKSIZE 100000G asks each thread for a stack larger than the")])
+def test_openmp_settings_the_runtime_refuses_or_cannot_start_get_our_line(name, value, message):
+    """libgomp prints "Invalid value" and goes on, or stops at the first parallel region with
+    "Thread creation failed" and exit 1: run refuses such a value first, exit 2 with its own line."""
+    argv = [str(a) for a in (STORIES, "-z", TOK512, "-t", "0", "-n", "4", "-p", "Once", "-T", "2")]
+    r = subprocess.run(RUN_PREFIX + [RUN_BIN] + argv, capture_output=True, stdin=subprocess.DEVNULL, timeout=60,
+                       env=dict(os.environ, **{name: value}))
+    assert r.returncode == 2, r.stderr
+    errors = [line for line in r.stderr.decode().splitlines() if line.startswith("run: error:")]
+    assert len(errors) == 1 and message in errors[0], r.stderr
+    assert r.stdout == b""
+
+
+@pytest.mark.parametrize("name, value", [("OMP_STACKSIZE", "4M"), ("OMP_STACKSIZE", " 2 g "),
+                                         ("OMP_THREAD_LIMIT", "1"), ("OMP_NUM_THREADS", "2,1")])
+def test_openmp_settings_the_runtime_accepts_still_run(name, value):
+    r = subprocess.run(RUN_PREFIX + [RUN_BIN, str(STORIES), "-z", str(TOK512), "-t", "0", "-n", "4", "-p", "Once"],
+                       capture_output=True, stdin=subprocess.DEVNULL, timeout=60, env=dict(os.environ, **{name: value}))
+    assert r.returncode == 0 and r.stdout.startswith(b"Once"), r.stderr
+
+
+@pytest.mark.parametrize("mode, target, link", [("ppl", "checkpoint", None), ("ppl", "checkpoint", "hardlink"),
+                                               ("ppl", "text", None), ("inspect", "tokenizer", "symlink")])
+def test_an_output_over_an_input_leaves_the_input_as_it_was(tmp_path, mode, target, link):
+    """The checkpoint used to be truncated under its own mapping (SIGBUS, the file left at 0 bytes),
+    the tokenizer or the text overwritten: now nothing is opened for writing, and every input keeps
+    its bytes."""
+    argv = output_over_input(mode, target, link)(tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    r = run(*argv)
+    assert r.returncode == 2, r.stderr
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
 
 
 def test_more_threads_than_cores_runs_and_says_so():

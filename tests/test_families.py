@@ -254,3 +254,18 @@ def test_longrope_factors_follow_the_context_in_use(tmp_path, context, factors):
     np.testing.assert_allclose(tables[0][:rotated], settings["inv_freq"], rtol=1e-6)
     assert tables[0][rotated:] == [0.0] * (len(tables[0]) - rotated)  # Phi-4-mini rotates 3/4 of each head
     assert any(w.startswith(f"longrope: each pair divided by its {factors} factor") for w in words)
+
+
+@pytest.mark.parametrize("fraction, code", [("1", 2), ("0.5", 2), ("0.75", 0)])
+def test_rope_fraction_that_changes_longropes_pairs_is_refused(tmp_path, fraction, code):
+    """Phi-4-mini's longrope factors are one per rotated pair (48 of 64 in the real model): a
+    --rope-fraction that rotates another number of pairs read past the factors' tensor (zeros
+    from the rest of the file, or whatever bytes follow). Refused in one line; its own fraction
+    runs."""
+    config, model = exported_one(tmp_path, "Phi-4-mini")
+    r = run(model, "-z", TOK512, "-t", "0", "-n", "4", "-p", "Once", "--rope-fraction", fraction)
+    assert r.returncode == code, r.stderr
+    if code == 2:
+        lines = r.stderr.decode().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"run: error: --rope-fraction {fraction} rotates "), lines
+        assert "this file's longrope factors are for its" in lines[0]

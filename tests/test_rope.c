@@ -193,6 +193,29 @@ static void test_rope_frequencies_follow_theta(void) {
           "rope_frequency_is_theta_pow_minus_2i_over_d_divided_by_scale", "wrong frequency");
 }
 
+// longrope's factors are one per rotated pair of the file; with more pairs rotating
+// (--rope-fraction, refused in main) rope_frequency must not read past them. The
+// factors sit in a heap buffer of exactly 2 x pairs floats, so the ASan build catches
+// any read beyond: the extra pairs get NaN (which every caller's check refuses).
+static void test_longrope_never_reads_past_its_factors(void) {
+    Config c = rope_config(16, 10000.0f, 0.5f); // 4 of 8 pairs rotate
+    c.rope_scaling = ROPE_SCALING_LONGROPE, c.rope_factor = 8.0f, c.rope_original_len = 32, c.seq_len = 64;
+    int pairs = rope_angles_of(&c);
+    float *factors = malloc(sizeof(float) * 2 * pairs);
+    for (int i = 0; i < 2 * pairs; i++) factors[i] = 1.0f + i; // short 1..4, long 5..8
+    int loaded = use_longrope_factors(&c, factors) == 0;
+    c.rope_fraction = 1.0f; // all 8 pairs: the factors cover only 4
+    int within = 1, beyond = 1;
+    for (int i = 0; i < rope_angles_of(&c); i++) {
+        float omega = rope_frequency(&c, i);
+        if (i < pairs) within &= omega == rope_base_frequency(&c, i) / (float)(1 + pairs + i); // the long set
+        else beyond &= isnan(omega);
+    }
+    check(loaded && pairs == 4 && within && beyond, "longrope_never_reads_past_its_factors",
+          "a pair beyond the factors read something");
+    free(factors);
+}
+
 // the kernels: matmul and matmul_tiled against a double-precision plain loop, and
 // matmul against its plain form, one dot() per row, bit for bit. n a multiple of
 // eight takes the kernels' in-register lane sums, n = 8k + 5 their tail. d = 23
@@ -1228,6 +1251,7 @@ int main(int argc, char **argv) {
     test_rope_angles_is_floor_of_p_times_half_head();
     test_table_rope_equals_plain_rope();
     test_rope_frequencies_follow_theta();
+    test_longrope_never_reads_past_its_factors();
     test_matmul_kernels_agree(37 * 8, 23, "matmul_equals_double_precision_plain_loop",
                               "matmul_tiled_equals_matmul_token_by_token_bitwise", "matmul_equals_one_dot_per_row_bitwise");
     test_matmul_kernels_agree(37 * 8 + 5, 23, "matmul_equals_double_precision_plain_loop_with_tail",
