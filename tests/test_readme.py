@@ -49,3 +49,43 @@ def test_readme_and_docs_links_resolve():
             if not (page.parent / target.split("#")[0]).exists():
                 missing.append(f"{page.relative_to(ROOT)}: {target}")
     assert not missing, missing
+
+
+# A reference to run.c is written "`name` (run.c:N)": the name, then the line it is on.
+RUN_C_REFERENCE = re.compile(r"`(\w+)`\s+\(run\.c:(\d+)\)")  # the two may sit on two lines
+
+
+def names_line(lines, n, name):
+    """Line n (1-based) of run.c holds `name`: it names it, or opens the typedef that ends "} name;"."""
+    if not 1 <= n <= len(lines):
+        return False
+    if re.search(rf"\b{name}\b", lines[n - 1]):
+        return True
+    if lines[n - 1].startswith("typedef"):
+        closing = next((line for line in lines[n:] if line.startswith("}")), "")
+        return re.match(rf"\}}\s*{name}\s*;", closing) is not None
+    return False
+
+
+def where_defined(lines, name):
+    for i, line in enumerate(lines, 1):
+        if re.match(rf"(static |int |__attribute__|typedef ).*\b{name}\b", line) or re.match(rf"\}}\s*{name}\s*;", line):
+            return i
+    return None
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/reading.md"])
+def test_run_c_line_references_name_their_line(page):
+    # the README's shortest path and docs/reading.md's map give line numbers: each must
+    # still land on the function or struct written beside it, so the map cannot drift
+    lines = (ROOT / "run.c").read_text().split("\n")
+    text = (ROOT / page).read_text()
+    references = RUN_C_REFERENCE.findall(text)
+    assert len(references) >= 10, f"{page}: expected the map's `name` (run.c:N) references"
+    # every run.c:N on the page is in that form, so none escapes the check
+    assert len(re.findall(r"run\.c:\d+", text)) == len(references), \
+        f"{page}: write each line reference as `name` (run.c:N)"
+    wrong = [f"`{name}` (run.c:{n}): line {n} is {lines[int(n) - 1].strip()[:60]!r}"
+             f" (defined at run.c:{where_defined(lines, name)})" if int(n) <= len(lines) else f"run.c:{n}: past the end"
+             for name, n in references if not names_line(lines, int(n), name)]
+    assert not wrong, "\n".join(wrong)
