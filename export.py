@@ -146,6 +146,15 @@ RULE_FIELDS = [
 PROGRESS_BYTES = 100_000_000  # writing a bigger file shows a progress line on stderr
 
 
+INPUTS = []  # every file this run reads: no output may replace one (check_not_an_input)
+
+
+def reading(path):
+    """path, remembered as an input (see check_not_an_input)."""
+    INPUTS.append(path)
+    return path
+
+
 class ExportError(Exception):
     """A problem with the input: reported as one line, exit code EXIT_BAD_INPUT."""
 
@@ -535,7 +544,7 @@ def read_flat_checkpoint(path):
     """Read a ROPE or llama2.c checkpoint file, telling the format by its first bytes.
 
     Returns (Config, tensors, the matrices' stored type, the tokenizer section's bytes or None)."""
-    with open(path, "rb") as f:
+    with open(reading(path), "rb") as f:
         data = f.read(HEADER_BYTES)
     if len(data) < LEGACY_HEADER.size:
         raise ExportError(f"{path}: only {len(data)} bytes: too short for any checkpoint header")
@@ -568,7 +577,7 @@ class Safetensors:
     """One .safetensors file: its validated header, and its data mapped read-only."""
 
     def __init__(self, path):
-        self.path = path
+        self.path = reading(path)
         size = os.path.getsize(path)
         if size < 8:
             raise ExportError(f"{path}: truncated safetensors file ({size} bytes)")
@@ -730,7 +739,7 @@ def open_safetensors(model_dir):
 def read_json(path):
     """A JSON object from a file."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(reading(path), encoding="utf-8") as f:
             value = json.load(f)
     except ValueError as e:
         raise ExportError(f"{path}: not valid JSON ({e})")
@@ -1587,12 +1596,32 @@ def output_target(path):
     return target
 
 
+def check_not_an_input(path, target):
+    """Refuse an output that is a file this run read (config.json, a tokenizer file, a shard,
+    the index, the checkpoint): the rename would replace the input with the output. Compared
+    as (device, inode), so that a hard link, a symlink or another spelling of the path is
+    caught too; an output that does not exist yet cannot be an input."""
+    try:
+        out = os.stat(target)
+    except OSError:
+        return
+    for source in INPUTS:
+        try:
+            st = os.stat(source)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == (out.st_dev, out.st_ino):
+            raise ExportError(f"{path}: is the input file {source}; export.py never writes over its inputs (give "
+                              "another output path)")
+
+
 def write_atomically(path, write):
     """Call write(file) on a temporary file next to the output, then rename it to the output.
 
     Every failure names the path the user gave, never the temporary file.
     """
     target = output_target(path)
+    check_not_an_input(path, target)
     tmp = f"{target}.tmp{os.getpid()}"
     try:
         try:
@@ -1632,7 +1661,10 @@ def export_checkpoint(args):
             raise FlagError(f"--rope-theta / --rope-fraction: {e}")
     if args.legacy:
         check_legacy(c)
-        if tokenizer is not None or (os.path.isdir(args.input) and find_tokenizer(args.input)):
+        left_out = os.path.isdir(args.input) and find_tokenizer(args.input)
+        if left_out:
+            reading(left_out)  # not read, but still the model's file: not to be written over
+        if tokenizer is not None or left_out:
             warn("llama2.c's legacy format has no tokenizer section: the tokenizer is left out (convert it with "
                  "--tokenizer and give it to run with -z)")
         write_atomically(args.output, lambda f: write_legacy(f, c, tensors, args.output))
@@ -1726,7 +1758,7 @@ def read_sentencepiece_model(path):
     TrainerSpec {3: model_type, 35: byte_fallback, 41: bos_id, 42: eos_id}; field 3 =
     NormalizerSpec {1: name, 3: add_dummy_prefix, 4: remove_extra_whitespaces}.
     """
-    with open(path, "rb") as f:
+    with open(reading(path), "rb") as f:
         buf = f.read()
     m = SentencePieceModel()
     try:
@@ -2261,7 +2293,7 @@ def tokenizer_sidecars(tokenizer_path):
         found.append(read_json(path) if os.path.isfile(path) else {})
     chat_jinja = os.path.join(folder, "chat_template.jinja")
     if not found[0].get("chat_template") and os.path.isfile(chat_jinja):
-        with open(chat_jinja, encoding="utf-8") as f:
+        with open(reading(chat_jinja), encoding="utf-8") as f:
             found[0]["chat_template"] = f.read()
     return found
 
@@ -2628,6 +2660,8 @@ def parse_args(argv):
 def main(argv=None):
     """Run the command line; return the exit code."""
     args = parse_args(argv)
+    INPUTS.clear()
+    LATER.clear()
     try:
         if args.tokenizer is not None and is_sentencepiece_path(args.tokenizer):
             export_tokenizer(args.tokenizer, args.tokenizer_out)

@@ -464,9 +464,8 @@ def test_hf_without_lm_head_is_tied(tmp_path):
     assert header["shared_classifier"] == 1
 
 
-def test_hf_sharded(tmp_path):
-    model = write_hf(tmp_path / "m")
-    assert run_export(model, tmp_path / "single.bin").returncode == 0
+def shard(model):
+    """Replace a write_hf directory's model.safetensors by two shards and their index."""
     weights = hf_weights()
     os.remove(model / "model.safetensors")
     names = sorted(weights)
@@ -475,6 +474,13 @@ def test_hf_sharded(tmp_path):
         (model / file).write_bytes(safetensors_bytes({n: encode(weights[n], "F32") for n in part}))
     index = {"metadata": {}, "weight_map": {n: f for f, part in files.items() for n in part}}
     (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    return model
+
+
+def test_hf_sharded(tmp_path):
+    model = write_hf(tmp_path / "m")
+    assert run_export(model, tmp_path / "single.bin").returncode == 0
+    shard(model)
     assert run_export(model, tmp_path / "sharded.bin").returncode == 0
     assert (tmp_path / "single.bin").read_bytes() == (tmp_path / "sharded.bin").read_bytes()
 
@@ -814,3 +820,61 @@ def test_rope_theta_flag_is_checked_against_the_model(tmp_path, export_run):
     # the same theta with no rotating pair is fine, and run loads it
     r = export_run(tmp_path / "ok.bin", tmp_path / "p0.bin", "--rope-theta", "1e-40", "--rope-fraction", "0")
     assert r.returncode == 0, r.stderr
+
+
+# ----------------------------------------------------------------------------
+# Outputs never overwrite inputs: `export.py DIR DIR/config.json` replaced config.json
+
+
+@pytest.mark.parametrize("name, sharded", [
+    ("config.json", False),
+    ("model.safetensors", False),
+    ("model-00002-of-00002.safetensors", True),
+    ("model.safetensors.index.json", True),
+])
+def test_output_that_is_an_input_of_the_model_is_refused(tmp_path, export_run, name, sharded):
+    model = write_hf(tmp_path / "m")
+    if sharded:
+        shard(model)
+    before = (model / name).read_bytes()
+    r = export_run(model, model / name)
+    assert_fails(r, EXIT_BAD_INPUT, f"{model / name}: is the input file", "never writes over its inputs")
+    assert (model / name).read_bytes() == before and not any(".tmp" in f for f in os.listdir(model))
+
+
+def test_output_that_is_another_spelling_or_a_link_of_an_input_is_refused(tmp_path, export_run):
+    """Compared by device and inode: ./, .., a symlink and a hard link all name the same file."""
+    model = write_hf(tmp_path / "m")
+    config = model / "config.json"
+    before = config.read_bytes()
+    os.symlink(config, tmp_path / "link.json")
+    os.link(config, tmp_path / "hard.json")
+    for out in (f"{model}/./config.json", f"{model}/../m/config.json", tmp_path / "link.json",
+                tmp_path / "hard.json"):
+        assert_fails(export_run(model, out), EXIT_BAD_INPUT, f"{out}: is the input file")
+    assert config.read_bytes() == before and os.path.islink(tmp_path / "link.json")
+
+
+def test_output_that_is_the_input_checkpoint_is_refused(tmp_path, export_run):
+    assert export_run(write_hf(tmp_path / "m"), tmp_path / "a.bin").returncode == 0
+    before = (tmp_path / "a.bin").read_bytes()
+    for out in (tmp_path / "a.bin", f"{tmp_path}/./a.bin"):
+        for flags in ([], ["--legacy"], ["--rope-theta", "20000"]):
+            assert_fails(export_run(tmp_path / "a.bin", out, *flags), EXIT_BAD_INPUT, "is the input file")
+    assert (tmp_path / "a.bin").read_bytes() == before
+
+
+def test_output_that_is_the_input_tokenizer_model_is_refused(tmp_path, export_run):
+    model = tmp_path / "sp.model"
+    model.write_bytes(sentencepiece_model([("<unk>", 0.0), ("<s>", 0.0), ("</s>", 0.0)]))
+    before = model.read_bytes()
+    assert_fails(export_run("--tokenizer", model, "-o", model), EXIT_BAD_INPUT, f"{model}: is the input file")
+    assert model.read_bytes() == before
+
+
+def test_output_beside_the_inputs_is_written(tmp_path, export_run):
+    """Not a collision: a new file in the model's directory, and a file that exists but is not read."""
+    model = write_hf(tmp_path / "m")
+    assert export_run(model, model / "out.bin").returncode == 0
+    (model / "README.md").write_text("notes")
+    assert export_run(model, model / "README.md").returncode == 0
