@@ -163,9 +163,24 @@ class FlagError(ExportError):
     """A flag's value that the model refuses (found after reading it): one line, exit code EXIT_BAD_USAGE."""
 
 
+LATER = []  # stderr lines kept until the export succeeds: a refusal is its error line alone
+
+
+def say_later(message):
+    """Keep an "export.py: ..." line for stderr until the export has succeeded (main prints it)."""
+    LATER.append(f"export.py: {message}")
+
+
+def say_now():
+    """Print the lines say_later kept."""
+    for line in LATER:
+        print(line, file=sys.stderr)
+    LATER.clear()
+
+
 def warn(message):
-    """Print one warning line on stderr."""
-    print(f"export.py: warning: {message}", file=sys.stderr)
+    """A warning line for stderr, printed once the export has succeeded."""
+    say_later(f"warning: {message}")
 
 
 def f32(x):
@@ -1365,10 +1380,10 @@ def read_hf(model_dir):
     if rename("lm_head.weight") not in files:
         c.shared_classifier = True  # no lm_head: the embedding is the classifier
     c.check()
-    if rotary_dim != c.head_dim:  # said once the checks passed: a refused file gets its one error line only
+    if rotary_dim != c.head_dim:
         f = hf_rope_parameters(config)[3]
-        print(f"export.py: partial_rotary_factor {f} (GPT-NeoX semantics) stored exactly as p-RoPE "
-              f"with theta = {show(c.rope_theta)}, p = {show(c.rope_fraction)}", file=sys.stderr)
+        say_later(f"partial_rotary_factor {f} (GPT-NeoX semantics) stored exactly as p-RoPE "
+                  f"with theta = {show(c.rope_theta)}, p = {show(c.rope_fraction)}")
     order = pair_permutation(c.head_dim, rotary_dim)
     # the rows of each query and key head (and their biases and norm weights) into adjacent pairs
     heads = {"wq": c.n_heads, "wk": c.n_kv_heads, "bq": c.n_heads, "bk": c.n_kv_heads, "q_norm": 1, "k_norm": 1}
@@ -1648,8 +1663,8 @@ def export_checkpoint(args):
         raise ExportError(f"{args.input}: no such file or directory")
     weight_type = "f32" if args.legacy else args.dtype or source_type  # llama2.c's formats are float32
     if weight_type != "f32" and weight_type != source_type:
-        print(f"export.py: narrowing the matrices and the embedding from {source_type} to {weight_type} "
-              f"(rounded to nearest even)", file=sys.stderr)
+        say_later(f"narrowing the matrices and the embedding from {source_type} to {weight_type} "
+                  f"(rounded to nearest even)")
     if args.rope_theta is not None:
         c.rope_theta = args.rope_theta
     if args.rope_fraction is not None:
@@ -1899,21 +1914,6 @@ TEMPLATE_EOT = {"llama3": "<|eot_id|>", "chatml": "<|im_end|>", "gemma": "<end_o
 TEMPLATE_SPECIALS = {"llama3": ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
                      "chatml": ["<|im_start|>", "<|im_end|>"], "gemma": ["<start_of_turn>", "<end_of_turn>"],
                      "qwen2.5": ["<|im_start|>", "<|im_end|>"], "smollm2": ["<|im_start|>", "<|im_end|>"]}
-
-
-LATER = []  # stderr lines about a tokenizer, printed once it has passed every check (a refusal is one line)
-
-
-def say_later(message):
-    """Keep an "export.py: ..." line for stderr until the tokenizer is accepted."""
-    LATER.append(f"export.py: {message}")
-
-
-def say_now():
-    """Print the lines say_later kept."""
-    for line in LATER:
-        print(line, file=sys.stderr)
-    LATER.clear()
 
 
 class Tokenizer:
@@ -2550,9 +2550,7 @@ def hf_tokenizer(model_dir, vocab_size, template_name=None):
     tok = read_model_tokenizer(path, template_name)
     drop_tail_beyond(tok, vocab_size)
     check_tokenizer(tok, vocab_size)
-    data = tokenizer_bytes(tok)
-    say_now()
-    return data
+    return tokenizer_bytes(tok)
 
 
 def is_sentencepiece_path(path):
@@ -2575,7 +2573,6 @@ def export_tokn(path, out_path, template_name=None):
     tok = read_model_tokenizer(path, template_name)
     check_tokenizer(tok)
     data = tokenizer_bytes(tok)
-    say_now()
     write_atomically(out_path, lambda f: f.write(data))
     print(f"wrote {out_path} (TOKN): {len(tok.pieces)} tokens, {len(tok.merges)} merges, {len(data)} bytes")
 
@@ -2662,6 +2659,7 @@ def main(argv=None):
     args = parse_args(argv)
     INPUTS.clear()
     LATER.clear()
+    code = EXIT_BAD_INPUT
     try:
         if args.tokenizer is not None and is_sentencepiece_path(args.tokenizer):
             export_tokenizer(args.tokenizer, args.tokenizer_out)
@@ -2670,8 +2668,7 @@ def main(argv=None):
         else:
             export_checkpoint(args)
     except FlagError as e:
-        print(f"export.py: error: {' '.join(str(e).split())}", file=sys.stderr)
-        return EXIT_BAD_USAGE
+        message, code = str(e), EXIT_BAD_USAGE
     except ExportError as e:
         message = str(e)
     except OSError as e:
@@ -2679,10 +2676,13 @@ def main(argv=None):
     except Exception as e:  # a bug, or input no check foresaw: still one line, no traceback
         message = f"unexpected {type(e).__name__}: {e}"
     else:
+        say_now()  # the notes and warnings of an export that succeeded
         return 0
-    LATER.clear()  # notes about a tokenizer that was refused
+    LATER.clear()  # a refusal is its one error line, without the notes gathered before it
+    # a lone surrogate (from a JSON "\ud800") cannot be printed as UTF-8: escaped instead
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     print(f"export.py: error: {' '.join(message.split())}", file=sys.stderr)
-    return EXIT_BAD_INPUT
+    return code
 
 
 if __name__ == "__main__":
