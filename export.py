@@ -1668,7 +1668,12 @@ def export_checkpoint(args):
     if args.rope_theta is not None:
         c.rope_theta = args.rope_theta
     if args.rope_fraction is not None:
+        pairs = rotated_pairs(c)
         c.rope_fraction = args.rope_fraction
+        if c.rope_scaling == RULE_LONGROPE and rotated_pairs(c) != pairs:
+            raise FlagError(f"--rope-fraction {args.rope_fraction:g}: this model's longrope factors are defined per "
+                            f"rotated pair of the model as trained ({pairs} pairs); p {show(args.rope_fraction)} "
+                            f"would rotate {rotated_pairs(c)}")
     if args.rope_theta is not None or args.rope_fraction is not None:
         try:  # the file's values passed: a failure now is the flags' (a theta whose angles overflow)
             c.check()

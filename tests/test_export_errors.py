@@ -878,3 +878,19 @@ def test_output_beside_the_inputs_is_written(tmp_path, export_run):
     assert export_run(model, model / "out.bin").returncode == 0
     (model / "README.md").write_text("notes")
     assert export_run(model, model / "README.md").returncode == 0
+
+
+def test_rope_fraction_that_changes_a_longrope_models_pairs_is_refused(tmp_path, export_run):
+    """The factors are one per rotated pair of the model as trained: another pair count would make run read
+    past them (the file's size disagreed with its header)."""
+    import family_fixtures
+    family_fixtures.write_checkpoint(tmp_path / "phi4", "Phi-4-mini")  # head_dim 128, p 0.75: 48 pairs
+    for source in (tmp_path / "phi4", tmp_path / "phi4.bin"):
+        if source.suffix:
+            assert export_run(tmp_path / "phi4", source).returncode == 0
+        r = export_run(source, tmp_path / "out.bin", "--rope-fraction", "0.5")
+        assert_fails(r, EXIT_BAD_USAGE, "--rope-fraction 0.5: this model's longrope factors", "(48 pairs)",
+                     "would rotate 32")
+        assert not os.path.exists(tmp_path / "out.bin")
+    r = export_run(tmp_path / "phi4.bin", tmp_path / "same.bin", "--rope-fraction", "0.75", "--rope-theta", "20000")
+    assert r.returncode == 0, r.stderr
