@@ -51,6 +51,7 @@ checkpoints are already in the adjacent-pair layout and are copied unchanged.
 """
 
 import argparse
+import copy
 import functools
 import itertools
 import json
@@ -119,8 +120,10 @@ SUPPORTED_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCaus
 GEMMA_FAMILIES = {"gemma", "gemma2", "gemma3_text"}
 # the families whose config.json may give a head_dim other than hidden_size / num_attention_heads
 EXPLICIT_HEAD_DIM = {"qwen3"} | GEMMA_FAMILIES
-# Gemma's activations: transformers runs every Gemma checkpoint with the tanh GELU
-# (GemmaConfig turns hidden_act "gelu" into gelu_pytorch_tanh), as gemma_pytorch does
+# Gemma's activations: run.c computes the tanh GELU only. transformers runs hidden_activation
+# as written ("gelu" is the exact erf GELU there, so it is refused); without one, Gemma 1's
+# hidden_act "gelu" becomes gelu_pytorch_tanh (GemmaMLP's legacy path, as gemma_pytorch runs it)
+# and Gemma 2 and 3 ignore hidden_act
 GEMMA_ACTIVATIONS = {"gelu", "gelu_pytorch_tanh"}
 DTYPE_NAMES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}  # config.json's torch_dtype
 INT32_MAX = 2**31 - 1
@@ -291,6 +294,36 @@ class Config:
         if not (math.isfinite(f32(self.norm_eps)) and f32(self.norm_eps) > 0):
             raise ExportError(f"norm_eps {self.norm_eps} must be finite and > 0 (in float32, as it is stored)")
         check_rope_values(self)
+        check_block_values(self)
+
+
+def check_block_values(c):
+    """Refuse version 2's block options as run.c's parse_header_v2 refuses them: a float option is
+    0 (its default) or finite and > 0 in float32; one that rounds to 0 would silently read as the
+    default. The second RoPE setting (theta only, no rule) is checked as the first is."""
+    if not 0 <= c.activation < len(ACTIVATIONS):
+        raise ExportError(f"activation {c.activation} is not one of 0 swiglu, 1 geglu-tanh")
+    for name in ("embedding_multiplier", "attention_scale", "attention_softcap", "final_softcap"):
+        value = getattr(c, name)
+        if value and not (value > 0 and math.isfinite(f32(value)) and f32(value) > 0):
+            raise ExportError(f"{name} {value} must be finite and > 0 in float32 (0: the default)")
+    if c.rope2 is not None:
+        try:
+            check_rope_values(second_setting(c))
+        except ExportError as e:
+            raise ExportError(f"the second RoPE setting: {e}")
+    if c.rope_scaling == RULE_LONGROPE and c.longrope_factors is not None:  # (a ROPE file's: once mapped)
+        shape = np.shape(c.longrope_factors)
+        if shape != (2, rotated_pairs(c)):
+            raise ExportError(f"longrope needs 2 x {rotated_pairs(c)} factors (short, long), not {shape}")
+
+
+def second_setting(c):
+    """A Config whose first RoPE setting is c's second one (theta, p 1, no rule), for the checks."""
+    second = copy.copy(c)
+    second.rope_theta, second.rope_fraction, second.rope2, second.longrope_factors = c.rope2["rope_theta"], 1.0, None, None
+    second.set_scaling()
+    return second
 
 
 def check_rope_values(c):
@@ -342,22 +375,36 @@ def rotated_pairs(c):
 
 
 def check_rope_angles(c):
-    """Refuse a theta so small that a rotated pair's angle overflows float32 in run.c's tables.
+    """Refuse a theta (or longrope factor) so small that a rotated pair's angle overflows float32
+    in run.c's tables.
 
     omega_i = theta^(-2i/head_dim) grows with i when theta < 1; run.c refuses a file
     where (seq_len - 1) * omega_i is not finite in float32 for a rotated pair i. The
     scaling rules only lower frequencies (ntk raises the base), so the unscaled ones
-    bound them. Checked in logarithms with a margin of 2, so that float32 rounding in
-    run.c cannot tip a file written here over its limit.
+    bound them, except longrope, which divides omega_i by its factor for pair i: a factor
+    below 1 raises it (both sets are checked: run picks one by the context in use). Checked
+    in logarithms with a margin of 2, so that float32 rounding in run.c cannot tip a file
+    written here over its limit.
     """
     theta, pairs = f32(c.rope_theta), rotated_pairs(c)
-    if pairs < 1 or theta >= 1:
+    limit, log_last = math.log(FLT_MAX / 2), math.log(max(c.seq_len - 1, 1))
+    if pairs < 1:
         return
     i = pairs - 1
-    log_angle = math.log(max(c.seq_len - 1, 1)) - 2 * i / c.head_dim * math.log(theta)
-    if log_angle >= math.log(FLT_MAX / 2):
+    if theta < 1 and log_last - 2 * i / c.head_dim * math.log(theta) >= limit:
         raise ExportError(f"rope_theta {show(theta)} is too small: pair {i} would turn through an angle beyond "
                           f"float32's range by position {c.seq_len - 1} (run.c refuses it)")
+    if c.rope_scaling != RULE_LONGROPE or c.longrope_factors is None:
+        return
+    for name, factors in zip(("short_factor", "long_factor"), c.longrope_factors):
+        for i in range(min(pairs, len(factors))):
+            factor = f32(factors[i])
+            if not (math.isfinite(factor) and factor > 0):
+                raise ExportError(f"longrope {name}[{i}] {factors[i]} must be finite and > 0 in float32")
+            if log_last - 2 * i / c.head_dim * math.log(theta) - math.log(factor) >= limit:
+                raise ExportError(f"longrope {name}[{i}] {float(factors[i]):g} is too small: pair {i}'s frequency divided "
+                                  f"by it turns through an angle beyond float32's range by position {c.seq_len - 1} "
+                                  "(run.c refuses it)")
 
 
 def describe_rope(c):
@@ -486,6 +533,12 @@ def read_rope(path, data):
         check_size(path, "ROPE", HEADER_BYTES + 4 * n_floats(shapes))
         return c, map_floats(path, HEADER_BYTES, shapes), weight_type, None
     tensors, end = map_aligned(path, c, weight_type)
+    if c.rope_scaling == RULE_LONGROPE and "rope_factors" in tensors:  # the factors, checked as run checks them
+        c.longrope_factors = tensors["rope_factors"]
+        try:
+            c.check()
+        except ExportError as e:
+            raise ExportError(f"{path}: {e}")
     tokenizer = None
     if tok_offset or tok_bytes:
         if tok_offset != end + -end % TENSOR_ALIGNMENT or tok_bytes < TOKN_HEADER_BYTES:
@@ -808,10 +861,51 @@ def hf_int(config, key, default=None):
 
 
 def hf_number(value, what):
-    """A JSON number (not a bool) as a float."""
+    """A JSON number (not a bool) as a float (inf for an integer beyond a double's range)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ExportError(f"config.json: {what} {value!r} is not a number")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
+def hf_positive(value, key, why):
+    """A config.json number stored as a float32 that must be finite and > 0 (0 would read as the
+    format's default): refused naming the key, the value and why."""
+    x = hf_number(value, key)
+    if not (x > 0 and math.isfinite(f32(x)) and f32(x) > 0):
+        raise ExportError(f"config.json: {key} {json.dumps(value)}: must be finite and > 0 in float32, as it is "
+                          f"stored ({why})")
+    return x
+
+
+def hf_dtype(config):
+    """The weights' type config.json names (torch_dtype, or transformers 5's dtype): f32, bf16 or f16."""
+    for key in ("torch_dtype", "dtype"):
+        name = json_str(config, key)
+        if name:
+            return DTYPE_NAMES.get(name, "f32")
+    return "f32"
+
+
+def hf_attention_scale(config):
+    """Gemma 2 and 3: query_pre_attn_scalar s gives the attention scale 1 / sqrt(s) (0: none given)."""
+    value = config.get("query_pre_attn_scalar")
+    if value is None:
+        return 0.0
+    x = hf_number(value, "query_pre_attn_scalar")
+    if not (x > 0 and math.isfinite(x)):
+        raise ExportError(f"config.json: query_pre_attn_scalar {json.dumps(value)}: must be finite and > 0 (the "
+                          "attention scale is 1 / sqrt of it)")
+    scale = f32(x ** -0.5)
+    if not math.isfinite(scale):
+        raise ExportError(f"config.json: query_pre_attn_scalar {json.dumps(value)}: the attention scale 1 / sqrt of "
+                          "it overflows float32")
+    if scale == 0:
+        raise ExportError(f"config.json: query_pre_attn_scalar {json.dumps(value)}: the attention scale 1 / sqrt of "
+                          "it is 0 in float32, which the format reads as the default 1 / sqrt(head_dim)")
+    return x ** -0.5
 
 
 def check_architecture(config):
@@ -836,9 +930,16 @@ def check_architecture(config):
     act = json_str(config, "hidden_act")
     act = HF_DEFAULTS["hidden_act"] if act is None else act
     if model_type in GEMMA_FAMILIES:
-        act = json_str(config, "hidden_activation") or json_str(config, "hidden_act") or "gelu_pytorch_tanh"
-        if act not in GEMMA_ACTIVATIONS:
-            raise ExportError(f"config.json: hidden_activation {act!r} is not supported for {model_type} (only "
+        explicit = json_str(config, "hidden_activation")
+        if explicit == "gelu":
+            raise ExportError("config.json: hidden_activation 'gelu': the exact (erf) GELU is not supported; run.c "
+                              "computes the tanh GELU only ('gelu_pytorch_tanh', what Gemma is trained with)")
+        if explicit is not None and explicit != "gelu_pytorch_tanh":
+            raise ExportError(f"config.json: hidden_activation {explicit!r} is not supported for {model_type} (only "
+                              "'gelu_pytorch_tanh', as Gemma runs)")
+        act = json_str(config, "hidden_act") or "gelu_pytorch_tanh"
+        if explicit is None and act not in GEMMA_ACTIVATIONS:
+            raise ExportError(f"config.json: hidden_act {act!r} is not supported for {model_type} (only "
                               "'gelu_pytorch_tanh', as Gemma runs)")
     elif act != "silu":
         raise ExportError(f"config.json: hidden_act {act!r} is not supported (only 'silu': run.c's SwiGLU)")
@@ -949,18 +1050,21 @@ def hf_config(config):
     if model_type in GEMMA_FAMILIES:
         c.activation = ACTIVATIONS.index("geglu-tanh")
         # the embedding times sqrt(hidden_size), rounded to the model's dtype as Gemma computes it
-        dtype = DTYPE_NAMES.get(config.get("torch_dtype") or config.get("dtype") or "float32", "f32")
-        c.embedding_multiplier = float(narrow_scalar(math.sqrt(dim), dtype))
+        c.embedding_multiplier = float(narrow_scalar(math.sqrt(dim), hf_dtype(config)))
     if model_type in ("gemma2", "gemma3_text"):
         c.post_norms = True
-        scalar = config.get("query_pre_attn_scalar")
-        if scalar is not None:
-            c.attention_scale = hf_number(scalar, "query_pre_attn_scalar") ** -0.5
+        c.attention_scale = hf_attention_scale(config)
         for key, field in (("attn_logit_softcapping", "attention_softcap"), ("final_logit_softcapping", "final_softcap")):
-            if config.get(key) is not None:
-                setattr(c, field, hf_number(config[key], key))
+            if config.get(key) is not None:  # null: no cap
+                setattr(c, field, hf_positive(config[key], key, "a cap; null for none, run.c refuses the rest"))
     if model_type == "gemma3_text":  # the local layers' setting: rope_local_base_freq, no rule
-        c.rope2 = {"rope_theta": hf_number(config.get("rope_local_base_freq", 10000.0), "rope_local_base_freq")}
+        value = config.get("rope_local_base_freq")
+        theta = 10000.0 if value is None else hf_positive(value, "rope_local_base_freq", "the local layers' theta")
+        c.rope2 = {"rope_theta": theta}
+        try:
+            check_rope_angles(second_setting(c))
+        except ExportError as e:
+            raise ExportError(f"config.json: rope_local_base_freq {json.dumps(value)}: {e}")
     return c
 
 
@@ -1371,9 +1475,14 @@ def read_hf(model_dir):
     c.rope_theta, c.rope_fraction, scaling, rotary_dim = hf_rope(config, c.head_dim, c.seq_len)
     c.longrope_factors = scaling.pop("longrope_factors", None)
     c.set_scaling(**scaling)
-    if c.longrope_factors is not None and len(c.longrope_factors[0]) != rotated_pairs(c):
-        raise ExportError(f"config.json: longrope has {len(c.longrope_factors[0])} factors per set for "
-                          f"{rotated_pairs(c)} rotated pairs")
+    if c.longrope_factors is not None:
+        if len(c.longrope_factors[0]) != rotated_pairs(c):
+            raise ExportError(f"config.json: longrope has {len(c.longrope_factors[0])} factors per set for "
+                              f"{rotated_pairs(c)} rotated pairs")
+        try:
+            check_rope_angles(c)
+        except ExportError as e:
+            raise ExportError(f"config.json: {e}")
     files = open_safetensors(model_dir)
     rename = hf_text_model_names(files) if multimodal else (lambda name: name)
     fused = config.get("model_type") == "phi3"

@@ -894,3 +894,83 @@ def test_rope_fraction_that_changes_a_longrope_models_pairs_is_refused(tmp_path,
         assert not os.path.exists(tmp_path / "out.bin")
     r = export_run(tmp_path / "phi4.bin", tmp_path / "same.bin", "--rope-fraction", "0.75", "--rope-theta", "20000")
     assert r.returncode == 0, r.stderr
+
+
+# ----------------------------------------------------------------------------
+# Every family's values, checked where config.json gives them, as run checks what is stored
+
+
+def family_model(tmp_path, name, **changes):
+    """A small checkpoint of model `name` (tests/family_fixtures.py) with config.json's text
+    config changed; a value None removes the key."""
+    import family_fixtures
+    config = family_fixtures.shrink(name)
+    text = family_fixtures._text(config)
+    for key, value in changes.items():
+        if value is None:
+            text.pop(key, None)
+        else:
+            text[key] = value
+    family_fixtures.write_checkpoint(tmp_path / "m", name, config=config)
+    return tmp_path / "m"
+
+
+def with_long_factor(i, value):
+    import family_fixtures
+    rope = json.loads(json.dumps(family_fixtures.REAL_CONFIGS["Phi-4-mini"]["rope_scaling"]))
+    rope["long_factor"][i] = value
+    return {"rope_scaling": rope}
+
+
+@pytest.mark.parametrize("name, change, words", [
+    # Gemma 2's soft-caps: run refuses a negative one; 0 (or a value that is 0 in float32) would read as "no cap"
+    ("Gemma-2-2B", {"attn_logit_softcapping": -50.0}, ["config.json: attn_logit_softcapping -50.0: must be finite "
+                                                       "and > 0 in float32"]),
+    ("Gemma-2-2B", {"final_logit_softcapping": 0}, ["config.json: final_logit_softcapping 0: must be"]),
+    ("Gemma-2-2B", {"final_logit_softcapping": 1e-50}, ["final_logit_softcapping 1e-50: must be"]),
+    ("Gemma-2-2B", {"final_logit_softcapping": 1e39}, ["final_logit_softcapping 1e+39: must be"]),
+    ("Gemma-2-2B", {"attn_logit_softcapping": "50"}, ["attn_logit_softcapping '50' is not a number"]),
+    # the attention scale 1 / sqrt(query_pre_attn_scalar)
+    ("Gemma-2-2B", {"query_pre_attn_scalar": 0}, ["config.json: query_pre_attn_scalar 0: must be finite and > 0"]),
+    ("Gemma-3-1B", {"query_pre_attn_scalar": -256}, ["query_pre_attn_scalar -256: must be finite and > 0"]),
+    ("Gemma-2-2B", {"query_pre_attn_scalar": 10**400}, ["query_pre_attn_scalar 1000", "must be finite and > 0"]),
+    ("Gemma-2-2B", {"query_pre_attn_scalar": 1e100}, ["query_pre_attn_scalar 1e+100: the attention scale",
+                                                      "is 0 in float32", "default 1 / sqrt(head_dim)"]),
+    ("Gemma-2-2B", {"query_pre_attn_scalar": 1e-90}, ["query_pre_attn_scalar 1e-90: the attention scale",
+                                                      "overflows float32"]),
+    # Gemma 3's second setting: the local layers' theta
+    ("Gemma-3-1B", {"rope_local_base_freq": -1.0}, ["config.json: rope_local_base_freq -1.0: must be finite and > 0"]),
+    ("Gemma-3-1B", {"rope_local_base_freq": 0}, ["rope_local_base_freq 0: must be finite and > 0"]),
+    ("Gemma-3-1B", {"rope_local_base_freq": 1e-50}, ["rope_local_base_freq 1e-50: must be"]),
+    ("Gemma-3-1B", {"rope_local_base_freq": 1e39}, ["rope_local_base_freq 1e+39: must be"]),
+    ("Gemma-3-1B", {"rope_local_base_freq": 1e-37}, ["config.json: rope_local_base_freq 1e-37: rope_theta 1e-37 is "
+                                                     "too small: pair 127"]),
+    # the exact GELU, which run does not compute
+    ("Gemma-2-2B", {"hidden_activation": "gelu"}, ["config.json: hidden_activation 'gelu': the exact (erf) GELU is "
+                                                   "not supported"]),
+    ("Gemma-2B", {"hidden_activation": "gelu", "hidden_act": "gelu"}, ["hidden_activation 'gelu'"]),
+    ("Gemma-3-1B", {"torch_dtype": ["bfloat16"]}, ['config.json: torch_dtype ["bfloat16"] must be a string']),
+    # longrope factors so small that the angles overflow
+    ("Phi-4-mini", with_long_factor(5, 1e-40), ["config.json: longrope long_factor[5] 1e-40 is too small",
+                                                "pair 5"]),
+])
+def test_family_values_are_checked_as_run_checks_them(tmp_path, export_run, name, change, words):
+    model = family_model(tmp_path, name, **change)
+    r = export_run(model, tmp_path / "out.bin")
+    assert_fails(r, EXIT_BAD_INPUT, *words)
+    assert not os.path.exists(tmp_path / "out.bin")
+
+
+@pytest.mark.parametrize("name, change", [
+    ("Gemma-2B", {"hidden_act": "gelu", "hidden_activation": None}),  # transformers runs it as the tanh GELU
+    ("Gemma-2-2B", {"hidden_act": "gelu"}),  # hidden_activation gelu_pytorch_tanh is what Gemma 2 reads
+    ("Gemma-2-2B", {"query_pre_attn_scalar": 1e60, "final_logit_softcapping": 1e-30}),  # tiny but not 0 in float32
+    ("Gemma-3-1B", {"rope_local_base_freq": 1e-30, "torch_dtype": None, "dtype": "float16"}),
+])
+def test_family_values_near_the_limits_are_written_and_run_loads_them(tmp_path, export_run, name, change):
+    from conftest import run
+    model = family_model(tmp_path, name, **change)
+    r = export_run(model, tmp_path / "out.bin")
+    assert r.returncode == 0, r.stderr
+    loaded = run(tmp_path / "out.bin", "-m", "rope")
+    assert loaded.returncode == 0, loaded.stderr
