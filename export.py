@@ -1410,6 +1410,7 @@ def lazy_tensor(file, name, heads=None, order=None, plus_one=False, rows=None):
         if plus_one:
             w = widen(w) + np.float32(1)
         return w if order is None else permute_heads(w, heads, order)
+    load.source = name  # what a refusal of its values names
     return load
 
 
@@ -1564,14 +1565,27 @@ class Progress:
             self.open = False
 
 
+def check_finite(array, name):
+    """Refuse a NaN or infinite weight (of any weight type), naming the tensor and where: run would
+    compute NaN from it."""
+    bad = (array & 0x7F80) == 0x7F80 if array.dtype == np.uint16 else ~np.isfinite(array)  # bf16: exponent all ones
+    if bad.any():
+        at = np.unravel_index(np.argmax(bad), array.shape)
+        value = widen(np.asarray(array[at]).reshape(1))[0]
+        raise ExportError(f"tensor {name}: the weight at {list(map(int, at))} is {value}; NaN and infinite weights "
+                          "are refused (every output would be NaN)")
+
+
 def write_tensor(f, pieces, progress, weight_type="f32", name=""):
     """Write a tensor, little-endian, as weight_type (f32, bf16 or f16): an array, or a list of
-    arrays / loaders, in any weight type (see weight_type_of; other float arrays as float32)."""
+    arrays / loaders, in any weight type (see weight_type_of; other float arrays as float32).
+    A NaN or infinite weight is refused, naming the tensor it was read from."""
     pieces = pieces if isinstance(pieces, list) else [pieces]
     for i, piece in enumerate(pieces):
         array = piece() if callable(piece) else piece
         if not isinstance(array, np.ndarray) or array.dtype not in (np.float32, np.float16, np.uint16):
             array = np.asarray(array, dtype=np.float32)
+        check_finite(array, getattr(piece, "source", name))
         array = convert_weights(array, weight_type, name)
         data = memoryview(np.ascontiguousarray(array, dtype=NUMPY_STORAGE[weight_type])).cast("B")
         f.write(data)

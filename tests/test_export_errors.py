@@ -974,3 +974,23 @@ def test_family_values_near_the_limits_are_written_and_run_loads_them(tmp_path, 
     assert r.returncode == 0, r.stderr
     loaded = run(tmp_path / "out.bin", "-m", "rope")
     assert loaded.returncode == 0, loaded.stderr
+
+
+@pytest.mark.parametrize("dtype, value", [("F32", np.nan), ("BF16", np.inf), ("F16", -np.inf)])
+def test_nan_or_infinite_weight_is_refused_naming_the_tensor(tmp_path, export_run, dtype, value):
+    weights = hf_weights()
+    weights["model.layers.0.mlp.down_proj.weight"][3, 5] = value
+    model = write_hf(tmp_path / "m", weights=weights, dtype=dtype)
+    r = export_run(model, tmp_path / "out.bin", "--dtype", "bf16")  # a narrowing note is not printed either
+    assert_fails(r, EXIT_BAD_INPUT, "tensor model.layers.0.mlp.down_proj.weight: the weight at [3, 5] is "
+                 f"{np.float32(value)}", "refused")
+    assert not os.path.exists(tmp_path / "out.bin") and os.listdir(tmp_path) == ["m"]
+
+
+def test_nan_weight_in_a_rope_file_is_refused(tmp_path, export_run):
+    assert export_run(write_hf(tmp_path / "m"), tmp_path / "a.bin").returncode == 0
+    data = bytearray((tmp_path / "a.bin").read_bytes())
+    struct.pack_into("<f", data, 256 + 4 * 7, np.nan)  # token_embedding[0][7]
+    (tmp_path / "nan.bin").write_bytes(data)
+    assert_fails(export_run(tmp_path / "nan.bin", tmp_path / "out.bin"), EXIT_BAD_INPUT,
+                 "tensor token_embedding: the weight at [0, 7] is nan")
