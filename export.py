@@ -2057,6 +2057,7 @@ class Tokenizer:
         self.merged = set()  # ids some merge produces
         self.post_bos = None  # the id the tokenizer file itself puts before a text (None: none)
         self.sp_eos = None    # a tokenizer.model's own eos id
+        self.template_flag = False  # the chat template came from --template (else tokenizer_config.json)
 
     def describe(self):
         """One line: the kind, the scheme, the flags and the special tokens."""
@@ -2218,7 +2219,7 @@ def sp_json_pretokenizer(node, replaces_spaces):
     return flags
 
 
-def post_processor_bos(node, special_ids):
+def post_processor_bos(node, special_ids, n_tokens):
     """The id the post_processor puts before a single text (TemplateProcessing), or None."""
     bos = None
     for p in json_items(node, "processors"):
@@ -2239,8 +2240,19 @@ def post_processor_bos(node, special_ids):
                               "optional special token before the text)")
         if sequence_at == 1:
             name = names[0]
-            ids = ((p.get("special_tokens") or {}).get(name) or {}).get("ids")
-            if isinstance(ids, list) and len(ids) == 1 and is_int(ids[0]):
+            if not isinstance(name, str):
+                raise ExportError(f"post_processor TemplateProcessing: the special token {brief(name)} is not named "
+                                  "by a string")
+            specials = p.get("special_tokens") or {}
+            entry = specials.get(name) if isinstance(specials, dict) else None
+            if not isinstance(specials, dict) or not isinstance(entry, (dict, type(None))):
+                raise ExportError(f"post_processor TemplateProcessing special_tokens {brief(specials)} must be an "
+                                  "object of objects")
+            ids = (entry or {}).get("ids")
+            if ids is not None:
+                if not (isinstance(ids, list) and len(ids) == 1 and is_int(ids[0]) and 0 <= ids[0] < n_tokens):
+                    raise ExportError(f"post_processor TemplateProcessing special_tokens {name!r} ids {brief(ids)}: "
+                                      f"must be one token id in [0, {n_tokens})")
                 bos = ids[0]
             elif name in special_ids:
                 bos = special_ids[name]
@@ -2288,7 +2300,7 @@ def read_tokenizer_json(path):
         tok.flags = flags | more | (FLAG_IGNORE_MERGES if model.get("ignore_merges") else 0)
         tok.pieces, tok.names = json_pieces(path, kind, vocab, added)
         tok.merges, tok.merged = merge_pairs(path, merges, vocab)
-        tok.post_bos = post_processor_bos(j.get("post_processor"), tok.names)
+        tok.post_bos = post_processor_bos(j.get("post_processor"), tok.names, len(tok.pieces))
     except ExportError as e:
         message = str(e)
         raise ExportError(message if message.startswith(f"{path}: ") else f"{path}: {message}")
@@ -2296,6 +2308,14 @@ def read_tokenizer_json(path):
 
 
 BYTE_PIECE = re.compile(r"<0x[0-9A-F]{2}>")
+
+
+def utf8(text, what):
+    """text as UTF-8 bytes; a lone surrogate (JSON's "\ud800") has none, and is refused naming what."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ExportError(f"{what} {text!r} is not valid Unicode (it holds a lone surrogate)")
 
 
 def json_pieces(path, kind, vocab, added):
@@ -2344,8 +2364,9 @@ def json_pieces(path, kind, vocab, added):
     for i, entry in texts.items():
         text, kind_of = entry[0], entry[1]
         is_added = len(entry) == 3
+        what = f"{path}: {'added token' if is_added else 'piece'} (id {i})"
         if kind_of in (TYPE_CONTROL, TYPE_USER) and (is_added or kind == KIND_SP_JSON):
-            data = text.encode("utf-8")
+            data = utf8(text, what)
         elif kind == KIND_BYTE_LEVEL:
             try:
                 data = bytes(alphabet[c] for c in text)
@@ -2353,7 +2374,7 @@ def json_pieces(path, kind, vocab, added):
                 raise ExportError(f"{path}: piece {text!r} (id {i}) has {e.args[0]!r}, which is not in GPT-2's "
                                   "byte alphabet")
         else:
-            data = text.replace(SPACE_MARK, " ").encode("utf-8")
+            data = utf8(text, what).replace(SPACE_MARK.encode("utf-8"), b" ")
             if BYTE_PIECE.fullmatch(text):
                 kind_of = TYPE_BYTE
         pieces[i] = (data, kind_of, 0.0)
@@ -2429,7 +2450,8 @@ def tokenizer_sidecars(tokenizer_path):
 def classify_template(template):
     """The TEMPLATE_NAMES index of a chat_template string (or named list), 0 if none or unrecognised."""
     if isinstance(template, list):  # [{"name": "default", "template": "..."}, {"name": "tool_use", ...}]
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        named = {t.get("name"): t.get("template") for t in template
+                 if isinstance(t, dict) and isinstance(t.get("name"), str)}
         template = named.get("default", next(iter(named.values()), None))
     if not isinstance(template, str) or not template:
         return 0, "no chat_template"
@@ -2489,6 +2511,7 @@ def set_special_tokens(tok, template_name=None):
     if len(tok.eos_ids) > MAX_END_TOKENS:
         raise ExportError(f"{where}: {len(tok.eos_ids)} end tokens; run stops at up to {MAX_END_TOKENS}")
 
+    tok.template_flag = template_name is not None
     if template_name is not None:
         tok.chat_template = TEMPLATE_NAMES.index(template_name)
     else:
@@ -2604,6 +2627,41 @@ def check_tokenizer(tok, vocab_size=None):
         raise ExportError(f"{where}: eos ids {tok.eos_ids} must be 1..{MAX_END_TOKENS} ids below {n}")
     if len(tok.merges) and not (tok.merges.min() >= 0 and tok.merges.max() < n):
         raise ExportError(f"{where}: a merge names an id outside [0, {n})")
+    check_byte_pieces(tok)
+    check_template_tokens(tok)
+
+
+def check_byte_pieces(tok):
+    """Refuse byte pieces run.c cannot read: a byte-level vocabulary needs a one-byte (normal) piece
+    for each of the 256 bytes, which BPE starts from; a byte piece of the other kinds is spelled
+    <0xXX> with two upper-case hex digits."""
+    if tok.kind == KIND_BYTE_LEVEL:
+        singles = {data[0] for data, kind_of, _ in tok.pieces if len(data) == 1 and kind_of == TYPE_NORMAL}
+        missing = [b for b in range(256) if b not in singles]
+        if missing:
+            alphabet = {b: ch for ch, b in gpt2_byte_alphabet().items()}
+            raise ExportError(f"{tok.source}: the byte-level vocabulary has no piece for byte 0x{missing[0]:02X} "
+                              f"({alphabet[missing[0]]!r} in GPT-2's byte alphabet; {len(missing)} of the 256 bytes "
+                              "are missing): run.c needs one for every byte")
+    for i, (data, kind_of, _) in enumerate(tok.pieces):
+        if kind_of == TYPE_BYTE and not BYTE_PIECE.fullmatch(data.decode("latin-1")):
+            raise ExportError(f"{tok.source}: piece {i} {data.decode('utf-8', 'replace')!r} is a byte piece but not "
+                              "spelled <0xXX> with two upper-case hex digits, as run.c reads byte pieces")
+
+
+def check_template_tokens(tok):
+    """Refuse a chat template whose special tokens the vocabulary lacks (as special pieces, which is
+    how run.c finds them): run -m chat would refuse the model, blaming a --template never given."""
+    name = TEMPLATE_NAMES[tok.chat_template]
+    specials = {data for data, kind_of, _ in tok.pieces if kind_of not in (TYPE_NORMAL, TYPE_BYTE)}
+    for text in TEMPLATE_SPECIALS.get(name, []):
+        if text.encode("utf-8") not in specials:
+            if tok.template_flag:
+                raise FlagError(f"--template {name}: {tok.source} has no special token {text!r}; the template does "
+                                "not fit this tokenizer")
+            raise ExportError(f"{tok.source}: its chat template, recognised from tokenizer_config.json chat_template "
+                              f"as {name}, needs the special token {text!r}, which the vocabulary does not have "
+                              "(give --template NAME or --template none)")
 
 
 def drop_tail_beyond(tok, vocab_size):

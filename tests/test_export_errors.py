@@ -67,11 +67,11 @@ def safetensors_bytes(tensors):
     return struct.pack("<Q", len(text)) + text + data
 
 
-def hf_weights(seed=0, tied=True, dim=DIM, heads=HEADS, kv_heads=KV_HEADS):
+def hf_weights(seed=0, tied=True, dim=DIM, heads=HEADS, kv_heads=KV_HEADS, vocab=VOCAB):
     """{HF name: float32 array} of a random tiny Llama."""
     rng = np.random.default_rng(seed)
     hd = dim // heads
-    shapes = {"model.embed_tokens.weight": (VOCAB, dim), "model.norm.weight": (dim,)}
+    shapes = {"model.embed_tokens.weight": (vocab, dim), "model.norm.weight": (dim,)}
     for i in range(LAYERS):
         p = f"model.layers.{i}."
         shapes.update({
@@ -86,7 +86,7 @@ def hf_weights(seed=0, tied=True, dim=DIM, heads=HEADS, kv_heads=KV_HEADS):
             p + "mlp.down_proj.weight": (dim, HIDDEN),
         })
     if not tied:
-        shapes["lm_head.weight"] = (VOCAB, dim)
+        shapes["lm_head.weight"] = (vocab, dim)
     return {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
 
 
