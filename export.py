@@ -187,7 +187,12 @@ def warn(message):
 
 
 def f32(x):
-    """x rounded to float32, the precision the header stores (inf when too large)."""
+    """x rounded to float32, the precision the header stores (inf when too large, even an integer
+    beyond a double's range)."""
+    try:
+        x = float(x)
+    except OverflowError:
+        x = math.inf if x > 0 else -math.inf
     with np.errstate(over="ignore"):
         return float(np.float32(x))
 
@@ -1303,6 +1308,8 @@ def hf_rope(config, head_dim, max_len):
         which is the linear rule (rope_scaling 1) when the factor is not 1.
     """
     rope, rope_type, base, f = hf_rope_parameters(config)
+    if not (base > 0 and math.isfinite(base)):  # before partial rotary raises it to a power
+        raise ExportError(f"config.json: rope_theta {base}: must be finite and > 0 in float32, as it is stored")
     if rope_type in HF_REFUSED_TYPES:
         raise ExportError(f"rope_type '{rope_type}' is not supported: {HF_REFUSED_TYPES[rope_type]}")
     if rope_type != "default" and rope_type not in HF_RULE_KEYS:
@@ -1462,15 +1469,10 @@ def phi3_fused_piece(c, name, ours, expected):
     return layer_prefix + fused_name, (first, first + sizes[part]), [sum(sizes), expected[1]]
 
 
-def read_hf(model_dir):
-    """Read a Hugging Face Llama directory: (Config, {name: [functions that load a piece]}, the
-    matrices' stored type: "bf16" or "f16" when they all share it, else "f32")."""
-    config_path = os.path.join(model_dir, "config.json")
-    if not os.path.isfile(config_path):
-        raise ExportError(f"{model_dir}: no config.json")
-    config = read_json(config_path)
-    multimodal = config.get("model_type") == "gemma3"
-    if multimodal:  # Gemma 3 4B and larger: the language model's config nests in text_config
+def config_from_json(config):
+    """(the text model's config dict, its Config with the rotary settings, the rotary dim that
+    tells the row permutation) of a config.json: every value it gives checked as it is read."""
+    if config.get("model_type") == "gemma3":  # Gemma 3 4B and larger: the language model's config nests
         config = gemma3_text_config(config)
     c = hf_config(config)
     c.rope_theta, c.rope_fraction, scaling, rotary_dim = hf_rope(config, c.head_dim, c.seq_len)
@@ -1484,6 +1486,18 @@ def read_hf(model_dir):
             check_rope_angles(c)
         except ExportError as e:
             raise ExportError(f"config.json: {e}")
+    return config, c, rotary_dim
+
+
+def read_hf(model_dir):
+    """Read a Hugging Face Llama directory: (Config, {name: [functions that load a piece]}, the
+    matrices' stored type: "bf16" or "f16" when they all share it, else "f32")."""
+    config_path = os.path.join(model_dir, "config.json")
+    if not os.path.isfile(config_path):
+        raise ExportError(f"{model_dir}: no config.json")
+    config = read_json(config_path)
+    multimodal = config.get("model_type") == "gemma3"
+    config, c, rotary_dim = config_from_json(config)
     files = open_safetensors(model_dir)
     rename = hf_text_model_names(files) if multimodal else (lambda name: name)
     fused = config.get("model_type") == "phi3"
