@@ -288,7 +288,8 @@ class Config:
             raise ExportError(f"vocab_size {self.vocab_size} is below {MIN_VOCAB}: run.c needs the ids of <unk>, "
                               "<s> and </s>")
         if self.n_heads > self.dim:  # possible with an explicit head_dim (Qwen3, Gemma)
-            raise ExportError(f"n_heads {self.n_heads} is above dim {self.dim} (run.c's limit)")
+            raise ExportError(f"n_heads {self.n_heads} (num_attention_heads) is above dim {self.dim} (hidden_size): "
+                              "run.c's limit")
         if self.dim % self.n_heads and not self.head_size:
             raise ExportError(f"dim {self.dim} is not a multiple of n_heads {self.n_heads}")
         if self.n_heads * self.head_dim > RUN_LIMITS["dim"]:

@@ -951,7 +951,7 @@ def with_long_factor(i, value):
     ("Gemma-2B", {"hidden_activation": "gelu", "hidden_act": "gelu"}, ["hidden_activation 'gelu'"]),
     ("Gemma-3-1B", {"torch_dtype": ["bfloat16"]}, ['config.json: torch_dtype ["bfloat16"] must be a string']),
     ("Qwen3-0.6B", {"hidden_size": 8, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 4},
-     ["n_heads 16 is above dim 8 (run.c's limit)"]),
+     ["n_heads 16 (num_attention_heads) is above dim 8 (hidden_size): run.c's limit"]),
     # longrope factors so small that the angles overflow
     ("Phi-4-mini", with_long_factor(5, 1e-40), ["config.json: longrope long_factor[5] 1e-40 is too small",
                                                 "pair 5"]),
