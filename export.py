@@ -132,7 +132,7 @@ RUN_LIMITS = {"dim": 1 << 16, "hidden_dim": 1 << 20, "n_layers": 1024, "vocab_si
 MIN_VOCAB = 3  # run.c needs the ids of <unk>, <s> and </s>
 MAX_ATTENTION_FACTOR = 100.0  # run.c's MAX_ROPE_ATTENTION_FACTOR: the scores scale by its square
 FLT_MAX = float(np.finfo(np.float32).max)
-MAX_PIECE_BYTES = 1024  # run.c's limit on llama2.c's max_token_length
+MAX_LLAMA2C_PIECE_BYTES = 1024  # run.c's limit on llama2.c's max_token_length
 
 # The header's rope_scaling codes. 0 with rope_factor != 1 is linear too (files before the rule field).
 RULE_NONE, RULE_LINEAR, RULE_NTK, RULE_YARN, RULE_LLAMA3, RULE_LONGROPE = range(6)
@@ -1958,7 +1958,7 @@ def read_sentencepiece_model(path):
     return m
 
 
-def check_piece(i, piece, score, max_bytes=MAX_PIECE_BYTES):
+def check_piece(i, piece, score, max_bytes=MAX_LLAMA2C_PIECE_BYTES):
     """(piece, score) of token i, checked as run.c reads it: at most max_bytes bytes, a finite float32 score."""
     if len(piece) > max_bytes:
         raise ExportError(f"tokenizer piece {i} has {len(piece)} bytes, more than run.c's limit of {max_bytes}")
@@ -2025,7 +2025,7 @@ FLAG_NFC = 16               # normalize the text to NFC first (Qwen)
 FLAG_PREFIX_EACH_SEGMENT = 32  # the dummy prefix goes before every text segment between user-defined pieces
 TEMPLATE_NAMES = ["none", "llama2", "llama3", "chatml", "gemma", "zephyr", "mistral", "qwen2.5", "smollm2"]
 MAX_END_TOKENS = 8
-MAX_PIECE_BYTES = 65536
+MAX_PIECE_BYTES = 65536  # run.c's limit on a TOKN piece
 
 # The pre-tokenizer patterns run.c implements as hand-written scanners, exactly as the
 # models' tokenizer.json files spell them (GPT-2's is ByteLevel's built-in use_regex pattern).
