@@ -51,6 +51,7 @@ checkpoints are already in the adjacent-pair layout and are copied unchanged.
 """
 
 import argparse
+import copy
 import functools
 import itertools
 import json
@@ -119,8 +120,10 @@ SUPPORTED_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCaus
 GEMMA_FAMILIES = {"gemma", "gemma2", "gemma3_text"}
 # the families whose config.json may give a head_dim other than hidden_size / num_attention_heads
 EXPLICIT_HEAD_DIM = {"qwen3"} | GEMMA_FAMILIES
-# Gemma's activations: transformers runs every Gemma checkpoint with the tanh GELU
-# (GemmaConfig turns hidden_act "gelu" into gelu_pytorch_tanh), as gemma_pytorch does
+# Gemma's activations: run.c computes the tanh GELU only. transformers runs hidden_activation
+# as written ("gelu" is the exact erf GELU there, so it is refused); without one, Gemma 1's
+# hidden_act "gelu" becomes gelu_pytorch_tanh (GemmaMLP's legacy path, as gemma_pytorch runs it)
+# and Gemma 2 and 3 ignore hidden_act
 GEMMA_ACTIVATIONS = {"gelu", "gelu_pytorch_tanh"}
 DTYPE_NAMES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}  # config.json's torch_dtype
 INT32_MAX = 2**31 - 1
@@ -129,7 +132,7 @@ RUN_LIMITS = {"dim": 1 << 16, "hidden_dim": 1 << 20, "n_layers": 1024, "vocab_si
 MIN_VOCAB = 3  # run.c needs the ids of <unk>, <s> and </s>
 MAX_ATTENTION_FACTOR = 100.0  # run.c's MAX_ROPE_ATTENTION_FACTOR: the scores scale by its square
 FLT_MAX = float(np.finfo(np.float32).max)
-MAX_PIECE_BYTES = 1024  # run.c's limit on llama2.c's max_token_length
+MAX_LLAMA2C_PIECE_BYTES = 1024  # run.c's limit on llama2.c's max_token_length
 
 # The header's rope_scaling codes. 0 with rope_factor != 1 is linear too (files before the rule field).
 RULE_NONE, RULE_LINEAR, RULE_NTK, RULE_YARN, RULE_LLAMA3, RULE_LONGROPE = range(6)
@@ -146,6 +149,15 @@ RULE_FIELDS = [
 PROGRESS_BYTES = 100_000_000  # writing a bigger file shows a progress line on stderr
 
 
+INPUTS = []  # every file this run reads: no output may replace one (check_not_an_input)
+
+
+def reading(path):
+    """path, remembered as an input (see check_not_an_input)."""
+    INPUTS.append(path)
+    return path
+
+
 class ExportError(Exception):
     """A problem with the input: reported as one line, exit code EXIT_BAD_INPUT."""
 
@@ -154,13 +166,33 @@ class FlagError(ExportError):
     """A flag's value that the model refuses (found after reading it): one line, exit code EXIT_BAD_USAGE."""
 
 
+LATER = []  # stderr lines kept until the export succeeds: a refusal is its error line alone
+
+
+def say_later(message):
+    """Keep an "export.py: ..." line for stderr until the export has succeeded (main prints it)."""
+    LATER.append(f"export.py: {message}")
+
+
+def say_now():
+    """Print the lines say_later kept."""
+    for line in LATER:
+        print(line, file=sys.stderr)
+    LATER.clear()
+
+
 def warn(message):
-    """Print one warning line on stderr."""
-    print(f"export.py: warning: {message}", file=sys.stderr)
+    """A warning line for stderr, printed once the export has succeeded."""
+    say_later(f"warning: {message}")
 
 
 def f32(x):
-    """x rounded to float32, the precision the header stores (inf when too large)."""
+    """x rounded to float32, the precision the header stores (inf when too large, even an integer
+    beyond a double's range)."""
+    try:
+        x = float(x)
+    except OverflowError:
+        x = math.inf if x > 0 else -math.inf
     with np.errstate(over="ignore"):
         return float(np.float32(x))
 
@@ -255,6 +287,9 @@ class Config:
         if self.vocab_size < MIN_VOCAB:
             raise ExportError(f"vocab_size {self.vocab_size} is below {MIN_VOCAB}: run.c needs the ids of <unk>, "
                               "<s> and </s>")
+        if self.n_heads > self.dim:  # possible with an explicit head_dim (Qwen3, Gemma)
+            raise ExportError(f"n_heads {self.n_heads} (num_attention_heads) is above dim {self.dim} (hidden_size): "
+                              "run.c's limit")
         if self.dim % self.n_heads and not self.head_size:
             raise ExportError(f"dim {self.dim} is not a multiple of n_heads {self.n_heads}")
         if self.n_heads * self.head_dim > RUN_LIMITS["dim"]:
@@ -267,6 +302,36 @@ class Config:
         if not (math.isfinite(f32(self.norm_eps)) and f32(self.norm_eps) > 0):
             raise ExportError(f"norm_eps {self.norm_eps} must be finite and > 0 (in float32, as it is stored)")
         check_rope_values(self)
+        check_block_values(self)
+
+
+def check_block_values(c):
+    """Refuse version 2's block options as run.c's parse_header_v2 refuses them: a float option is
+    0 (its default) or finite and > 0 in float32; one that rounds to 0 would silently read as the
+    default. The second RoPE setting (theta only, no rule) is checked as the first is."""
+    if not 0 <= c.activation < len(ACTIVATIONS):
+        raise ExportError(f"activation {c.activation} is not one of 0 swiglu, 1 geglu-tanh")
+    for name in ("embedding_multiplier", "attention_scale", "attention_softcap", "final_softcap"):
+        value = getattr(c, name)
+        if value and not (value > 0 and math.isfinite(f32(value)) and f32(value) > 0):
+            raise ExportError(f"{name} {value} must be finite and > 0 in float32 (0: the default)")
+    if c.rope2 is not None:
+        try:
+            check_rope_values(second_setting(c))
+        except ExportError as e:
+            raise ExportError(f"the second RoPE setting: {e}")
+    if c.rope_scaling == RULE_LONGROPE and c.longrope_factors is not None:  # (a ROPE file's: once mapped)
+        shape = np.shape(c.longrope_factors)
+        if shape != (2, rotated_pairs(c)):
+            raise ExportError(f"longrope needs 2 x {rotated_pairs(c)} factors (short, long), not {shape}")
+
+
+def second_setting(c):
+    """A Config whose first RoPE setting is c's second one (theta, p 1, no rule), for the checks."""
+    second = copy.copy(c)
+    second.rope_theta, second.rope_fraction, second.rope2, second.longrope_factors = c.rope2["rope_theta"], 1.0, None, None
+    second.set_scaling()
+    return second
 
 
 def check_rope_values(c):
@@ -318,22 +383,36 @@ def rotated_pairs(c):
 
 
 def check_rope_angles(c):
-    """Refuse a theta so small that a rotated pair's angle overflows float32 in run.c's tables.
+    """Refuse a theta (or longrope factor) so small that a rotated pair's angle overflows float32
+    in run.c's tables.
 
     omega_i = theta^(-2i/head_dim) grows with i when theta < 1; run.c refuses a file
     where (seq_len - 1) * omega_i is not finite in float32 for a rotated pair i. The
     scaling rules only lower frequencies (ntk raises the base), so the unscaled ones
-    bound them. Checked in logarithms with a margin of 2, so that float32 rounding in
-    run.c cannot tip a file written here over its limit.
+    bound them, except longrope, which divides omega_i by its factor for pair i: a factor
+    below 1 raises it (both sets are checked: run picks one by the context in use). Checked
+    in logarithms with a margin of 2, so that float32 rounding in run.c cannot tip a file
+    written here over its limit.
     """
     theta, pairs = f32(c.rope_theta), rotated_pairs(c)
-    if pairs < 1 or theta >= 1:
+    limit, log_last = math.log(FLT_MAX / 2), math.log(max(c.seq_len - 1, 1))
+    if pairs < 1:
         return
     i = pairs - 1
-    log_angle = math.log(max(c.seq_len - 1, 1)) - 2 * i / c.head_dim * math.log(theta)
-    if log_angle >= math.log(FLT_MAX / 2):
+    if theta < 1 and log_last - 2 * i / c.head_dim * math.log(theta) >= limit:
         raise ExportError(f"rope_theta {show(theta)} is too small: pair {i} would turn through an angle beyond "
                           f"float32's range by position {c.seq_len - 1} (run.c refuses it)")
+    if c.rope_scaling != RULE_LONGROPE or c.longrope_factors is None:
+        return
+    for name, factors in zip(("short_factor", "long_factor"), c.longrope_factors):
+        for i in range(min(pairs, len(factors))):
+            factor = f32(factors[i])
+            if not (math.isfinite(factor) and factor > 0):
+                raise ExportError(f"longrope {name}[{i}] {factors[i]} must be finite and > 0 in float32")
+            if log_last - 2 * i / c.head_dim * math.log(theta) - math.log(factor) >= limit:
+                raise ExportError(f"longrope {name}[{i}] {float(factors[i]):g} is too small: pair {i}'s frequency divided "
+                                  f"by it turns through an angle beyond float32's range by position {c.seq_len - 1} "
+                                  "(run.c refuses it)")
 
 
 def describe_rope(c):
@@ -462,6 +541,12 @@ def read_rope(path, data):
         check_size(path, "ROPE", HEADER_BYTES + 4 * n_floats(shapes))
         return c, map_floats(path, HEADER_BYTES, shapes), weight_type, None
     tensors, end = map_aligned(path, c, weight_type)
+    if c.rope_scaling == RULE_LONGROPE and "rope_factors" in tensors:  # the factors, checked as run checks them
+        c.longrope_factors = tensors["rope_factors"]
+        try:
+            c.check()
+        except ExportError as e:
+            raise ExportError(f"{path}: {e}")
     tokenizer = None
     if tok_offset or tok_bytes:
         if tok_offset != end + -end % TENSOR_ALIGNMENT or tok_bytes < TOKN_HEADER_BYTES:
@@ -535,7 +620,7 @@ def read_flat_checkpoint(path):
     """Read a ROPE or llama2.c checkpoint file, telling the format by its first bytes.
 
     Returns (Config, tensors, the matrices' stored type, the tokenizer section's bytes or None)."""
-    with open(path, "rb") as f:
+    with open(reading(path), "rb") as f:
         data = f.read(HEADER_BYTES)
     if len(data) < LEGACY_HEADER.size:
         raise ExportError(f"{path}: only {len(data)} bytes: too short for any checkpoint header")
@@ -568,7 +653,7 @@ class Safetensors:
     """One .safetensors file: its validated header, and its data mapped read-only."""
 
     def __init__(self, path):
-        self.path = path
+        self.path = reading(path)
         size = os.path.getsize(path)
         if size < 8:
             raise ExportError(f"{path}: truncated safetensors file ({size} bytes)")
@@ -730,7 +815,7 @@ def open_safetensors(model_dir):
 def read_json(path):
     """A JSON object from a file."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(reading(path), encoding="utf-8") as f:
             value = json.load(f)
     except ValueError as e:
         raise ExportError(f"{path}: not valid JSON ({e})")
@@ -784,10 +869,51 @@ def hf_int(config, key, default=None):
 
 
 def hf_number(value, what):
-    """A JSON number (not a bool) as a float."""
+    """A JSON number (not a bool) as a float (inf for an integer beyond a double's range)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ExportError(f"config.json: {what} {value!r} is not a number")
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
+def hf_positive(value, key, why):
+    """A config.json number stored as a float32 that must be finite and > 0 (0 would read as the
+    format's default): refused naming the key, the value and why."""
+    x = hf_number(value, key)
+    if not (x > 0 and math.isfinite(f32(x)) and f32(x) > 0):
+        raise ExportError(f"config.json: {key} {json.dumps(value)}: must be finite and > 0 in float32, as it is "
+                          f"stored ({why})")
+    return x
+
+
+def hf_dtype(config):
+    """The weights' type config.json names (torch_dtype, or transformers 5's dtype): f32, bf16 or f16."""
+    for key in ("torch_dtype", "dtype"):
+        name = json_str(config, key)
+        if name:
+            return DTYPE_NAMES.get(name, "f32")
+    return "f32"
+
+
+def hf_attention_scale(config):
+    """Gemma 2 and 3: query_pre_attn_scalar s gives the attention scale 1 / sqrt(s) (0: none given)."""
+    value = config.get("query_pre_attn_scalar")
+    if value is None:
+        return 0.0
+    x = hf_number(value, "query_pre_attn_scalar")
+    if not (x > 0 and math.isfinite(x)):
+        raise ExportError(f"config.json: query_pre_attn_scalar {json.dumps(value)}: must be finite and > 0 (the "
+                          "attention scale is 1 / sqrt of it)")
+    scale = f32(x ** -0.5)
+    if not math.isfinite(scale):
+        raise ExportError(f"config.json: query_pre_attn_scalar {json.dumps(value)}: the attention scale 1 / sqrt of "
+                          "it overflows float32")
+    if scale == 0:
+        raise ExportError(f"config.json: query_pre_attn_scalar {json.dumps(value)}: the attention scale 1 / sqrt of "
+                          "it is 0 in float32, which the format reads as the default 1 / sqrt(head_dim)")
+    return x ** -0.5
 
 
 def check_architecture(config):
@@ -812,9 +938,16 @@ def check_architecture(config):
     act = json_str(config, "hidden_act")
     act = HF_DEFAULTS["hidden_act"] if act is None else act
     if model_type in GEMMA_FAMILIES:
-        act = json_str(config, "hidden_activation") or json_str(config, "hidden_act") or "gelu_pytorch_tanh"
-        if act not in GEMMA_ACTIVATIONS:
-            raise ExportError(f"config.json: hidden_activation {act!r} is not supported for {model_type} (only "
+        explicit = json_str(config, "hidden_activation")
+        if explicit == "gelu":
+            raise ExportError("config.json: hidden_activation 'gelu': the exact (erf) GELU is not supported; run.c "
+                              "computes the tanh GELU only ('gelu_pytorch_tanh', what Gemma is trained with)")
+        if explicit is not None and explicit != "gelu_pytorch_tanh":
+            raise ExportError(f"config.json: hidden_activation {explicit!r} is not supported for {model_type} (only "
+                              "'gelu_pytorch_tanh', as Gemma runs)")
+        act = json_str(config, "hidden_act") or "gelu_pytorch_tanh"
+        if explicit is None and act not in GEMMA_ACTIVATIONS:
+            raise ExportError(f"config.json: hidden_act {act!r} is not supported for {model_type} (only "
                               "'gelu_pytorch_tanh', as Gemma runs)")
     elif act != "silu":
         raise ExportError(f"config.json: hidden_act {act!r} is not supported (only 'silu': run.c's SwiGLU)")
@@ -925,18 +1058,21 @@ def hf_config(config):
     if model_type in GEMMA_FAMILIES:
         c.activation = ACTIVATIONS.index("geglu-tanh")
         # the embedding times sqrt(hidden_size), rounded to the model's dtype as Gemma computes it
-        dtype = DTYPE_NAMES.get(config.get("torch_dtype") or config.get("dtype") or "float32", "f32")
-        c.embedding_multiplier = float(narrow_scalar(math.sqrt(dim), dtype))
+        c.embedding_multiplier = float(narrow_scalar(math.sqrt(dim), hf_dtype(config)))
     if model_type in ("gemma2", "gemma3_text"):
         c.post_norms = True
-        scalar = config.get("query_pre_attn_scalar")
-        if scalar is not None:
-            c.attention_scale = hf_number(scalar, "query_pre_attn_scalar") ** -0.5
+        c.attention_scale = hf_attention_scale(config)
         for key, field in (("attn_logit_softcapping", "attention_softcap"), ("final_logit_softcapping", "final_softcap")):
-            if config.get(key) is not None:
-                setattr(c, field, hf_number(config[key], key))
+            if config.get(key) is not None:  # null: no cap
+                setattr(c, field, hf_positive(config[key], key, "a cap; null for none, run.c refuses the rest"))
     if model_type == "gemma3_text":  # the local layers' setting: rope_local_base_freq, no rule
-        c.rope2 = {"rope_theta": hf_number(config.get("rope_local_base_freq", 10000.0), "rope_local_base_freq")}
+        value = config.get("rope_local_base_freq")
+        theta = 10000.0 if value is None else hf_positive(value, "rope_local_base_freq", "the local layers' theta")
+        c.rope2 = {"rope_theta": theta}
+        try:
+            check_rope_angles(second_setting(c))
+        except ExportError as e:
+            raise ExportError(f"config.json: rope_local_base_freq {json.dumps(value)}: {e}")
     return c
 
 
@@ -1175,6 +1311,8 @@ def hf_rope(config, head_dim, max_len):
         which is the linear rule (rope_scaling 1) when the factor is not 1.
     """
     rope, rope_type, base, f = hf_rope_parameters(config)
+    if not (base > 0 and math.isfinite(base)):  # before partial rotary raises it to a power
+        raise ExportError(f"config.json: rope_theta {base}: must be finite and > 0 in float32, as it is stored")
     if rope_type in HF_REFUSED_TYPES:
         raise ExportError(f"rope_type '{rope_type}' is not supported: {HF_REFUSED_TYPES[rope_type]}")
     if rope_type != "default" and rope_type not in HF_RULE_KEYS:
@@ -1282,6 +1420,7 @@ def lazy_tensor(file, name, heads=None, order=None, plus_one=False, rows=None):
         if plus_one:
             w = widen(w) + np.float32(1)
         return w if order is None else permute_heads(w, heads, order)
+    load.source = name  # what a refusal of its values names
     return load
 
 
@@ -1333,6 +1472,26 @@ def phi3_fused_piece(c, name, ours, expected):
     return layer_prefix + fused_name, (first, first + sizes[part]), [sum(sizes), expected[1]]
 
 
+def config_from_json(config):
+    """(the text model's config dict, its Config with the rotary settings, the rotary dim that
+    tells the row permutation) of a config.json: every value it gives checked as it is read."""
+    if config.get("model_type") == "gemma3":  # Gemma 3 4B and larger: the language model's config nests
+        config = gemma3_text_config(config)
+    c = hf_config(config)
+    c.rope_theta, c.rope_fraction, scaling, rotary_dim = hf_rope(config, c.head_dim, c.seq_len)
+    c.longrope_factors = scaling.pop("longrope_factors", None)
+    c.set_scaling(**scaling)
+    if c.longrope_factors is not None:
+        if len(c.longrope_factors[0]) != rotated_pairs(c):
+            raise ExportError(f"config.json: longrope has {len(c.longrope_factors[0])} factors per set for "
+                              f"{rotated_pairs(c)} rotated pairs")
+        try:
+            check_rope_angles(c)
+        except ExportError as e:
+            raise ExportError(f"config.json: {e}")
+    return config, c, rotary_dim
+
+
 def read_hf(model_dir):
     """Read a Hugging Face Llama directory: (Config, {name: [functions that load a piece]}, the
     matrices' stored type: "bf16" or "f16" when they all share it, else "f32")."""
@@ -1341,25 +1500,17 @@ def read_hf(model_dir):
         raise ExportError(f"{model_dir}: no config.json")
     config = read_json(config_path)
     multimodal = config.get("model_type") == "gemma3"
-    if multimodal:  # Gemma 3 4B and larger: the language model's config nests in text_config
-        config = gemma3_text_config(config)
-    c = hf_config(config)
-    c.rope_theta, c.rope_fraction, scaling, rotary_dim = hf_rope(config, c.head_dim, c.seq_len)
-    c.longrope_factors = scaling.pop("longrope_factors", None)
-    c.set_scaling(**scaling)
-    if c.longrope_factors is not None and len(c.longrope_factors[0]) != rotated_pairs(c):
-        raise ExportError(f"config.json: longrope has {len(c.longrope_factors[0])} factors per set for "
-                          f"{rotated_pairs(c)} rotated pairs")
+    config, c, rotary_dim = config_from_json(config)
     files = open_safetensors(model_dir)
     rename = hf_text_model_names(files) if multimodal else (lambda name: name)
     fused = config.get("model_type") == "phi3"
     if rename("lm_head.weight") not in files:
         c.shared_classifier = True  # no lm_head: the embedding is the classifier
     c.check()
-    if rotary_dim != c.head_dim:  # said once the checks passed: a refused file gets its one error line only
+    if rotary_dim != c.head_dim:
         f = hf_rope_parameters(config)[3]
-        print(f"export.py: partial_rotary_factor {f} (GPT-NeoX semantics) stored exactly as p-RoPE "
-              f"with theta = {show(c.rope_theta)}, p = {show(c.rope_fraction)}", file=sys.stderr)
+        say_later(f"partial_rotary_factor {f} (GPT-NeoX semantics) stored exactly as p-RoPE "
+                  f"with theta = {show(c.rope_theta)}, p = {show(c.rope_fraction)}")
     order = pair_permutation(c.head_dim, rotary_dim)
     # the rows of each query and key head (and their biases and norm weights) into adjacent pairs
     heads = {"wq": c.n_heads, "wk": c.n_kv_heads, "bq": c.n_heads, "bk": c.n_kv_heads, "q_norm": 1, "k_norm": 1}
@@ -1431,14 +1582,27 @@ class Progress:
             self.open = False
 
 
+def check_finite(array, name):
+    """Refuse a NaN or infinite weight (of any weight type), naming the tensor and where: run would
+    compute NaN from it."""
+    bad = (array & 0x7F80) == 0x7F80 if array.dtype == np.uint16 else ~np.isfinite(array)  # bf16: exponent all ones
+    if bad.any():
+        at = np.unravel_index(np.argmax(bad), array.shape)
+        value = widen(np.asarray(array[at]).reshape(1))[0]
+        raise ExportError(f"tensor {name}: the weight at {list(map(int, at))} is {value}; NaN and infinite weights "
+                          "are refused (every output would be NaN)")
+
+
 def write_tensor(f, pieces, progress, weight_type="f32", name=""):
     """Write a tensor, little-endian, as weight_type (f32, bf16 or f16): an array, or a list of
-    arrays / loaders, in any weight type (see weight_type_of; other float arrays as float32)."""
+    arrays / loaders, in any weight type (see weight_type_of; other float arrays as float32).
+    A NaN or infinite weight is refused, naming the tensor it was read from."""
     pieces = pieces if isinstance(pieces, list) else [pieces]
     for i, piece in enumerate(pieces):
         array = piece() if callable(piece) else piece
         if not isinstance(array, np.ndarray) or array.dtype not in (np.float32, np.float16, np.uint16):
             array = np.asarray(array, dtype=np.float32)
+        check_finite(array, getattr(piece, "source", name))
         array = convert_weights(array, weight_type, name)
         data = memoryview(np.ascontiguousarray(array, dtype=NUMPY_STORAGE[weight_type])).cast("B")
         f.write(data)
@@ -1587,12 +1751,32 @@ def output_target(path):
     return target
 
 
+def check_not_an_input(path, target):
+    """Refuse an output that is a file this run read (config.json, a tokenizer file, a shard,
+    the index, the checkpoint): the rename would replace the input with the output. Compared
+    as (device, inode), so that a hard link, a symlink or another spelling of the path is
+    caught too; an output that does not exist yet cannot be an input."""
+    try:
+        out = os.stat(target)
+    except OSError:
+        return
+    for source in INPUTS:
+        try:
+            st = os.stat(source)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == (out.st_dev, out.st_ino):
+            raise ExportError(f"{path}: is the input file {source}; export.py never writes over its inputs (give "
+                              "another output path)")
+
+
 def write_atomically(path, write):
     """Call write(file) on a temporary file next to the output, then rename it to the output.
 
     Every failure names the path the user gave, never the temporary file.
     """
     target = output_target(path)
+    check_not_an_input(path, target)
     tmp = f"{target}.tmp{os.getpid()}"
     try:
         try:
@@ -1619,12 +1803,17 @@ def export_checkpoint(args):
         raise ExportError(f"{args.input}: no such file or directory")
     weight_type = "f32" if args.legacy else args.dtype or source_type  # llama2.c's formats are float32
     if weight_type != "f32" and weight_type != source_type:
-        print(f"export.py: narrowing the matrices and the embedding from {source_type} to {weight_type} "
-              f"(rounded to nearest even)", file=sys.stderr)
+        say_later(f"narrowing the matrices and the embedding from {source_type} to {weight_type} "
+                  f"(rounded to nearest even)")
     if args.rope_theta is not None:
         c.rope_theta = args.rope_theta
     if args.rope_fraction is not None:
+        pairs = rotated_pairs(c)
         c.rope_fraction = args.rope_fraction
+        if c.rope_scaling == RULE_LONGROPE and rotated_pairs(c) != pairs:
+            raise FlagError(f"--rope-fraction {args.rope_fraction:g}: this model's longrope factors are defined per "
+                            f"rotated pair of the model as trained ({pairs} pairs); p {show(args.rope_fraction)} "
+                            f"would rotate {rotated_pairs(c)}")
     if args.rope_theta is not None or args.rope_fraction is not None:
         try:  # the file's values passed: a failure now is the flags' (a theta whose angles overflow)
             c.check()
@@ -1632,7 +1821,10 @@ def export_checkpoint(args):
             raise FlagError(f"--rope-theta / --rope-fraction: {e}")
     if args.legacy:
         check_legacy(c)
-        if tokenizer is not None or (os.path.isdir(args.input) and find_tokenizer(args.input)):
+        left_out = os.path.isdir(args.input) and find_tokenizer(args.input)
+        if left_out:
+            reading(left_out)  # not read, but still the model's file: not to be written over
+        if tokenizer is not None or left_out:
             warn("llama2.c's legacy format has no tokenizer section: the tokenizer is left out (convert it with "
                  "--tokenizer and give it to run with -z)")
         write_atomically(args.output, lambda f: write_legacy(f, c, tensors, args.output))
@@ -1726,7 +1918,7 @@ def read_sentencepiece_model(path):
     TrainerSpec {3: model_type, 35: byte_fallback, 41: bos_id, 42: eos_id}; field 3 =
     NormalizerSpec {1: name, 3: add_dummy_prefix, 4: remove_extra_whitespaces}.
     """
-    with open(path, "rb") as f:
+    with open(reading(path), "rb") as f:
         buf = f.read()
     m = SentencePieceModel()
     try:
@@ -1766,7 +1958,7 @@ def read_sentencepiece_model(path):
     return m
 
 
-def check_piece(i, piece, score, max_bytes=MAX_PIECE_BYTES):
+def check_piece(i, piece, score, max_bytes=MAX_LLAMA2C_PIECE_BYTES):
     """(piece, score) of token i, checked as run.c reads it: at most max_bytes bytes, a finite float32 score."""
     if len(piece) > max_bytes:
         raise ExportError(f"tokenizer piece {i} has {len(piece)} bytes, more than run.c's limit of {max_bytes}")
@@ -1833,7 +2025,7 @@ FLAG_NFC = 16               # normalize the text to NFC first (Qwen)
 FLAG_PREFIX_EACH_SEGMENT = 32  # the dummy prefix goes before every text segment between user-defined pieces
 TEMPLATE_NAMES = ["none", "llama2", "llama3", "chatml", "gemma", "zephyr", "mistral", "qwen2.5", "smollm2"]
 MAX_END_TOKENS = 8
-MAX_PIECE_BYTES = 65536
+MAX_PIECE_BYTES = 65536  # run.c's limit on a TOKN piece
 
 # The pre-tokenizer patterns run.c implements as hand-written scanners, exactly as the
 # models' tokenizer.json files spell them (GPT-2's is ByteLevel's built-in use_regex pattern).
@@ -1869,21 +2061,6 @@ TEMPLATE_SPECIALS = {"llama3": ["<|start_header_id|>", "<|end_header_id|>", "<|e
                      "qwen2.5": ["<|im_start|>", "<|im_end|>"], "smollm2": ["<|im_start|>", "<|im_end|>"]}
 
 
-LATER = []  # stderr lines about a tokenizer, printed once it has passed every check (a refusal is one line)
-
-
-def say_later(message):
-    """Keep an "export.py: ..." line for stderr until the tokenizer is accepted."""
-    LATER.append(f"export.py: {message}")
-
-
-def say_now():
-    """Print the lines say_later kept."""
-    for line in LATER:
-        print(line, file=sys.stderr)
-    LATER.clear()
-
-
 class Tokenizer:
     """What a TOKN section holds (docs/format.md), before it is packed."""
 
@@ -1897,6 +2074,7 @@ class Tokenizer:
         self.merged = set()  # ids some merge produces
         self.post_bos = None  # the id the tokenizer file itself puts before a text (None: none)
         self.sp_eos = None    # a tokenizer.model's own eos id
+        self.template_flag = False  # the chat template came from --template (else tokenizer_config.json)
 
     def describe(self):
         """One line: the kind, the scheme, the flags and the special tokens."""
@@ -2058,7 +2236,7 @@ def sp_json_pretokenizer(node, replaces_spaces):
     return flags
 
 
-def post_processor_bos(node, special_ids):
+def post_processor_bos(node, special_ids, n_tokens):
     """The id the post_processor puts before a single text (TemplateProcessing), or None."""
     bos = None
     for p in json_items(node, "processors"):
@@ -2079,8 +2257,19 @@ def post_processor_bos(node, special_ids):
                               "optional special token before the text)")
         if sequence_at == 1:
             name = names[0]
-            ids = ((p.get("special_tokens") or {}).get(name) or {}).get("ids")
-            if isinstance(ids, list) and len(ids) == 1 and is_int(ids[0]):
+            if not isinstance(name, str):
+                raise ExportError(f"post_processor TemplateProcessing: the special token {brief(name)} is not named "
+                                  "by a string")
+            specials = p.get("special_tokens") or {}
+            entry = specials.get(name) if isinstance(specials, dict) else None
+            if not isinstance(specials, dict) or not isinstance(entry, (dict, type(None))):
+                raise ExportError(f"post_processor TemplateProcessing special_tokens {brief(specials)} must be an "
+                                  "object of objects")
+            ids = (entry or {}).get("ids")
+            if ids is not None:
+                if not (isinstance(ids, list) and len(ids) == 1 and is_int(ids[0]) and 0 <= ids[0] < n_tokens):
+                    raise ExportError(f"post_processor TemplateProcessing special_tokens {name!r} ids {brief(ids)}: "
+                                      f"must be one token id in [0, {n_tokens})")
                 bos = ids[0]
             elif name in special_ids:
                 bos = special_ids[name]
@@ -2128,7 +2317,7 @@ def read_tokenizer_json(path):
         tok.flags = flags | more | (FLAG_IGNORE_MERGES if model.get("ignore_merges") else 0)
         tok.pieces, tok.names = json_pieces(path, kind, vocab, added)
         tok.merges, tok.merged = merge_pairs(path, merges, vocab)
-        tok.post_bos = post_processor_bos(j.get("post_processor"), tok.names)
+        tok.post_bos = post_processor_bos(j.get("post_processor"), tok.names, len(tok.pieces))
     except ExportError as e:
         message = str(e)
         raise ExportError(message if message.startswith(f"{path}: ") else f"{path}: {message}")
@@ -2136,6 +2325,14 @@ def read_tokenizer_json(path):
 
 
 BYTE_PIECE = re.compile(r"<0x[0-9A-F]{2}>")
+
+
+def utf8(text, what):
+    """text as UTF-8 bytes; a lone surrogate (JSON's "\ud800") has none, and is refused naming what."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ExportError(f"{what} {text!r} is not valid Unicode (it holds a lone surrogate)")
 
 
 def json_pieces(path, kind, vocab, added):
@@ -2184,8 +2381,9 @@ def json_pieces(path, kind, vocab, added):
     for i, entry in texts.items():
         text, kind_of = entry[0], entry[1]
         is_added = len(entry) == 3
+        what = f"{path}: {'added token' if is_added else 'piece'} (id {i})"
         if kind_of in (TYPE_CONTROL, TYPE_USER) and (is_added or kind == KIND_SP_JSON):
-            data = text.encode("utf-8")
+            data = utf8(text, what)
         elif kind == KIND_BYTE_LEVEL:
             try:
                 data = bytes(alphabet[c] for c in text)
@@ -2193,7 +2391,7 @@ def json_pieces(path, kind, vocab, added):
                 raise ExportError(f"{path}: piece {text!r} (id {i}) has {e.args[0]!r}, which is not in GPT-2's "
                                   "byte alphabet")
         else:
-            data = text.replace(SPACE_MARK, " ").encode("utf-8")
+            data = utf8(text, what).replace(SPACE_MARK.encode("utf-8"), b" ")
             if BYTE_PIECE.fullmatch(text):
                 kind_of = TYPE_BYTE
         pieces[i] = (data, kind_of, 0.0)
@@ -2261,7 +2459,7 @@ def tokenizer_sidecars(tokenizer_path):
         found.append(read_json(path) if os.path.isfile(path) else {})
     chat_jinja = os.path.join(folder, "chat_template.jinja")
     if not found[0].get("chat_template") and os.path.isfile(chat_jinja):
-        with open(chat_jinja, encoding="utf-8") as f:
+        with open(reading(chat_jinja), encoding="utf-8") as f:
             found[0]["chat_template"] = f.read()
     return found
 
@@ -2269,7 +2467,8 @@ def tokenizer_sidecars(tokenizer_path):
 def classify_template(template):
     """The TEMPLATE_NAMES index of a chat_template string (or named list), 0 if none or unrecognised."""
     if isinstance(template, list):  # [{"name": "default", "template": "..."}, {"name": "tool_use", ...}]
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        named = {t.get("name"): t.get("template") for t in template
+                 if isinstance(t, dict) and isinstance(t.get("name"), str)}
         template = named.get("default", next(iter(named.values()), None))
     if not isinstance(template, str) or not template:
         return 0, "no chat_template"
@@ -2329,6 +2528,7 @@ def set_special_tokens(tok, template_name=None):
     if len(tok.eos_ids) > MAX_END_TOKENS:
         raise ExportError(f"{where}: {len(tok.eos_ids)} end tokens; run stops at up to {MAX_END_TOKENS}")
 
+    tok.template_flag = template_name is not None
     if template_name is not None:
         tok.chat_template = TEMPLATE_NAMES.index(template_name)
     else:
@@ -2444,6 +2644,41 @@ def check_tokenizer(tok, vocab_size=None):
         raise ExportError(f"{where}: eos ids {tok.eos_ids} must be 1..{MAX_END_TOKENS} ids below {n}")
     if len(tok.merges) and not (tok.merges.min() >= 0 and tok.merges.max() < n):
         raise ExportError(f"{where}: a merge names an id outside [0, {n})")
+    check_byte_pieces(tok)
+    check_template_tokens(tok)
+
+
+def check_byte_pieces(tok):
+    """Refuse byte pieces run.c cannot read: a byte-level vocabulary needs a one-byte (normal) piece
+    for each of the 256 bytes, which BPE starts from; a byte piece of the other kinds is spelled
+    <0xXX> with two upper-case hex digits."""
+    if tok.kind == KIND_BYTE_LEVEL:
+        singles = {data[0] for data, kind_of, _ in tok.pieces if len(data) == 1 and kind_of == TYPE_NORMAL}
+        missing = [b for b in range(256) if b not in singles]
+        if missing:
+            alphabet = {b: ch for ch, b in gpt2_byte_alphabet().items()}
+            raise ExportError(f"{tok.source}: the byte-level vocabulary has no piece for byte 0x{missing[0]:02X} "
+                              f"({alphabet[missing[0]]!r} in GPT-2's byte alphabet; {len(missing)} of the 256 bytes "
+                              "are missing): run.c needs one for every byte")
+    for i, (data, kind_of, _) in enumerate(tok.pieces):
+        if kind_of == TYPE_BYTE and not BYTE_PIECE.fullmatch(data.decode("latin-1")):
+            raise ExportError(f"{tok.source}: piece {i} {data.decode('utf-8', 'replace')!r} is a byte piece but not "
+                              "spelled <0xXX> with two upper-case hex digits, as run.c reads byte pieces")
+
+
+def check_template_tokens(tok):
+    """Refuse a chat template whose special tokens the vocabulary lacks (as special pieces, which is
+    how run.c finds them): run -m chat would refuse the model, blaming a --template never given."""
+    name = TEMPLATE_NAMES[tok.chat_template]
+    specials = {data for data, kind_of, _ in tok.pieces if kind_of not in (TYPE_NORMAL, TYPE_BYTE)}
+    for text in TEMPLATE_SPECIALS.get(name, []):
+        if text.encode("utf-8") not in specials:
+            if tok.template_flag:
+                raise FlagError(f"--template {name}: {tok.source} has no special token {text!r}; the template does "
+                                "not fit this tokenizer")
+            raise ExportError(f"{tok.source}: its chat template, recognised from tokenizer_config.json chat_template "
+                              f"as {name}, needs the special token {text!r}, which the vocabulary does not have "
+                              "(give --template NAME or --template none)")
 
 
 def drop_tail_beyond(tok, vocab_size):
@@ -2518,9 +2753,7 @@ def hf_tokenizer(model_dir, vocab_size, template_name=None):
     tok = read_model_tokenizer(path, template_name)
     drop_tail_beyond(tok, vocab_size)
     check_tokenizer(tok, vocab_size)
-    data = tokenizer_bytes(tok)
-    say_now()
-    return data
+    return tokenizer_bytes(tok)
 
 
 def is_sentencepiece_path(path):
@@ -2543,7 +2776,6 @@ def export_tokn(path, out_path, template_name=None):
     tok = read_model_tokenizer(path, template_name)
     check_tokenizer(tok)
     data = tokenizer_bytes(tok)
-    say_now()
     write_atomically(out_path, lambda f: f.write(data))
     print(f"wrote {out_path} (TOKN): {len(tok.pieces)} tokens, {len(tok.merges)} merges, {len(data)} bytes")
 
@@ -2628,6 +2860,9 @@ def parse_args(argv):
 def main(argv=None):
     """Run the command line; return the exit code."""
     args = parse_args(argv)
+    INPUTS.clear()
+    LATER.clear()
+    code = EXIT_BAD_INPUT
     try:
         if args.tokenizer is not None and is_sentencepiece_path(args.tokenizer):
             export_tokenizer(args.tokenizer, args.tokenizer_out)
@@ -2636,8 +2871,7 @@ def main(argv=None):
         else:
             export_checkpoint(args)
     except FlagError as e:
-        print(f"export.py: error: {' '.join(str(e).split())}", file=sys.stderr)
-        return EXIT_BAD_USAGE
+        message, code = str(e), EXIT_BAD_USAGE
     except ExportError as e:
         message = str(e)
     except OSError as e:
@@ -2645,10 +2879,13 @@ def main(argv=None):
     except Exception as e:  # a bug, or input no check foresaw: still one line, no traceback
         message = f"unexpected {type(e).__name__}: {e}"
     else:
+        say_now()  # the notes and warnings of an export that succeeded
         return 0
-    LATER.clear()  # notes about a tokenizer that was refused
+    LATER.clear()  # a refusal is its one error line, without the notes gathered before it
+    # a lone surrogate (from a JSON "\ud800") cannot be printed as UTF-8: escaped instead
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     print(f"export.py: error: {' '.join(message.split())}", file=sys.stderr)
-    return EXIT_BAD_INPUT
+    return code
 
 
 if __name__ == "__main__":

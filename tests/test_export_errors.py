@@ -67,11 +67,11 @@ def safetensors_bytes(tensors):
     return struct.pack("<Q", len(text)) + text + data
 
 
-def hf_weights(seed=0, tied=True, dim=DIM, heads=HEADS, kv_heads=KV_HEADS):
+def hf_weights(seed=0, tied=True, dim=DIM, heads=HEADS, kv_heads=KV_HEADS, vocab=VOCAB):
     """{HF name: float32 array} of a random tiny Llama."""
     rng = np.random.default_rng(seed)
     hd = dim // heads
-    shapes = {"model.embed_tokens.weight": (VOCAB, dim), "model.norm.weight": (dim,)}
+    shapes = {"model.embed_tokens.weight": (vocab, dim), "model.norm.weight": (dim,)}
     for i in range(LAYERS):
         p = f"model.layers.{i}."
         shapes.update({
@@ -86,7 +86,7 @@ def hf_weights(seed=0, tied=True, dim=DIM, heads=HEADS, kv_heads=KV_HEADS):
             p + "mlp.down_proj.weight": (dim, HIDDEN),
         })
     if not tied:
-        shapes["lm_head.weight"] = (VOCAB, dim)
+        shapes["lm_head.weight"] = (vocab, dim)
     return {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
 
 
@@ -464,9 +464,8 @@ def test_hf_without_lm_head_is_tied(tmp_path):
     assert header["shared_classifier"] == 1
 
 
-def test_hf_sharded(tmp_path):
-    model = write_hf(tmp_path / "m")
-    assert run_export(model, tmp_path / "single.bin").returncode == 0
+def shard(model):
+    """Replace a write_hf directory's model.safetensors by two shards and their index."""
     weights = hf_weights()
     os.remove(model / "model.safetensors")
     names = sorted(weights)
@@ -475,6 +474,13 @@ def test_hf_sharded(tmp_path):
         (model / file).write_bytes(safetensors_bytes({n: encode(weights[n], "F32") for n in part}))
     index = {"metadata": {}, "weight_map": {n: f for f, part in files.items() for n in part}}
     (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    return model
+
+
+def test_hf_sharded(tmp_path):
+    model = write_hf(tmp_path / "m")
+    assert run_export(model, tmp_path / "single.bin").returncode == 0
+    shard(model)
     assert run_export(model, tmp_path / "sharded.bin").returncode == 0
     assert (tmp_path / "single.bin").read_bytes() == (tmp_path / "sharded.bin").read_bytes()
 
@@ -814,3 +820,179 @@ def test_rope_theta_flag_is_checked_against_the_model(tmp_path, export_run):
     # the same theta with no rotating pair is fine, and run loads it
     r = export_run(tmp_path / "ok.bin", tmp_path / "p0.bin", "--rope-theta", "1e-40", "--rope-fraction", "0")
     assert r.returncode == 0, r.stderr
+
+
+# ----------------------------------------------------------------------------
+# Outputs never overwrite inputs: `export.py DIR DIR/config.json` replaced config.json
+
+
+@pytest.mark.parametrize("name, sharded", [
+    ("config.json", False),
+    ("model.safetensors", False),
+    ("model-00002-of-00002.safetensors", True),
+    ("model.safetensors.index.json", True),
+])
+def test_output_that_is_an_input_of_the_model_is_refused(tmp_path, export_run, name, sharded):
+    model = write_hf(tmp_path / "m")
+    if sharded:
+        shard(model)
+    before = (model / name).read_bytes()
+    r = export_run(model, model / name)
+    assert_fails(r, EXIT_BAD_INPUT, f"{model / name}: is the input file", "never writes over its inputs")
+    assert (model / name).read_bytes() == before and not any(".tmp" in f for f in os.listdir(model))
+
+
+def test_output_that_is_another_spelling_or_a_link_of_an_input_is_refused(tmp_path, export_run):
+    """Compared by device and inode: ./, .., a symlink and a hard link all name the same file."""
+    model = write_hf(tmp_path / "m")
+    config = model / "config.json"
+    before = config.read_bytes()
+    os.symlink(config, tmp_path / "link.json")
+    os.link(config, tmp_path / "hard.json")
+    for out in (f"{model}/./config.json", f"{model}/../m/config.json", tmp_path / "link.json",
+                tmp_path / "hard.json"):
+        assert_fails(export_run(model, out), EXIT_BAD_INPUT, f"{out}: is the input file")
+    assert config.read_bytes() == before and os.path.islink(tmp_path / "link.json")
+
+
+def test_output_that_is_the_input_checkpoint_is_refused(tmp_path, export_run):
+    assert export_run(write_hf(tmp_path / "m"), tmp_path / "a.bin").returncode == 0
+    before = (tmp_path / "a.bin").read_bytes()
+    for out in (tmp_path / "a.bin", f"{tmp_path}/./a.bin"):
+        for flags in ([], ["--legacy"], ["--rope-theta", "20000"]):
+            assert_fails(export_run(tmp_path / "a.bin", out, *flags), EXIT_BAD_INPUT, "is the input file")
+    assert (tmp_path / "a.bin").read_bytes() == before
+
+
+def test_output_that_is_the_input_tokenizer_model_is_refused(tmp_path, export_run):
+    model = tmp_path / "sp.model"
+    model.write_bytes(sentencepiece_model([("<unk>", 0.0), ("<s>", 0.0), ("</s>", 0.0)]))
+    before = model.read_bytes()
+    assert_fails(export_run("--tokenizer", model, "-o", model), EXIT_BAD_INPUT, f"{model}: is the input file")
+    assert model.read_bytes() == before
+
+
+def test_output_beside_the_inputs_is_written(tmp_path, export_run):
+    """Not a collision: a new file in the model's directory, and a file that exists but is not read."""
+    model = write_hf(tmp_path / "m")
+    assert export_run(model, model / "out.bin").returncode == 0
+    (model / "README.md").write_text("notes")
+    assert export_run(model, model / "README.md").returncode == 0
+
+
+def test_rope_fraction_that_changes_a_longrope_models_pairs_is_refused(tmp_path, export_run):
+    """The factors are one per rotated pair of the model as trained: another pair count would make run read
+    past them (the file's size disagreed with its header)."""
+    import family_fixtures
+    family_fixtures.write_checkpoint(tmp_path / "phi4", "Phi-4-mini")  # head_dim 128, p 0.75: 48 pairs
+    for source in (tmp_path / "phi4", tmp_path / "phi4.bin"):
+        if source.suffix:
+            assert export_run(tmp_path / "phi4", source).returncode == 0
+        r = export_run(source, tmp_path / "out.bin", "--rope-fraction", "0.5")
+        assert_fails(r, EXIT_BAD_USAGE, "--rope-fraction 0.5: this model's longrope factors", "(48 pairs)",
+                     "would rotate 32")
+        assert not os.path.exists(tmp_path / "out.bin")
+    r = export_run(tmp_path / "phi4.bin", tmp_path / "same.bin", "--rope-fraction", "0.75", "--rope-theta", "20000")
+    assert r.returncode == 0, r.stderr
+
+
+# ----------------------------------------------------------------------------
+# Every family's values, checked where config.json gives them, as run checks what is stored
+
+
+def family_model(tmp_path, name, **changes):
+    """A small checkpoint of model `name` (tests/family_fixtures.py) with config.json's text
+    config changed; a value None removes the key."""
+    import family_fixtures
+    config = family_fixtures.shrink(name)
+    text = family_fixtures._text(config)
+    for key, value in changes.items():
+        if value is None:
+            text.pop(key, None)
+        else:
+            text[key] = value
+    family_fixtures.write_checkpoint(tmp_path / "m", name, config=config)
+    return tmp_path / "m"
+
+
+def with_long_factor(i, value):
+    import family_fixtures
+    rope = json.loads(json.dumps(family_fixtures.REAL_CONFIGS["Phi-4-mini"]["rope_scaling"]))
+    rope["long_factor"][i] = value
+    return {"rope_scaling": rope}
+
+
+@pytest.mark.parametrize("name, change, words", [
+    # Gemma 2's soft-caps: run refuses a negative one; 0 (or a value that is 0 in float32) would read as "no cap"
+    ("Gemma-2-2B", {"attn_logit_softcapping": -50.0}, ["config.json: attn_logit_softcapping -50.0: must be finite "
+                                                       "and > 0 in float32"]),
+    ("Gemma-2-2B", {"final_logit_softcapping": 0}, ["config.json: final_logit_softcapping 0: must be"]),
+    ("Gemma-2-2B", {"final_logit_softcapping": 1e-50}, ["final_logit_softcapping 1e-50: must be"]),
+    ("Gemma-2-2B", {"final_logit_softcapping": 1e39}, ["final_logit_softcapping 1e+39: must be"]),
+    ("Gemma-2-2B", {"attn_logit_softcapping": "50"}, ["attn_logit_softcapping '50' is not a number"]),
+    # the attention scale 1 / sqrt(query_pre_attn_scalar)
+    ("Gemma-2-2B", {"query_pre_attn_scalar": 0}, ["config.json: query_pre_attn_scalar 0: must be finite and > 0"]),
+    ("Gemma-3-1B", {"query_pre_attn_scalar": -256}, ["query_pre_attn_scalar -256: must be finite and > 0"]),
+    ("Gemma-2-2B", {"query_pre_attn_scalar": 10**400}, ["query_pre_attn_scalar 1000", "must be finite and > 0"]),
+    ("Gemma-2-2B", {"query_pre_attn_scalar": 1e100}, ["query_pre_attn_scalar 1e+100: the attention scale",
+                                                      "is 0 in float32", "default 1 / sqrt(head_dim)"]),
+    ("Gemma-2-2B", {"query_pre_attn_scalar": 1e-90}, ["query_pre_attn_scalar 1e-90: the attention scale",
+                                                      "overflows float32"]),
+    # Gemma 3's second setting: the local layers' theta
+    ("Gemma-3-1B", {"rope_local_base_freq": -1.0}, ["config.json: rope_local_base_freq -1.0: must be finite and > 0"]),
+    ("Gemma-3-1B", {"rope_local_base_freq": 0}, ["rope_local_base_freq 0: must be finite and > 0"]),
+    ("Gemma-3-1B", {"rope_local_base_freq": 1e-50}, ["rope_local_base_freq 1e-50: must be"]),
+    ("Gemma-3-1B", {"rope_local_base_freq": 1e39}, ["rope_local_base_freq 1e+39: must be"]),
+    ("Gemma-3-1B", {"rope_local_base_freq": 1e-37}, ["config.json: rope_local_base_freq 1e-37: rope_theta 1e-37 is "
+                                                     "too small: pair 127"]),
+    # the exact GELU, which run does not compute
+    ("Gemma-2-2B", {"hidden_activation": "gelu"}, ["config.json: hidden_activation 'gelu': the exact (erf) GELU is "
+                                                   "not supported"]),
+    ("Gemma-2B", {"hidden_activation": "gelu", "hidden_act": "gelu"}, ["hidden_activation 'gelu'"]),
+    ("Gemma-3-1B", {"torch_dtype": ["bfloat16"]}, ['config.json: torch_dtype ["bfloat16"] must be a string']),
+    ("Qwen3-0.6B", {"hidden_size": 8, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 4},
+     ["n_heads 16 (num_attention_heads) is above dim 8 (hidden_size): run.c's limit"]),
+    # longrope factors so small that the angles overflow
+    ("Phi-4-mini", with_long_factor(5, 1e-40), ["config.json: longrope long_factor[5] 1e-40 is too small",
+                                                "pair 5"]),
+])
+def test_family_values_are_checked_as_run_checks_them(tmp_path, export_run, name, change, words):
+    model = family_model(tmp_path, name, **change)
+    r = export_run(model, tmp_path / "out.bin")
+    assert_fails(r, EXIT_BAD_INPUT, *words)
+    assert not os.path.exists(tmp_path / "out.bin")
+
+
+@pytest.mark.parametrize("name, change", [
+    ("Gemma-2B", {"hidden_act": "gelu", "hidden_activation": None}),  # transformers runs it as the tanh GELU
+    ("Gemma-2-2B", {"hidden_act": "gelu"}),  # hidden_activation gelu_pytorch_tanh is what Gemma 2 reads
+    ("Gemma-2-2B", {"query_pre_attn_scalar": 1e60, "final_logit_softcapping": 1e-30}),  # tiny but not 0 in float32
+    ("Gemma-3-1B", {"rope_local_base_freq": 1e-30, "torch_dtype": None, "dtype": "float16"}),
+])
+def test_family_values_near_the_limits_are_written_and_run_loads_them(tmp_path, export_run, name, change):
+    from conftest import run
+    model = family_model(tmp_path, name, **change)
+    r = export_run(model, tmp_path / "out.bin")
+    assert r.returncode == 0, r.stderr
+    loaded = run(tmp_path / "out.bin", "-m", "rope")
+    assert loaded.returncode == 0, loaded.stderr
+
+
+@pytest.mark.parametrize("dtype, value", [("F32", np.nan), ("BF16", np.inf), ("F16", -np.inf)])
+def test_nan_or_infinite_weight_is_refused_naming_the_tensor(tmp_path, export_run, dtype, value):
+    weights = hf_weights()
+    weights["model.layers.0.mlp.down_proj.weight"][3, 5] = value
+    model = write_hf(tmp_path / "m", weights=weights, dtype=dtype)
+    r = export_run(model, tmp_path / "out.bin", "--dtype", "bf16")  # a narrowing note is not printed either
+    assert_fails(r, EXIT_BAD_INPUT, "tensor model.layers.0.mlp.down_proj.weight: the weight at [3, 5] is "
+                 f"{np.float32(value)}", "refused")
+    assert not os.path.exists(tmp_path / "out.bin") and os.listdir(tmp_path) == ["m"]
+
+
+def test_nan_weight_in_a_rope_file_is_refused(tmp_path, export_run):
+    assert export_run(write_hf(tmp_path / "m"), tmp_path / "a.bin").returncode == 0
+    data = bytearray((tmp_path / "a.bin").read_bytes())
+    struct.pack_into("<f", data, 256 + 4 * 7, np.nan)  # token_embedding[0][7]
+    (tmp_path / "nan.bin").write_bytes(data)
+    assert_fails(export_run(tmp_path / "nan.bin", tmp_path / "out.bin"), EXIT_BAD_INPUT,
+                 "tensor token_embedding: the weight at [0, 7] is nan")

@@ -8,10 +8,18 @@ and exit 1, or writes a file that run loads and computes with: -m rope, a short
 greedy generation, -m tokenize. Seeded, so a failure reproduces; bounded (a few
 dozen cases, well under 20 s, also under ASan).
 
-Fuzz target: export.py's config reading (hf_config, hf_rope, Config.check) on
-config.json values of random JSON types: every input ends in an ExportError (one
-line, naming the key) or a Config that passes its checks, never another exception.
-There is no hypothesis package here; a seeded random generator stands in for it.
+The same property for every family (tests/family_fixtures.py's configs with their own
+fields drawn wide: Gemma 2's soft-caps, query_pre_attn_scalar, Gemma 3's local theta,
+longrope's factors, the activation), with ./run loading each file export.py writes.
+
+Fuzz targets: export.py's config reading (config_from_json: hf_config, hf_rope; then
+Config.check) on config.json values of random JSON types, for Llama and for each
+family's own keys; and its tokenizer reading on random values in tokenizer.json,
+tokenizer_config.json and generation_config.json. Every input ends in an ExportError
+(one line, naming the key) or a result that passes its checks (a Config that packs into
+a header; a TOKN file ./run loads), never another exception: main's "unexpected"
+handler is a last resort these never reach. There is no hypothesis package here; a
+seeded random generator stands in for it.
 """
 import contextlib
 import importlib.util
@@ -25,7 +33,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import ROOT, run
+from conftest import ROOT, TOK512, run
 from ropefile import write_random_checkpoint
 from test_export_errors import safetensors_bytes, sentencepiece_model
 
@@ -50,11 +58,11 @@ def call_export(*args):
 
 
 def assert_one_error_line(code, stderr, what):
+    """A refusal is one stderr line: no warning or note printed before it."""
     assert code == 1, (what, code, stderr)
     lines = stderr.splitlines()
-    errors = [line for line in lines if line.startswith("export.py: error: ")]
-    assert len(errors) == 1 and "unexpected" not in errors[0], (what, stderr)
-    assert all(line.startswith("export.py: warning: ") for line in lines if line not in errors), (what, stderr)
+    assert len(lines) == 1 and lines[0].startswith("export.py: error: "), (what, stderr)
+    assert "unexpected" not in lines[0], (what, stderr)
 
 
 def assert_runs(r, what):
@@ -144,27 +152,30 @@ def tokenizer_bin(vocab_size):
 # The property
 
 
+def export_and_load(model, out, tokenizer, what):
+    """True when export.py writes out and ./run loads it and generates with it (-z tokenizer); False
+    when export.py refuses in one line, writing nothing."""
+    code, _, stderr = call_export(model, out)
+    if code != 0:
+        assert_one_error_line(code, stderr, what)
+        assert not out.exists()
+        return False
+    assert_runs(run(out, "-m", "rope"), what)
+    assert_runs(run(out, "-z", tokenizer, "-t", "0", "-n", "3", "-p", ""), what)  # BOS only: seq_len may be 1
+    return True
+
+
 def test_every_checkpoint_export_writes_run_loads(tmp_path):
     rng = random.Random(32)
-    written = refused = 0
+    written = 0
     for case in range(N_CONFIGS):
         config = random_config(rng)
-        what = f"case {case}: {json.dumps(config)}"
         model = hf_directory(tmp_path / f"hf{case}", config, case)
-        out = tmp_path / f"out{case}.bin"
-        code, _, stderr = call_export(model, out)
-        if code != 0:
-            assert_one_error_line(code, stderr, what)
-            assert not out.exists()
-            refused += 1
-            continue
-        written += 1
-        assert_runs(run(out, "-m", "rope"), what)
         tok = tmp_path / f"tok{case}.bin"
         tok.write_bytes(tokenizer_bin(config["vocab_size"]))
-        assert_runs(run(out, "-z", tok, "-t", "0", "-n", "3", "-p", ""), what)  # BOS only: seq_len may be 1
+        written += export_and_load(model, tmp_path / f"out{case}.bin", tok, f"case {case}: {json.dumps(config)}")
     # not vacuous: both outcomes occur
-    assert written >= N_CONFIGS // 5 and refused >= N_CONFIGS // 5, (written, refused)
+    assert N_CONFIGS // 5 <= written <= N_CONFIGS - N_CONFIGS // 5, written
 
 
 def random_pieces(rng, n):
@@ -238,10 +249,24 @@ def base_config():
 
 def read_config(config):
     """export.py's reading of a config.json, up to the checks before any tensor is read."""
-    c = export.hf_config(config)
-    c.rope_theta, c.rope_fraction, scaling, _ = export.hf_rope(config, c.head_dim, c.seq_len)
-    c.set_scaling(**scaling)
+    _, c, _ = export.config_from_json(config)
     c.check()
+    return c
+
+
+def fuzz_read(config, what, outcomes):
+    """read_config(config), or None when it is refused in one line; counted in outcomes. Any other
+    exception fails the test: the reader met a value it did not check."""
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # warnings
+            c = read_config(config)
+    except export.ExportError as e:
+        outcomes["refused"] += 1
+        assert "\n" not in " ".join(str(e).split()), (what, config, e)
+        return None
+    except Exception as e:
+        pytest.fail(f"{what}: {type(e).__name__}: {e}\nconfig: {json.dumps(config)}")
+    outcomes["accepted"] += 1
     return c
 
 
@@ -255,19 +280,188 @@ def test_config_reading_fuzz():
                 else config
             keys = ROPE_KEYS if target is not config else CONFIG_KEYS
             target[rng.choice(keys)] = random_json(rng)
-        try:
-            with contextlib.redirect_stderr(io.StringIO()):  # warnings
-                c = read_config(config)
-        except export.ExportError as e:
-            outcomes["refused"] += 1
-            assert "\n" not in " ".join(str(e).split()), (case, config, e)
+        c = fuzz_read(config, f"case {case}", outcomes)
+        if c is None:
             continue
-        except Exception as e:  # anything else is a bug: the reader met a value it did not check
-            pytest.fail(f"case {case}: {type(e).__name__}: {e}\nconfig: {json.dumps(config)}")
-        outcomes["accepted"] += 1
         # what was accepted has the types the header stores
         assert all(isinstance(getattr(c, k), int) and not isinstance(getattr(c, k), bool)
                    for k in ("dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len"))
         assert isinstance(c.shared_classifier, bool)
         assert math.isfinite(export.f32(c.rope_theta)) and export.f32(c.norm_eps) > 0
     assert outcomes["accepted"] > N_FUZZ // 20 and outcomes["refused"] > N_FUZZ // 20, outcomes
+
+
+# ----------------------------------------------------------------------------
+# Fuzz target: every family's config.json (the keys each family reads besides Llama's)
+
+import family_fixtures  # noqa: E402  (tests/ is on sys.path: conftest.py)
+
+FAMILY_KEYS = CONFIG_KEYS + ["query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping",
+                             "rope_local_base_freq", "hidden_activation", "layer_types", "sliding_window_pattern",
+                             "_sliding_window_pattern", "no_rope_layers", "no_rope_layer_interval",
+                             "use_sliding_window", "max_window_layers", "torch_dtype", "dtype", "text_config",
+                             "num_experts", "vision_config"]
+FAMILY_ROPE_KEYS = ROPE_KEYS + ["short_factor", "long_factor"]
+N_FAMILY_FUZZ = 1000
+
+
+def family_json(rng, length):
+    """random_json, or a value of the shapes the family keys take: lists of layer types, of 0/1 flags, of
+    factors (length: the family's own list length, or another), the GELU names, dtype names."""
+    n = rng.choice([length, length, 1, 0, length + 1])
+    makers = [lambda: random_json(rng),
+              lambda: [rng.choice(["sliding_attention", "full_attention", "x", 0, None]) for _ in range(n)],
+              lambda: [rng.choice([0, 1, 1, 2, True, -1]) for _ in range(n)],
+              lambda: [rng.choice([1.0, 1.5, 32.0, 0.0, -1.0, 1e-40, 1e-46, 1e39, 10**400, "1", None, True])
+                       if rng.random() < 0.2 else rng.uniform(1, 40) for _ in range(n)],
+              lambda: rng.choice(["gelu", "gelu_pytorch_tanh", "gelu_new", "silu", "bfloat16", "float16", "float32",
+                                  "gemma3_text", "longrope", "sliding_attention"]),
+              lambda: wild_float(rng, rng.choice([50.0, 256.0, 10000.0, 1.0]))]
+    return makers[rng.randrange(len(makers))]()
+
+
+def text_config(config):
+    return config["text_config"] if config.get("model_type") == "gemma3" else config
+
+
+@pytest.mark.parametrize("name", sorted(family_fixtures.REAL_CONFIGS))
+def test_family_config_reading_fuzz(name):
+    """config.json of each family with random values: an ExportError (one line) or a Config that passes
+    its checks and packs into a header; never another exception (main's "unexpected" handler)."""
+    rng = random.Random(f"family {name}")
+    outcomes = {"accepted": 0, "refused": 0}
+    for case in range(N_FAMILY_FUZZ):
+        config = family_fixtures.shrink(name)
+        text = text_config(config)
+        length = text["num_hidden_layers"]
+        for _ in range(rng.randint(1, 3)):
+            rope = text.get("rope_scaling")
+            if isinstance(rope, dict) and rng.random() < 0.3:
+                key = rng.choice(FAMILY_ROPE_KEYS)
+                rope[key] = family_json(rng, 48)  # Phi-4-mini: 48 factors per set
+            else:
+                target = config if rng.random() < 0.1 else text
+                target[rng.choice(FAMILY_KEYS)] = family_json(rng, length)
+        c = fuzz_read(config, f"{name} case {case}", outcomes)
+        if c is not None:
+            export.rope_header(c, "f32", export.ROPE_VERSION_2)  # every value fits the field it is stored in
+    assert outcomes["accepted"] > N_FAMILY_FUZZ // 20 and outcomes["refused"] > N_FAMILY_FUZZ // 20, outcomes
+
+
+# ----------------------------------------------------------------------------
+# Fuzz target: tokenizer.json, tokenizer_config.json and generation_config.json
+
+from test_export_tokenizer import TEMPLATES, byte_level_json, sentencepiece_json  # noqa: E402
+
+N_TOKENIZER_FUZZ = 600
+TOKENIZER_KEYS = {  # where in the files, and the keys a reader looks at there
+    "tokenizer.json": ["added_tokens", "normalizer", "pre_tokenizer", "post_processor", "decoder", "model"],
+    "model": ["type", "vocab", "merges", "byte_fallback", "dropout", "ignore_merges", "continuing_subword_prefix"],
+    "post_processor": ["type", "single", "special_tokens", "processors"],
+    "added_token": ["id", "content", "special", "lstrip", "normalized"],
+    "tokenizer_config.json": ["bos_token", "eos_token", "add_bos_token", "chat_template"],
+    "generation_config.json": ["eos_token_id"],
+}
+
+
+def tokenizer_json_value(rng):
+    """random_json, or a value of the shapes tokenizer files hold: token texts (one with a lone surrogate,
+    a byte piece in lower case), ids in and out of range, special-token objects, templates."""
+    makers = [lambda: random_json(rng),
+              lambda: rng.choice(["<s>", "</s>", "<unk>", "<|endoftext|>", "<|im_end|>", "\ud800", "<0x0a>", "h",
+                                  "\u2581", "BPE", "ByteLevel", "TemplateProcessing", "Sequence"]),
+              lambda: rng.choice([-1, 0, 1, 2, 6, 258, 259, 10**6, 2**31, [6], [1, 2], [[6]], [-1], ["6"]]),
+              lambda: {rng.choice(["content", "id", "ids", "<s>", "<|endoftext|>"]): tokenizer_json_value(rng)},
+              lambda: [{"SpecialToken": {"id": rng.choice(["<s>", "<|endoftext|>", 5, None])}},
+                       {"Sequence": {"id": "A"}}][:rng.randint(0, 2)],
+              lambda: rng.choice([t for t, _ in TEMPLATES.values()])]
+    return makers[rng.randrange(len(makers))]()
+
+
+def fuzzed_tokenizer_files(rng):
+    """(tokenizer.json, tokenizer_config.json, generation_config.json) of a good tokenizer, then 1-3 values changed."""
+    if rng.random() < 0.5:
+        files = [byte_level_json(extra=["<|im_end|>", "<|im_start|>"]),
+                 {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>"}, {}]
+    else:
+        files = [sentencepiece_json(), {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True}, {}]
+    for _ in range(rng.randint(1, 3)):
+        where = rng.choice(list(TOKENIZER_KEYS))
+        added = files[0].get("added_tokens")
+        target = {"tokenizer.json": files[0], "model": files[0].get("model"), "tokenizer_config.json": files[1],
+                  "generation_config.json": files[2], "post_processor": files[0].get("post_processor"),
+                  "added_token": rng.choice(added) if isinstance(added, list) and added else None}[where]
+        if isinstance(target, dict):
+            target[rng.choice(TOKENIZER_KEYS[where])] = tokenizer_json_value(rng)
+    return files
+
+
+def test_tokenizer_reading_fuzz(tmp_path):
+    """Every input ends in one error line (never main's "unexpected" handler) or a TOKN file run loads."""
+    rng = random.Random(3233)
+    checkpoint = write_random_checkpoint(tmp_path / "m.bin", dim=8, hidden_dim=8, n_layers=1, n_heads=1,
+                                         n_kv_heads=1, vocab_size=300, seq_len=16)
+    outcomes = {"accepted": 0, "refused": 0}
+    for case in range(N_TOKENIZER_FUZZ):
+        files = fuzzed_tokenizer_files(rng)
+        folder = tmp_path / f"t{case}"
+        folder.mkdir()
+        for name, content in zip(["tokenizer.json", "tokenizer_config.json", "generation_config.json"], files):
+            (folder / name).write_text(json.dumps(content))  # ASCII: a lone surrogate stays a valid escape
+        out = tmp_path / f"t{case}.bin"
+        code, _, stderr = call_export("--tokenizer", folder / "tokenizer.json", "-o", out)
+        what = f"case {case}: {json.dumps(files)[:3000]}"
+        if code != 0:
+            lines = stderr.splitlines()
+            assert code in (1, 2) and len(lines) == 1 and lines[0].startswith("export.py: error: "), (what, stderr)
+            assert "unexpected" not in lines[0], (what, stderr)
+            outcomes["refused"] += 1
+            continue
+        outcomes["accepted"] += 1
+        if struct.unpack_from("<i", out.read_bytes(), 12)[0] <= 300:  # n_tokens: a tokenizer of this model
+            assert_runs(run(checkpoint, "-z", out, "-m", "tokenize", "-p", "hi <|im_end|> \u00e9"), what)
+    assert outcomes["accepted"] > N_TOKENIZER_FUZZ // 20 and outcomes["refused"] > N_TOKENIZER_FUZZ // 20, outcomes
+
+
+# ----------------------------------------------------------------------------
+# The property for every family: random values of the fields each family adds
+
+N_FAMILY_CONFIGS = 44
+
+
+def random_family_config(rng, name):
+    """A small config of model `name` with its own fields (soft-caps, the attention scalar, the local theta,
+    longrope's factors, the activation) and the shared ones drawn across float32's range."""
+    config = family_fixtures.shrink(name)
+    text = text_config(config)
+    draws = {
+        "rope_theta": lambda: wild_float(rng, 10000.0),
+        "rms_norm_eps": lambda: wild_float(rng, 1e-6),
+        "query_pre_attn_scalar": lambda: wild_float(rng, 256.0),
+        "attn_logit_softcapping": lambda: rng.choice([None, wild_float(rng, 50.0)]),
+        "final_logit_softcapping": lambda: rng.choice([None, wild_float(rng, 30.0)]),
+        "rope_local_base_freq": lambda: wild_float(rng, 10000.0),
+        "hidden_activation": lambda: rng.choice(["gelu_pytorch_tanh", "gelu", None]),
+        "max_position_embeddings": lambda: rng.choice([1, 8, 64, 1024, 2**20 + 1]),
+    }
+    for key in rng.sample(sorted(draws), rng.randint(1, 3)):
+        text[key] = draws[key]()
+    rope = text.get("rope_scaling")
+    if isinstance(rope, dict) and rope.get("long_factor") and rng.random() < 0.7:
+        which = rng.choice(["short_factor", "long_factor"])
+        i = rng.randrange(len(rope[which]))
+        rope[which][i] = wild_float(rng, rope[which][i])
+    return config
+
+
+def test_every_family_export_writes_run_loads(tmp_path):
+    rng = random.Random(3234)
+    names = sorted(family_fixtures.REAL_CONFIGS)
+    written = 0
+    for case in range(N_FAMILY_CONFIGS):
+        name = names[case % len(names)]
+        config = random_family_config(rng, name)
+        what = f"case {case} ({name}): {json.dumps(family_fixtures._text(config))[:3000]}"
+        family_fixtures.write_checkpoint(tmp_path / f"hf{case}", name, config=config)
+        written += export_and_load(tmp_path / f"hf{case}", tmp_path / f"out{case}.bin", TOK512, what)
+    assert N_FAMILY_CONFIGS // 5 <= written <= N_FAMILY_CONFIGS - N_FAMILY_CONFIGS // 5, written

@@ -21,7 +21,8 @@ import types
 import numpy as np
 import pytest
 
-from test_export_errors import EXIT_BAD_INPUT, EXIT_BAD_USAGE, EXPORT, assert_fails, hf_config, shared, write_hf
+from test_export_errors import (EXIT_BAD_INPUT, EXIT_BAD_USAGE, EXPORT, assert_fails, hf_config, hf_weights, shared,
+                                write_hf)
 
 # export.py runs in-process (export.main), so that the Unicode tables are computed once for
 # the whole file; test_export_errors.py runs it as a program.
@@ -84,15 +85,28 @@ def class_of(ranges, cp):
 # Small tokenizer.json files
 
 
+def gpt2_alphabet():
+    """GPT-2's bytes_to_unicode: the character that stands for each byte, in byte order."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    extra = iter(range(256, 512))
+    return [chr(b) if b in printable else chr(next(extra)) for b in range(256)]
+
+
 def byte_level_json(merges_as_pairs=False, extra=(), **changes):
-    """A GPT-2-style tokenizer.json: 'Ġ' is GPT-2's stand-in for a space, 'Ċ' for a newline."""
+    """A GPT-2-style tokenizer.json: 'Ġ' is GPT-2's stand-in for a space, 'Ċ' for a newline. The
+    other bytes' pieces (run needs one for each of the 256) come after <|endoftext|>, so that the
+    ids before it are those of the short list here."""
     vocab = {"h": 0, "i": 1, "Ġ": 2, "hi": 3, "Ġhi": 4, "Ċ": 5}
     for text in extra:
         vocab[text] = len(vocab)
+    special = len(vocab)
+    for ch in gpt2_alphabet():
+        if ch not in vocab:
+            vocab[ch] = len(vocab) + 1
     merges = [["h", "i"], ["Ġ", "hi"]]
     j = {
         "version": "1.0",
-        "added_tokens": [{"id": len(vocab), "content": "<|endoftext|>", "special": True, "normalized": False,
+        "added_tokens": [{"id": special, "content": "<|endoftext|>", "special": True, "normalized": False,
                           "lstrip": False, "rstrip": False, "single_word": False}],
         "normalizer": None,
         "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
@@ -126,6 +140,12 @@ def sentencepiece_json(**changes):
     return j
 
 
+def n_tokens(tokenizer_json):
+    """How many ids a tokenizer.json's vocabulary and added tokens use."""
+    ids = [*tokenizer_json["model"]["vocab"].values(), *(a["id"] for a in tokenizer_json["added_tokens"])]
+    return max(ids) + 1
+
+
 def write_tokenizer(directory, tokenizer_json, config=None, generation=None):
     """tokenizer.json (+ tokenizer_config.json, generation_config.json) in directory; the json's path."""
     os.makedirs(directory, exist_ok=True)
@@ -156,9 +176,10 @@ def convert(tmp_path, tokenizer_json, config=GPT2_CONFIG, generation=None, *flag
 @pytest.mark.parametrize("pairs", [False, True], ids=["merges_as_strings", "merges_as_pairs"])
 def test_byte_level_pieces_are_raw_bytes_and_merges_are_id_pairs(tmp_path, pairs):
     t, stderr = convert(tmp_path, byte_level_json(merges_as_pairs=pairs))
-    assert (t["magic"], t["version"], t["kind"], t["n_tokens"]) == (TOKN_MAGIC, 1, 2, 7)
-    assert [p[0] for p in t["pieces"]] == [b"h", b"i", b" ", b"hi", b" hi", b"\n", b"<|endoftext|>"]
-    assert [p[1] for p in t["pieces"]] == [0, 0, 0, 0, 0, 0, 1]  # the special added token is control
+    assert (t["magic"], t["version"], t["kind"], t["n_tokens"]) == (TOKN_MAGIC, 1, 2, 259)
+    assert [p[0] for p in t["pieces"][:7]] == [b"h", b"i", b" ", b"hi", b" hi", b"\n", b"<|endoftext|>"]
+    assert [p[1] for p in t["pieces"][:7]] == [0, 0, 0, 0, 0, 0, 1]  # the special added token is control
+    assert sorted(p[0] for p in t["pieces"] if len(p[0]) == 1) == [bytes([b]) for b in range(256)]
     assert t["merges"].tolist() == [[0, 1], [2, 3]]
     assert t["max_token_length"] == len(b"<|endoftext|>")
     assert (t["pretokenizer"], t["flags"]) == (1, 0)  # ByteLevel's own regex: GPT-2's pattern
@@ -247,6 +268,8 @@ def test_non_special_added_tokens_are_user_defined(tmp_path):
     assert t["pieces"][10] == (b"  ", 0, 0.0)  # '▁' runs are what BPE makes of spaces
 
 
+TEMPLATE_TOKENS = ["<|im_end|>", "<|im_start|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+                   "<start_of_turn>", "<end_of_turn>"]  # every recognised template's special tokens (run needs them)
 TEMPLATES = {
     "llama3": ("{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + content + '<|eot_id|>' }}", 2),
     "chatml": ("{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}", 3),
@@ -267,14 +290,14 @@ TEMPLATES = {
 @pytest.mark.parametrize("name", sorted(TEMPLATES))
 def test_chat_template_is_recognised_by_its_markers(tmp_path, name):
     template, code = TEMPLATES[name]
-    t, stderr = convert(tmp_path, byte_level_json(extra=["<|im_end|>"]), dict(GPT2_CONFIG, chat_template=template))
+    t, stderr = convert(tmp_path, byte_level_json(extra=TEMPLATE_TOKENS), dict(GPT2_CONFIG, chat_template=template))
     assert t["chat_template"] == code
     assert ("--template" in stderr) == (code == 0)  # an unrecognised one is stored as none, with a note
 
 
 def test_template_option_overrides(tmp_path):
     config = dict(GPT2_CONFIG, chat_template=TEMPLATES["llama2"][0])
-    t, _ = convert(tmp_path, byte_level_json(extra=["<|im_end|>"]), config, None, "--template", "chatml")
+    t, _ = convert(tmp_path, byte_level_json(extra=["<|im_end|>", "<|im_start|>"]), config, None, "--template", "chatml")
     assert (t["chat_template"], t["eot_id"]) == (3, 6)  # ChatML closes a turn with <|im_end|>
 
 
@@ -321,9 +344,12 @@ def test_sentencepiece_model_in_a_directory_becomes_kind_1(tmp_path):
 # Inside a checkpoint: version 2
 
 
-def model_with_tokenizer(directory, tokenizer_json=None, vocab_size=16):
-    """A tiny Hugging Face directory (vocab 16) with a tokenizer.json and tokenizer_config.json."""
-    write_hf(directory, config=hf_config(vocab_size=vocab_size))
+MODEL_VOCAB = 264  # the tiny models' vocabulary with a tokenizer: room for byte_level_json()'s 260 tokens
+
+
+def model_with_tokenizer(directory, tokenizer_json=None, vocab_size=MODEL_VOCAB):
+    """A tiny Hugging Face directory with a tokenizer.json and tokenizer_config.json."""
+    write_hf(directory, config=hf_config(vocab_size=vocab_size), weights=hf_weights(vocab=vocab_size))
     write_tokenizer(directory, tokenizer_json or byte_level_json(), GPT2_CONFIG)
     return directory
 
@@ -344,7 +370,7 @@ def test_checkpoint_with_tokenizer_is_version_2(tmp_path):
     v1 = (tmp_path / "v1.bin").read_bytes()
     assert struct.unpack_from("<i", v1, 4)[0] == 1 and v1[8:84] == data[8:84]
     # tensors in version 1's order, each at the next multiple of 64 (zero padding between)
-    dim, hidden, layers, heads, kv, vocab = 8, 12, 1, 2, 1, 16
+    dim, hidden, layers, heads, kv, vocab = 8, 12, 1, 2, 1, MODEL_VOCAB
     hd = dim // heads
     sizes = [vocab * dim, layers * dim, layers * dim * dim, layers * kv * hd * dim, layers * kv * hd * dim,
              layers * dim * dim, layers * dim, layers * hidden * dim, layers * dim * hidden, layers * hidden * dim, dim]
@@ -376,15 +402,16 @@ def test_version_2_file_converts_again_and_to_legacy(tmp_path):
 
 
 def test_trailing_control_tokens_beyond_the_embedding_are_left_out(tmp_path):
-    j = byte_level_json(extra=[chr(c) for c in range(ord("A"), ord("A") + 9)])  # 15 pieces, then <|endoftext|>
-    j["added_tokens"].append(dict(j["added_tokens"][0], id=16, content="<|image|>"))
-    model = model_with_tokenizer(tmp_path / "m", j)
+    j = byte_level_json()
+    n = n_tokens(j)
+    j["added_tokens"].append(dict(j["added_tokens"][0], id=n, content="<|image|>"))
+    model = model_with_tokenizer(tmp_path / "m", j, vocab_size=n)
     result = run_export(model, tmp_path / "out.bin")
     assert result.returncode == 0, result.stderr
     data = (tmp_path / "out.bin").read_bytes()
     tok_offset = struct.unpack_from("<Q", data, 96)[0]
     t = read_tokn(data[tok_offset:])
-    assert t["n_tokens"] == 16 and "<|image|>" in result.stderr  # said on stderr
+    assert t["n_tokens"] == n and "<|image|>" in result.stderr  # said on stderr
 
 
 # ----------------------------------------------------------------------------
@@ -439,7 +466,7 @@ BAD_CONFIG = {
     "no_eos": ({}, None, ["no end-of-sequence token"]),
     "eos_not_a_token": ({"eos_token": "</s>"}, None, ["'</s>' is not a token"]),
     "nine_eos": ({}, {"eos_token_id": list(range(7)) + [0, 1, 2, 3, 4, 5, 6, 6]}, None),
-    "eos_id_too_big": ({}, {"eos_token_id": 7}, ["generation_config.json eos_token_id"]),
+    "eos_id_too_big": ({}, {"eos_token_id": n_tokens(byte_level_json())}, ["generation_config.json eos_token_id"]),
     "bos_added_but_none": ({"add_bos_token": True, "eos_token": "<|endoftext|>"}, None, ["add_bos_token"]),
 }
 
@@ -478,8 +505,10 @@ def test_unsupported_tokenizer_model_in_a_directory_is_refused(tmp_path, model_t
 
 
 def test_tokenizer_larger_than_the_model_is_refused_before_writing(tmp_path):
-    model = model_with_tokenizer(tmp_path / "m", byte_level_json(extra=[chr(c) for c in range(ord("A"), ord("K"))]))
-    assert_fails(run_export(model, tmp_path / "out.bin"), EXIT_BAD_INPUT, "17 tokens but the model only 16")
+    j = byte_level_json()
+    model = model_with_tokenizer(tmp_path / "m", j, vocab_size=n_tokens(j) - 1)
+    assert_fails(run_export(model, tmp_path / "out.bin"), EXIT_BAD_INPUT,
+                 f"{n_tokens(j)} tokens but the model only {n_tokens(j) - 1}")
     assert not os.path.exists(tmp_path / "out.bin")
 
 
@@ -539,3 +568,121 @@ def test_real_tokenizer_json_header(tmp_path, name):
     with open(os.path.join(folder, "tokenizer.json"), encoding="utf-8") as f:
         merges = json.load(f)["model"]["merges"]
     assert len(t["merges"]) == len(merges)
+
+
+# ----------------------------------------------------------------------------
+# What run refuses is refused here, in one line naming the file and the value
+
+
+def post_processor(special_tokens, name="<|endoftext|>"):
+    return {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": name, "type_id": 0}},
+                                                     {"Sequence": {"id": "A", "type_id": 0}}],
+            "special_tokens": special_tokens}
+
+
+RUN_REFUSES = {
+    # run's byte-level BPE starts from a piece for every byte
+    "byte_level_without_every_byte": (
+        with_model(vocab={"h": 0, "i": 1, "Ġ": 2, "hi": 3, "Ġhi": 4, "Ċ": 5}), GPT2_CONFIG,
+        ["the byte-level vocabulary has no piece for byte 0x00 ('Ā' in GPT-2's byte alphabet; 252 of the 256",
+         "run.c needs one for every byte"]),
+    # a recognised template whose special tokens are not in the vocabulary: run -m chat blamed --template
+    "template_tokens_missing": (
+        byte_level_json(), dict(GPT2_CONFIG, chat_template=TEMPLATES["llama3"][0]),
+        ["recognised from tokenizer_config.json chat_template as llama3, needs the special token "
+         "'<|start_header_id|>'"]),
+    "template_token_missing": (  # <|im_start|> is there, <|im_end|> not
+        byte_level_json(extra=["<|im_start|>"]), dict(GPT2_CONFIG, chat_template=TEMPLATES["chatml"][0]),
+        ["as chatml, needs the special token '<|im_end|>'"]),
+    # a post_processor's ids
+    "post_processor_id_out_of_range": (
+        byte_level_json(post_processor=post_processor({"<|endoftext|>": {"id": "<|endoftext|>", "ids": [999]}})),
+        GPT2_CONFIG, ["special_tokens '<|endoftext|>' ids [999]: must be one token id in [0, 259)"]),
+    "post_processor_special_tokens_a_list": (
+        byte_level_json(post_processor=post_processor([{"id": "<|endoftext|>", "ids": [6]}])), GPT2_CONFIG,
+        ["post_processor TemplateProcessing special_tokens [", "must be an object of objects"]),
+    "post_processor_ids_not_a_list": (
+        byte_level_json(post_processor=post_processor({"<|endoftext|>": {"ids": 6}})), GPT2_CONFIG,
+        ["ids 6: must be one token id"]),
+    "post_processor_name_not_a_string": (
+        byte_level_json(post_processor=post_processor({}, name=["<s>"])), GPT2_CONFIG,
+        ['the special token ["<s>"] is not named by a string']),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RUN_REFUSES))
+def test_tokenizer_run_would_refuse_is_refused(tmp_path, name):
+    tokenizer_json, config, words = RUN_REFUSES[name]
+    path = write_tokenizer(tmp_path / "tok", tokenizer_json, config)
+    assert_fails(run_export("--tokenizer", path, "-o", tmp_path / "out.bin"), EXIT_BAD_INPUT, *words)
+    assert not os.path.exists(tmp_path / "out.bin")
+
+
+def test_template_flag_whose_tokens_are_missing_is_a_usage_error(tmp_path):
+    path = write_tokenizer(tmp_path / "tok", byte_level_json(extra=["<|im_end|>"]), GPT2_CONFIG)
+    r = run_export("--tokenizer", path, "-o", tmp_path / "out.bin", "--template", "chatml")
+    assert_fails(r, EXIT_BAD_USAGE, "--template chatml:", "has no special token '<|im_start|>'")
+    r = run_export("--tokenizer", path, "-o", tmp_path / "out.bin", "--template", "zephyr")  # no special tokens
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("where", ["added_tokens", "vocab"])
+def test_lone_surrogate_is_refused_naming_the_token(tmp_path, where):
+    j = sentencepiece_json()
+    if where == "added_tokens":
+        j["added_tokens"].append({"id": 9, "content": "\ud800", "special": True})
+    else:
+        j["model"]["vocab"]["\ud800x"] = 9
+    os.makedirs(tmp_path / "tok")
+    (tmp_path / "tok" / "tokenizer.json").write_text(json.dumps(j))  # "\ud800" escaped: valid JSON, not Unicode
+    (tmp_path / "tok" / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    r = run_export("--tokenizer", tmp_path / "tok" / "tokenizer.json", "-o", tmp_path / "out.bin")
+    assert_fails(r, EXIT_BAD_INPUT, f"{'added token' if where == 'added_tokens' else 'piece'} (id 9)",
+                 "is not valid Unicode (it holds a lone surrogate)")
+
+
+def sentencepiece_bpe(pieces):
+    """A SentencePiece BPE ModelProto with the identity normalizer: pieces [(text, type)] (6: byte)."""
+    def message(key, body):
+        return bytes([key, len(body)]) + body
+    out = b""
+    for text, kind in pieces:
+        out += message(0x0a, message(0x0a, text.encode()) + b"\x15" + struct.pack("<f", -1.0) + bytes([0x18, kind]))
+    out += message(0x12, b"\x18\x02")  # TrainerSpec: model_type bpe
+    return out + message(0x1a, message(0x0a, b"identity") + b"\x20\x00")  # no removing of spaces
+
+
+def test_sentencepiece_byte_piece_not_spelled_upper_case_is_refused(tmp_path):
+    pieces = [("<unk>", 2), ("<s>", 3), ("</s>", 3), ("<0x0A>", 6), ("a", 1)]
+    os.makedirs(tmp_path / "ok")
+    (tmp_path / "ok" / "tokenizer.model").write_bytes(sentencepiece_bpe(pieces))
+    assert run_export("--tokenizer", tmp_path / "ok", "-o", tmp_path / "ok.bin").returncode == 0
+    for spelling in ("<0x0a>", "<0xA>", "\n"):
+        os.makedirs(tmp_path / "bad", exist_ok=True)
+        (tmp_path / "bad" / "tokenizer.model").write_bytes(sentencepiece_bpe(pieces[:3] + [(spelling, 6)]))
+        r = run_export("--tokenizer", tmp_path / "bad", "-o", tmp_path / "out.bin")
+        assert_fails(r, EXIT_BAD_INPUT, f"piece 3 {spelling!r} is a byte piece but not spelled <0xXX>")
+
+
+@pytest.mark.parametrize("name", ["tokenizer.json", "tokenizer_config.json", "generation_config.json"])
+def test_output_that_is_a_tokenizer_input_is_refused(tmp_path, name):
+    model = model_with_tokenizer(tmp_path / "m")
+    (model / "generation_config.json").write_text(json.dumps({"eos_token_id": 6}))
+    before = (model / name).read_bytes()
+    for args in ([model, model / name], ["--tokenizer", model / "tokenizer.json", "-o", model / name],
+                 ["--tokenizer", model, "-o", model / name]):
+        assert_fails(run_export(*args), EXIT_BAD_INPUT, f"{model / name}: is the input file")
+    if name == "tokenizer.json":  # --legacy leaves the tokenizer out, but it is still the model's file
+        assert_fails(run_export("--legacy", model, model / name), EXIT_BAD_INPUT, "is the input file")
+    assert (model / name).read_bytes() == before
+
+
+def test_error_while_writing_is_the_only_stderr_line(tmp_path):
+    """The tokenizer's summary and notes were printed before an error found while writing the weights."""
+    model = model_with_tokenizer(tmp_path / "m")
+    weights = hf_weights(vocab=MODEL_VOCAB)
+    weights["model.norm.weight"][2] = np.nan
+    write_hf(model, config=hf_config(vocab_size=MODEL_VOCAB), weights=weights)
+    r = run_export(model, tmp_path / "out.bin")
+    assert_fails(r, EXIT_BAD_INPUT, "tensor model.norm.weight: the weight at [2] is nan")
+    assert r.stdout == "" and not os.path.exists(tmp_path / "out.bin")
