@@ -3740,6 +3740,7 @@ typedef struct {
     int verbose;               // -v: print the token ids of each turn on stderr
     ShiftMode shift;           // --shift: how the oldest turns are dropped
     int template_id;           // --template, else the tokenizer's (a ChatTemplate)
+    int template_from_flag;    // 1: template_id came from --template; 0: from the tokenizer
     const ChatFormat *format;  // chat() sets it from template_id
     char date[32];             // chat() sets it: today, for %D
 } ChatOptions;
@@ -3807,13 +3808,16 @@ static int chat_date(char *out, size_t size) {
 
 // Checks that the tokenizer has the tokens a format writes (a --template that does
 // not fit the model).
-static int check_chat_format(const Tokenizer *tok, const ChatFormat *f) {
+// from_flag: the template came from --template (else the tokenizer named it), so that
+// the message blames what the user gave.
+static int check_chat_format(const Tokenizer *tok, const ChatFormat *f, int from_flag) {
+    char source[64];
+    snprintf(source, sizeof(source), from_flag ? "--template %s" : "the tokenizer's own template (%s)", f->name);
     for (int i = 0; i < 4 && f->specials[i]; i++)
         if (special_token(tok, f->specials[i]) < 0)
-            return fail("the tokenizer has no %s token: --template %s does not fit this model", f->specials[i],
-                        f->name);
+            return fail("the tokenizer has no %s token: %s does not fit this model", f->specials[i], source);
     if (strstr(f->next, "%E") && tok->n_eos < 1)
-        return fail("the tokenizer has no end token: --template %s does not fit this model", f->name);
+        return fail("the tokenizer has no end token: %s does not fit this model", source);
     return 0;
 }
 
@@ -4132,7 +4136,7 @@ static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOpti
     }
     opt.format = &chat_formats[opt.template_id];
     int dated = strstr(opt.format->first, "%D") != NULL;
-    if (check_chat_format(tok, opt.format) != 0 || (dated && chat_date(opt.date, sizeof(opt.date)) != 0)) {
+    if (check_chat_format(tok, opt.format, opt.template_from_flag) != 0 || (dated && chat_date(opt.date, sizeof(opt.date)) != 0)) {
         free_conversation(&conv);
         return -1;
     }
@@ -5893,7 +5897,8 @@ int main(int argc, char *argv[]) {
         ChatOptions opt = {.system_prompt = system_prompt, .first_user = prompt, .reply_limit = reply_limit,
                            .interactive = isatty(STDIN_FILENO), .no_cache = no_cache, .verbose = verbose,
                            .shift = shift_rotate ? SHIFT_ROTATE : SHIFT_RECOMPUTE,
-                           .template_id = template_id >= 0 ? template_id : (int)tokenizer.chat_template};
+                           .template_id = template_id >= 0 ? template_id : (int)tokenizer.chat_template,
+                           .template_from_flag = template_id >= 0};
         if (opt.template_id <= TEMPLATE_NONE || opt.template_id >= N_CHAT_FORMATS)
             usage_error("-m chat: the tokenizer names no chat template run knows; pass --template NAME (llama2, "
                         "llama3, chatml, qwen2.5, smollm2, gemma, zephyr, mistral)");

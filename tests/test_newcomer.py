@@ -134,3 +134,18 @@ def test_terminal_chat_says_how_to_leave_and_ctrl_d_ends_the_line():
         if proc.poll() is None:
             proc.kill()
         os.close(main)
+
+
+def test_a_tokenizers_own_template_that_does_not_fit_names_the_tokenizer_not_the_flag(tmp_path, no_template_model):
+    """A tokenizer file naming the llama3 template without its special tokens (export.py now refuses
+    to write one; older or hand-made files have them): the message blamed `--template llama3`, a flag
+    the user never gave."""
+    model, tok = no_template_model
+    data = bytearray(tok.read_bytes())
+    assert data[:4] == b"TOKN" and data[76:80] == bytes(4)  # chat_template 0: none
+    data[76:80] = (2).to_bytes(4, "little")  # 2: llama3
+    patched = tmp_path / "llama3_named.bin"
+    patched.write_bytes(bytes(data))
+    line = one_error_line(run(model, "-z", patched, "-m", "chat", "-p", "hi", input=""), 1)
+    assert "no <|start_header_id|> token: the tokenizer's own template (llama3) does not fit this model" in line
+    assert "--template" not in line
