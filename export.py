@@ -119,7 +119,8 @@ SUPPORTED_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCaus
                          "gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM"}
 GEMMA_FAMILIES = {"gemma", "gemma2", "gemma3_text"}
 # the families whose config.json may give a head_dim other than hidden_size / num_attention_heads
-EXPLICIT_HEAD_DIM = {"qwen3"} | GEMMA_FAMILIES
+# (Llama and Mistral read config.head_dim too: Mistral NeMo has 32 heads of 128 in a hidden_size of 5120)
+EXPLICIT_HEAD_DIM = {"qwen3", "llama", "mistral"} | GEMMA_FAMILIES
 # Gemma's activations: run.c computes the tanh GELU only. transformers runs hidden_activation
 # as written ("gelu" is the exact erf GELU there, so it is refused); without one, Gemma 1's
 # hidden_act "gelu" becomes gelu_pytorch_tanh (GemmaMLP's legacy path, as gemma_pytorch runs it)
@@ -1049,7 +1050,7 @@ def hf_config(config):
         raise ExportError(f"config.json: hidden_size {dim} is not a multiple of num_attention_heads {n_heads}")
     elif head_dim is not None and head_dim != dim // n_heads:
         raise ExportError(f"config.json: head_dim {head_dim} differs from hidden_size / num_attention_heads = "
-                          f"{dim // n_heads}; this format derives head_dim from dim / n_heads")
+                          f"{dim // n_heads}; export.py takes a head_dim of its own only for {', '.join(sorted(EXPLICIT_HEAD_DIM))}")
     c.qkv_bias = model_type == "qwen2"  # Qwen2's q, k and v projections carry biases (o_proj none)
     # Qwen3, Gemma 3: an RMSNorm over each query and key head before RoPE
     c.qk_norm = model_type in ("qwen3", "gemma3_text")

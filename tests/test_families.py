@@ -269,3 +269,29 @@ def test_rope_fraction_that_changes_longropes_pairs_is_refused(tmp_path, fractio
         lines = r.stderr.decode().splitlines()
         assert len(lines) == 1 and lines[0].startswith(f"run: error: --rope-fraction {fraction} rotates "), lines
         assert "this file's longrope factors are for its" in lines[0]
+
+
+@pytest.mark.parametrize("model_type, dtype", [("mistral", "F32"), ("mistral", "BF16"), ("llama", "F32")])
+def test_llama_and_mistral_with_a_head_dim_of_their_own_export_and_match(tmp_path, model_type, dtype):
+    """Mistral NeMo (hidden 5120, 32 heads of 128): transformers' Llama and Mistral attention read
+    config.head_dim, so q is heads x head_dim wide, not hidden_size. export.py refused them ("this
+    format derives head_dim from dim / n_heads"), although version 2 stores the head size."""
+    name = "Mistral-7B-v0.1"
+    config = family_fixtures.shrink(name, dtype=dtype)
+    if model_type == "llama":  # Mistral's block without its window is Llama's
+        config.update(model_type="llama", architectures=["LlamaForCausalLM"])
+        config.pop("sliding_window", None)
+    heads = config["num_attention_heads"]
+    config["head_dim"] = 2 * config["hidden_size"] // heads  # q twice as wide as the residual stream
+    d = tmp_path / "nemo-like"
+    family_fixtures.write_checkpoint(d, name, dtype, seed=5, config=config)
+    config, tensors = hf_fixture.load_hf_checkpoint(d)
+    assert tensors["model.layers.0.self_attn.q_proj.weight"].shape[0] == heads * config["head_dim"]
+    out = tmp_path / "nemo-like.bin"
+    export(d, out)
+    tokens = tokens_of(out, TEXT)
+    r = run(out, "-z", TOK512, "-m", "ppl", "-p", TEXT)
+    assert r.returncode == 0, r.stderr
+    nll = float(re.search(rb"nll: (\S+)", r.stdout).group(1))
+    expected = family_reference.nll(family_reference.forward(config, tensors, tokens, context_of(config)), tokens)
+    assert abs(nll - expected) <= 1e-4 * abs(expected), (nll, expected)
