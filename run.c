@@ -175,13 +175,34 @@ typedef enum { ACTIVATION_SWIGLU = 0, ACTIVATION_GEGLU_TANH = 1 } Activation;
 // The block options' flags (ROPE version 2, byte 112)
 #define BLOCK_QKV_BIAS 1u   // q, k and v projections add a bias (Qwen2)
 #define BLOCK_QK_NORM 2u    // an RMSNorm over each query and key head before RoPE (Qwen3, Gemma 3)
-#define BLOCK_POST_NORMS 4u // RMSNorms on the attention's and the feed-forward's outputs (Gemma 2, 3)
-#define BLOCK_FLAGS_KNOWN (BLOCK_QKV_BIAS | BLOCK_QK_NORM | BLOCK_POST_NORMS)
+#define BLOCK_POST_NORMS 4u // RMSNorms on the attention's and the feed-forward's outputs (Gemma 2, 3, 4)
+#define BLOCK_V_NORM 8u     // an RMSNorm without weight over each value head (Gemma 4)
+#define BLOCK_LAYER_SCALAR 16u // a learned scalar multiplies the residual stream after each layer (Gemma 4)
+#define BLOCK_PER_LAYER_INPUT 32u // per-layer inputs: a slice of a second embedding per layer (Gemma 4 E2B, E4B)
+#define BLOCK_FLAGS_KNOWN (BLOCK_QKV_BIAS | BLOCK_QK_NORM | BLOCK_POST_NORMS | BLOCK_V_NORM | BLOCK_LAYER_SCALAR | \
+                           BLOCK_PER_LAYER_INPUT)
 
 // The per-layer table's rotary choice: no rotation (NoPE), or one of the two settings.
 #define LAYER_NOPE 0
 #define LAYER_ROPE_FIRST 1
 #define LAYER_ROPE_SECOND 2
+
+// One layer's shape and wiring, filled at load (the header's values, or the per-layer
+// table's) and read where each property acts. Llama's layers are all alike; Gemma 3's
+// and Mistral's differ in rope and window, Gemma 4's in every field.
+typedef struct {
+    int rope;            // LAYER_NOPE, LAYER_ROPE_FIRST or LAYER_ROPE_SECOND
+    int window;          // 0: full attention; W: the W latest keys, the current one included
+    int head_size;       // width of one head (Gemma 4: 512 on full layers, 256 on sliding ones)
+    int n_kv_heads;      // key/value heads (Gemma 4 31B: 4 on full layers, 16 on sliding ones)
+    int hidden_dim;      // feed-forward width (Gemma 4 E2B: twice on its KV-shared layers)
+    int kv_source;       // the layer whose KV cache it attends over: itself, or (Gemma 4's KV
+                         // sharing) an earlier layer of its kind; then it computes no k, v
+    int values_are_keys; // Gemma 4 31B's full layers: no wv, v = the key projection before k_norm and RoPE
+    // where its pieces start in the layered tensors (docs/format.md: the layers' pieces back
+    // to back), in rows of dim (q, kv, v, hidden) or in floats (heads, k_heads)
+    uint64_t q_before, kv_before, v_before, hidden_before, heads_before, k_heads_before;
+} LayerSpec;
 
 typedef struct {
     int dim;               // transformer width
@@ -211,7 +232,9 @@ typedef struct {
     int longrope_pairs;            // the pairs those factors are for: the file's rope_angles
     // ROPE version 2's block options (docs/format.md); 0 everywhere is the Llama block
     int head_size;              // width of one head; 0: dim / n_heads (head_size_of)
-    int qkv_bias, qk_norm, post_norms; // the flags' bits, one int each
+    int qkv_bias, qk_norm, post_norms, v_norm, layer_scalars; // the flags' bits, one int each
+    int per_layer_dim;          // P: each layer's slice of the per-layer inputs (Gemma 4); 0: none
+    float per_layer_multiplier; // the per-layer embedding row times it (sqrt(P) in the model's dtype)
     Activation activation;      // the feed-forward's gate
     float embedding_multiplier; // x = embedding row * it (Gemma: sqrt(dim)); 0: 1
     float attention_scale;      // scores = q.k * it; 0: 1 / sqrt(head_size)
@@ -226,9 +249,12 @@ typedef struct {
         float yarn_beta_fast, yarn_beta_slow, rope_attention_factor, llama3_low_freq_factor, llama3_high_freq_factor;
     } rope2;
     uint64_t layer_table_offset, layer_table_bytes; // the per-layer table in the file; 0: none
-    // per layer (from the table; without one, every layer LAYER_ROPE_FIRST and full)
-    unsigned char layer_rope[MAX_LAYERS]; // LAYER_NOPE, LAYER_ROPE_FIRST or LAYER_ROPE_SECOND
-    int layer_window[MAX_LAYERS];         // 0: full attention; W: the W latest keys, the current one included
+    int rope2_head_size; // the head size the second setting's frequencies are counted over; 0: head_size_of
+    // per layer (from the table; without one, every layer as the header says, first setting, full)
+    LayerSpec layer[MAX_LAYERS];
+    // the layered tensors' totals over the layers (q_before etc. of a layer past the last)
+    uint64_t q_rows, kv_rows, v_rows, hidden_rows, heads_floats, k_heads_floats;
+    int max_head_size, max_q_dim, max_kv_dim, max_hidden; // the widest layer's, for the run state
 } Config;
 
 // A weight matrix as the file stores it: elements of `type`, row-major, from data
@@ -261,6 +287,14 @@ typedef struct {
     const float *q_norm, *k_norm;           // (layer, head_size): the per-head RMSNorms' weights
     const float *rms_post_att, *rms_post_ffn; // (layer, dim): the post-attention and post-feed-forward norms
     const float *rope_factors;              // (2, rope_angles): longrope's short, then long factors
+    // Gemma 4's (block flags 4 and 5)
+    const float *layer_scalars;             // (layer,): multiplies the residual stream after the layer
+    Matrix per_layer_embedding;             // (vocab_size, layer * P)
+    Matrix per_layer_in;                    // (layer * P, dim): the embedding's projection onto the slices
+    const float *per_layer_in_norm;         // (P,)
+    Matrix per_layer_gate;                  // (layer, P, dim)
+    Matrix per_layer_out;                   // (layer, dim, P)
+    const float *rms_per_layer;             // (layer, dim)
 } TransformerWeights;
 
 // Accumulators for -m inspect: how much of each head's signal lives at each rotary
@@ -292,6 +326,8 @@ typedef struct {
     float *att;    // (block, n_heads, seq_len) attention scores
     float *logits; // (block, vocab_size)
     float *scratch; // (block, max(dim, hidden_dim)) for matmul_tiled
+    float *pl;      // (block, n_layers x P) Gemma 4's per-layer inputs; NULL without
+    float *plb;     // (block, P) a layer's gated slice
     float *q_head;  // (n_heads, block, head_size) a block's queries, head by head
     float *q_pairs; // (n_heads, block, head_size) the same, packed for matmul_tile
     // the KV cache, each head's positions side by side: attention reads one head's
@@ -323,8 +359,6 @@ typedef struct {
 } Transformer;
 
 static int head_size_of(const Config *c) { return c->head_size ? c->head_size : c->dim / c->n_heads; }
-static int q_dim_of(const Config *c) { return c->n_heads * head_size_of(c); } // dim, but where head_size says otherwise
-static int kv_dim_of(const Config *c) { return c->n_kv_heads * head_size_of(c); }
 static int max_int(int a, int b) { return a > b ? a : b; }
 
 // The Config of RoPE setting `which` (LAYER_ROPE_FIRST or LAYER_ROPE_SECOND): the
@@ -340,14 +374,18 @@ static Config rope_setting(const Config *c, int which) {
         r.rope_attention_factor = c->rope2.rope_attention_factor;
         r.llama3_low_freq_factor = c->rope2.llama3_low_freq_factor;
         r.llama3_high_freq_factor = c->rope2.llama3_high_freq_factor;
+        if (c->rope2_head_size) r.head_size = c->rope2_head_size; // Gemma 4: 256 against the first's 512
     }
     return r;
 }
 static int has_second_rope(const Config *c) { return c->rope2.rope_theta != 0.0f; }
 
-// Where position pos of key/value head kvh of layer l starts in the KV cache.
+// Where position pos of key/value head kvh of layer l starts in the KV cache: layer
+// l's own cache, or the cache of the layer it shares (kv_source). The caches of the
+// layers that own one lie back to back, each (n_kv_heads, seq_len, head_size).
 static size_t kv_cache_offset(const Config *c, int l, int kvh, int pos) {
-    return (((size_t)l * c->n_kv_heads + kvh) * c->seq_len + pos) * head_size_of(c);
+    const LayerSpec *ls = &c->layer[c->layer[l].kv_source];
+    return ls->kv_before * c->seq_len + ((size_t)kvh * c->seq_len + pos) * ls->head_size;
 }
 
 // rope_angles = floor(p * head_size / 2): the number of rotary pairs that rotate.
@@ -355,10 +393,16 @@ static size_t kv_cache_offset(const Config *c, int l, int kvh, int pos) {
 // 6.99999988, which would floor to 6. Float32 is off by at most 6e-8 relative,
 // i.e. 3e-5 of a pair for a head size of 1024, so adding 1e-4 of a pair before
 // the floor gives the count Python's int(p * d // 2) gives for the decimal p.
-static int rope_angles_of(const Config *c) {
-    int n = (int)floor((double)c->rope_fraction * (head_size_of(c) / 2) + 1e-4);
-    int pairs = head_size_of(c) / 2;
+static int rotated_pairs(float fraction, int head_size) {
+    int n = (int)floor((double)fraction * (head_size / 2) + 1e-4), pairs = head_size / 2;
     return n < pairs ? n : pairs;
+}
+static int rope_angles_of(const Config *c) { return rotated_pairs(c->rope_fraction, head_size_of(c)); }
+// the same for RoPE setting `which` (rope_setting's), without copying the Config
+static int setting_angles(const Config *c, int which) {
+    if (which == LAYER_ROPE_SECOND)
+        return rotated_pairs(c->rope2.rope_fraction, c->rope2_head_size ? c->rope2_head_size : head_size_of(c));
+    return which == LAYER_ROPE_FIRST ? rope_angles_of(c) : 0;
 }
 
 // The scaling rules' parameters, with their defaults where the file stores 0.
@@ -572,7 +616,8 @@ static int argmax_fast(const float *p, int n);
 static void read_order_layer_begins(void);
 static void read_order_layer_ends(void);
 // -m inspect's accumulators, in "Inspect": they only read q, k and the attention.
-static void inspect_record_chunks(InspectStats *st, const Config *c, int layer, const float *q, const float *k);
+static void inspect_record_chunks(InspectStats *st, const Transformer *t, int layer, const float *q, const float *k,
+                                  int pos);
 static void inspect_record_attention(InspectStats *st, const Config *c, int layer, int h, const float *att, int pos);
 static void inspect_count_positions(InspectStats *st, int B, int pos0);
 
@@ -583,7 +628,7 @@ static void rmsnorm(float *o, const float *x, const float *weight, int size, flo
     ss /= size;
     ss += eps;
     ss = 1.0f / sqrtf(ss);
-    for (int j = 0; j < size; j++) o[j] = weight[j] * (ss * x[j]);
+    for (int j = 0; j < size; j++) o[j] = weight ? weight[j] * (ss * x[j]) : ss * x[j]; // no weight: Gemma 4's v norm
 }
 
 // x = exp(x - max) / sum(exp(x - max)), in place
@@ -745,12 +790,13 @@ static void attention_values(float *out, const float *att, const float *values, 
 // latest positions, pos itself included (transformers: key s is seen when
 // pos - W < s <= pos).
 static int first_visible(const Config *c, int l, int pos) {
-    int window = c->layer_window[l];
+    int window = c->layer[l].window;
     return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
 }
 
 // Grouped-query causal attention of query head h for token b of a block, at position
-// pos in layer l. Key/value head h / group serves `group` query heads.
+// pos in layer l. Key/value head h / group serves `group` query heads; the keys and
+// values are layer l's cache, or (Gemma 4's KV sharing) its kv_source's.
 //   score_t = q_h . k_t / sqrt(head_size),  t = first .. pos (first_visible)
 //   a = softmax(score)
 //   out_h = sum_t a_t v_t
@@ -759,7 +805,8 @@ static int first_visible(const Config *c, int l, int pos) {
 static void attention_head(Transformer *t, int l, int b, int h, int pos, int scores_ready) {
     const Config *c = &t->config;
     RunState *s = &t->state;
-    int head_size = head_size_of(c), group = c->n_heads / c->n_kv_heads, q_dim = q_dim_of(c);
+    const LayerSpec *ls = &c->layer[l];
+    int head_size = ls->head_size, group = c->n_heads / ls->n_kv_heads, q_dim = c->n_heads * head_size;
     size_t kv_offset = kv_cache_offset(c, l, h / group, 0);
     const float *q = s->q + (size_t)b * q_dim + h * head_size;
     float *att = s->att + ((size_t)b * c->n_heads + h) * c->seq_len;
@@ -826,6 +873,48 @@ static void embedding_row(float *out, Matrix embedding, int token, int dim) {
     for (int j = 0; j < dim; j++) out[j] = widen(row.data, j, row.type);
 }
 
+// Gemma 4 E2B, E4B's per-layer inputs (block flag 32): a second embedding gives each
+// token a slice of P values per layer, mixed with a projection of its embedding x:
+//   pl = (rmsnorm(W_in x / sqrt(dim)) + e_pl[token] * m) / sqrt(2)   (the norm per slice)
+// into s->pl, (B, n_layers x P); add_per_layer_input uses layer l's slice.
+static void per_layer_inputs(Transformer *t, const int *tokens, int B) {
+    const Config *c = &t->config;
+    const TransformerWeights *w = &t->weights;
+    RunState *s = &t->state;
+    int P = c->per_layer_dim, LP = c->n_layers * P;
+    float in_scale = (float)(1.0 / sqrt((double)c->dim)), mix = (float)M_SQRT1_2; // the model's dim^-0.5, 2^-0.5
+    matmul_tokens(s, s->pl, s->x, w->per_layer_in, B, c->dim, LP);
+    for (int b = 0; b < B; b++) {
+        float *pl = s->pl + (size_t)b * LP;
+        Matrix row = matrix_at(w->per_layer_embedding, (size_t)tokens[b] * LP);
+        for (int i = 0; i < LP; i++) pl[i] *= in_scale;
+        for (int l = 0; l < c->n_layers; l++) rmsnorm(pl + l * P, pl + l * P, w->per_layer_in_norm, P, c->norm_eps);
+        for (int i = 0; i < LP; i++) pl[i] = (pl[i] + widen(row.data, i, row.type) * c->per_layer_multiplier) * mix;
+    }
+}
+
+// After layer l's feed-forward (Gemma 4 E2B, E4B): a gate on x picks from the layer's
+// slice of the per-layer inputs, projected back to dim, normed, added to x:
+//   x = x + rmsnorm(W_out (gelu(W_gate x) * pl_l))
+static void add_per_layer_input(Transformer *t, int l, int B) {
+    const Config *c = &t->config;
+    const TransformerWeights *w = &t->weights;
+    RunState *s = &t->state;
+    int P = c->per_layer_dim, dim = c->dim;
+    matmul_tokens(s, s->plb, s->x, matrix_at(w->per_layer_gate, (size_t)l * P * dim), B, dim, P);
+    for (int b = 0; b < B; b++) {
+        float *g = s->plb + (size_t)b * P;
+        const float *pl = s->pl + (size_t)b * c->n_layers * P + (size_t)l * P;
+        for (int i = 0; i < P; i++) g[i] = geglu_unit(g[i], pl[i]);
+    }
+    matmul_tokens(s, s->xb2, s->plb, matrix_at(w->per_layer_out, (size_t)l * dim * P), B, P, dim);
+    for (int b = 0; b < B; b++) {
+        float *o = s->xb2 + (size_t)b * dim;
+        rmsnorm(o, o, w->rms_per_layer + (size_t)l * dim, dim, c->norm_eps);
+        for (int i = 0; i < dim; i++) s->x[(size_t)b * dim + i] += o[i];
+    }
+}
+
 // Which logits forward_block computes: the classifier reads vocab_size x dim
 // weights, as much as all the layers of a small model, so a prompt's blocks skip it
 // but for the last token of the last block.
@@ -861,73 +950,78 @@ static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, 
     const Config *c = &t->config;
     const TransformerWeights *w = &t->weights;
     RunState *s = &t->state;
-    int dim = c->dim, hidden = c->hidden_dim, kv_dim = kv_dim_of(c), head_size = head_size_of(c);
-    int q_dim = q_dim_of(c); // dim in the Llama block; Qwen3 and Gemma 7B have heads wider than dim / n_heads
+    int dim = c->dim;
     float eps = c->norm_eps;
-    int n_rotated_first = rope_angles_of(c), n_rotated_second = 0; // each RoPE setting's rotated pairs
-    if (has_second_rope(c)) {
-        Config second = rope_setting(c, LAYER_ROPE_SECOND);
-        n_rotated_second = rope_angles_of(&second);
-    }
+    int n_rotated[3] = {0, setting_angles(c, LAYER_ROPE_FIRST), setting_angles(c, LAYER_ROPE_SECOND)}; // per setting
+    const float *cos_tables[3] = {NULL, s->rope_cos, s->rope2_cos}, *sin_tables[3] = {NULL, s->rope_sin, s->rope2_sin};
 
     // the token embeddings: x[b] = embedding[token b], widened to float32
     for (int b = 0; b < B; b++) embedding_row(s->x + (size_t)b * dim, w->token_embedding, tokens[b], dim);
     if (c->embedding_multiplier != 0.0f) // Gemma: x = embedding * sqrt(dim) (the file stores it as rounded)
         for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] *= c->embedding_multiplier;
+    if (c->per_layer_dim) per_layer_inputs(t, tokens, B); // Gemma 4 E2B, E4B: each layer's slice, from x
 
     for (int l = 0; l < c->n_layers; l++) {
         if (B == 1) read_order_layer_begins(); // timing only ("Making it fast", 5): the same bits
+        // this layer's shape: all layers alike but in Gemma 4 (LayerSpec); q_dim is dim in
+        // the Llama block, wider in Qwen3 and Gemma 7B
+        const LayerSpec *ls = &c->layer[l];
+        int head_size = ls->head_size, n_kv_heads = ls->n_kv_heads, hidden = ls->hidden_dim;
+        int q_dim = c->n_heads * head_size, kv_dim = n_kv_heads * head_size;
+        int owns_cache = ls->kv_source == l; // Gemma 4's KV-shared layers compute no k, v
 
         // attention rmsnorm: xb = rmsnorm(x)
         for (int b = 0; b < B; b++)
             rmsnorm(s->xb + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_att + (size_t)l * dim, dim, eps);
 
-        // q = Wq xb, k = Wk xb, v = Wv xb
-        Projection qkv[3] = {{s->q, matrix_at(w->wq, (size_t)l * q_dim * dim), q_dim},
-                             {s->k, matrix_at(w->wk, (size_t)l * kv_dim * dim), kv_dim},
-                             {s->v, matrix_at(w->wv, (size_t)l * kv_dim * dim), kv_dim}};
-        matmuls(s, s->xb, qkv, 3, B, dim);
+        // q = Wq xb, k = Wk xb, v = Wv xb (Gemma 4: no k, v on a KV-shared layer; no Wv
+        // where the values are the keys, the raw key projection copied before k's norm)
+        Projection qkv[3] = {{s->q, matrix_at(w->wq, ls->q_before * dim), q_dim},
+                             {s->k, matrix_at(w->wk, ls->kv_before * dim), kv_dim},
+                             {s->v, matrix_at(w->wv, ls->v_before * dim), kv_dim}};
+        matmuls(s, s->xb, qkv, !owns_cache ? 1 : ls->values_are_keys ? 2 : 3, B, dim);
+        if (owns_cache && ls->values_are_keys) memcpy(s->v, s->k, (size_t)B * kv_dim * sizeof(float));
         if (c->qkv_bias) { // Qwen2: q += bq, k += bk, v += bv
             for (int b = 0; b < B; b++) {
                 float *q = s->q + (size_t)b * q_dim, *k = s->k + (size_t)b * kv_dim, *v = s->v + (size_t)b * kv_dim;
-                for (int i = 0; i < q_dim; i++) q[i] += w->bq[(size_t)l * q_dim + i];
-                for (int i = 0; i < kv_dim; i++) k[i] += w->bk[(size_t)l * kv_dim + i];
-                for (int i = 0; i < kv_dim; i++) v[i] += w->bv[(size_t)l * kv_dim + i];
+                for (int i = 0; i < q_dim; i++) q[i] += w->bq[ls->q_before + i];
+                for (int i = 0; i < kv_dim; i++) k[i] += w->bk[ls->kv_before + i];
+                for (int i = 0; i < kv_dim; i++) v[i] += w->bv[ls->v_before + i];
             }
         }
-        if (c->qk_norm) { // Qwen3, Gemma 3: each query and key head RMSNormed over its head_size values
-            const float *qn = w->q_norm + (size_t)l * head_size, *kn = w->k_norm + (size_t)l * head_size;
+        if (c->qk_norm) { // Qwen3, Gemma 3, 4: each query and key head RMSNormed over its head_size values
+            const float *qn = w->q_norm + ls->heads_before, *kn = w->k_norm + ls->k_heads_before;
             for (int b = 0; b < B; b++) {
                 for (int h = 0; h < c->n_heads; h++) {
                     float *q = s->q + (size_t)b * q_dim + h * head_size;
                     rmsnorm(q, q, qn, head_size, eps);
                 }
-                for (int h = 0; h < c->n_kv_heads; h++) {
+                for (int h = 0; owns_cache && h < n_kv_heads; h++) {
                     float *k = s->k + (size_t)b * kv_dim + h * head_size;
                     rmsnorm(k, k, kn, head_size, eps);
                 }
             }
         }
+        if (c->v_norm && owns_cache) // Gemma 4: each value head RMSNormed, without a weight
+            for (size_t h = 0; h < (size_t)B * n_kv_heads; h++) rmsnorm(s->v + h * head_size, s->v + h * head_size, NULL, head_size, eps);
 
         // RoPE: rotate q and k by their position with the layer's setting. Only the
         // first n_rotated = floor(p head_size / 2) pairs turn (p-RoPE; p = 1 is full
         // RoPE, all head_size / 2), the rest keep their values; a NoPE layer (SmolLM3's
         // every fourth) turns none. Then k, rotated, and v, never rotated, are cached:
         // a cached key already holds R(pos) k, so no step rotates it again.
-        int rope = c->layer_rope[l];
-        int n_rotated = rope == LAYER_ROPE_SECOND ? n_rotated_second : n_rotated_first;
-        const float *cos_table = rope == LAYER_ROPE_SECOND ? s->rope2_cos : s->rope_cos;
-        const float *sin_table = rope == LAYER_ROPE_SECOND ? s->rope2_sin : s->rope_sin;
+        int rope = ls->rope;
         for (int b = 0; b < B; b++) {
             int pos = pos0 + b;
             float *q = s->q + (size_t)b * q_dim, *k = s->k + (size_t)b * kv_dim, *v = s->v + (size_t)b * kv_dim;
-            if (s->inspect) inspect_record_chunks(s->inspect, c, l, q, k); // -m inspect only
+            if (s->inspect) inspect_record_chunks(s->inspect, t, l, q, k, pos); // -m inspect only
             if (rope != LAYER_NOPE) {
-                const float *cos_pos = cos_table + (size_t)pos * n_rotated, *sin_pos = sin_table + (size_t)pos * n_rotated;
-                rope_apply(q, c->n_heads, head_size, n_rotated, cos_pos, sin_pos);
-                rope_apply(k, c->n_kv_heads, head_size, n_rotated, cos_pos, sin_pos);
+                const float *cos_pos = cos_tables[rope] + (size_t)pos * n_rotated[rope];
+                const float *sin_pos = sin_tables[rope] + (size_t)pos * n_rotated[rope];
+                rope_apply(q, c->n_heads, head_size, n_rotated[rope], cos_pos, sin_pos);
+                if (owns_cache) rope_apply(k, n_kv_heads, head_size, n_rotated[rope], cos_pos, sin_pos);
             }
-            for (int kvh = 0; kvh < c->n_kv_heads; kvh++) {
+            for (int kvh = 0; owns_cache && kvh < n_kv_heads; kvh++) {
                 size_t at = kv_cache_offset(c, l, kvh, pos);
                 memcpy(s->key_cache + at, k + kvh * head_size, head_size * sizeof(float));
                 memcpy(s->value_cache + at, v + kvh * head_size, head_size * sizeof(float));
@@ -938,8 +1032,8 @@ static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, 
         // multi-head attention: xb = attention(q, cached k, cached v)
         attention(t, l, B, pos0);
 
-        // x = x + Wo xb (the residual connection); Gemma 2, 3 normalize Wo xb first
-        matmul_tokens(s, s->xb2, s->xb, matrix_at(w->wo, (size_t)l * dim * q_dim), B, q_dim, dim);
+        // x = x + Wo xb (the residual connection); Gemma 2, 3, 4 normalize Wo xb first
+        matmul_tokens(s, s->xb2, s->xb, matrix_at(w->wo, (size_t)dim * ls->q_before), B, q_dim, dim);
         if (c->post_norms)
             for (int b = 0; b < B; b++)
                 rmsnorm(s->xb2 + (size_t)b * dim, s->xb2 + (size_t)b * dim, w->rms_post_att + (size_t)l * dim, dim, eps);
@@ -950,17 +1044,21 @@ static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, 
             rmsnorm(s->xb + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_ffn + (size_t)l * dim, dim, eps);
 
         // the feed-forward: x = x + W2 (act(W1 xb) * (W3 xb)), act silu (SwiGLU) or the
-        // tanh GELU (GeGLU: Gemma); Gemma 2, 3 normalize its output first
-        Projection w13[2] = {{s->hb, matrix_at(w->w1, (size_t)l * hidden * dim), hidden},
-                             {s->hb2, matrix_at(w->w3, (size_t)l * hidden * dim), hidden}};
+        // tanh GELU (GeGLU: Gemma); Gemma 2, 3, 4 normalize its output first
+        Projection w13[2] = {{s->hb, matrix_at(w->w1, ls->hidden_before * dim), hidden},
+                             {s->hb2, matrix_at(w->w3, ls->hidden_before * dim), hidden}};
         matmuls(s, s->xb, w13, 2, B, dim);
         if (c->activation == ACTIVATION_GEGLU_TANH) geglu(s->hb, s->hb2, (long)B * hidden);
         else swiglu(s->hb, s->hb2, (long)B * hidden);
-        matmul_tokens(s, s->xb2, s->hb, matrix_at(w->w2, (size_t)l * dim * hidden), B, hidden, dim);
+        matmul_tokens(s, s->xb2, s->hb, matrix_at(w->w2, (size_t)dim * ls->hidden_before), B, hidden, dim);
         if (c->post_norms)
             for (int b = 0; b < B; b++)
                 rmsnorm(s->xb2 + (size_t)b * dim, s->xb2 + (size_t)b * dim, w->rms_post_ffn + (size_t)l * dim, dim, eps);
         for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] += s->xb2[i];
+
+        if (c->per_layer_dim) add_per_layer_input(t, l, B); // Gemma 4 E2B, E4B: x += this layer's input
+        if (c->layer_scalars) // Gemma 4: the whole residual stream scaled by the layer's learned scalar
+            for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] *= w->layer_scalars[l];
         if (B == 1) read_order_layer_ends();
     }
 
@@ -969,7 +1067,7 @@ static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, 
     int first = wanted == LOGITS_ALL ? 0 : B - 1;
     for (int b = first; b < B; b++) rmsnorm(s->x + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_final, dim, eps);
     matmul_tokens(s, s->logits, s->x + (size_t)first * dim, w->wcls, B - first, dim, c->vocab_size);
-    if (c->final_softcap != 0.0f) softcap(s->logits, (long)(B - first) * c->vocab_size, c->final_softcap); // Gemma 2
+    if (c->final_softcap != 0.0f) softcap(s->logits, (long)(B - first) * c->vocab_size, c->final_softcap); // Gemma 2, 4
     return s->logits;
 }
 
@@ -1008,23 +1106,26 @@ static float *prefill(Transformer *t, const int *tokens, int n, int pos0) {
 static void kv_cache_shift(Transformer *t, int to, int from, int n) {
     const Config *c = &t->config;
     RunState *s = &t->state;
-    int head_size = head_size_of(c), delta = from - to;
+    int delta = from - to;
     static float cos_delta[3][MAX_DIM / 2], minus_sin_delta[3][MAX_DIM / 2]; // R(-delta) per setting, for rope_apply
     int rotated[3] = {0, 0, 0}; // LAYER_NOPE: nothing turns
     for (int which = LAYER_ROPE_FIRST; which <= LAYER_ROPE_SECOND; which++) {
         if (which == LAYER_ROPE_SECOND && !has_second_rope(c)) break;
-        Config r = rope_setting(c, which);
-        rotated[which] = rope_angles_of(&r);
+        Config setting = rope_setting(c, which), *r = &setting;
+        rotated[which] = rope_angles_of(r);
         for (int i = 0; i < rotated[which]; i++) { // the tables' angles for position delta, without the attention factor
-            float angle = delta * rope_frequency(&r, i);
+            float angle = delta * rope_frequency(r, i);
             cos_delta[which][i] = cosf(angle);
             minus_sin_delta[which][i] = -sinf(angle);
         }
     }
     for (int l = 0; l < c->n_layers; l++) {
-        // each layer's keys turn back by its own setting's angles; a NoPE layer's keys carry no position
-        int which = c->layer_rope[l], n_rotated = rotated[which];
-        for (int kvh = 0; kvh < c->n_kv_heads; kvh++) {
+        // each layer's keys turn back by its own setting's angles; a NoPE layer's keys carry no
+        // position; a layer that shares another's cache (Gemma 4) moves with it
+        const LayerSpec *ls = &c->layer[l];
+        int which = ls->rope, n_rotated = rotated[which], head_size = ls->head_size;
+        if (ls->kv_source != l) continue;
+        for (int kvh = 0; kvh < ls->n_kv_heads; kvh++) {
             for (int j = 0; j < n; j++) {
                 size_t src = kv_cache_offset(c, l, kvh, from + j), dst = kv_cache_offset(c, l, kvh, to + j);
                 memcpy(s->value_cache + dst, s->value_cache + src, head_size * sizeof(float));
@@ -1256,6 +1357,8 @@ static int validate_config(const Config *c) {
     if (c->n_heads % c->n_kv_heads != 0)
         return fail("n_heads %d is not divisible by n_kv_heads %d", c->n_heads, c->n_kv_heads);
     if (head_size_of(c) % 2 != 0) return fail("head size %d is odd; RoPE rotates pairs", head_size_of(c));
+    if ((long long)c->n_layers * c->per_layer_dim > MAX_HIDDEN)
+        return fail("n_layers %d x per_layer_input_dim %d is above %d", c->n_layers, c->per_layer_dim, MAX_HIDDEN);
     if (!isfinite(c->norm_eps) || c->norm_eps <= 0) return fail("norm_eps %g must be finite and > 0", c->norm_eps);
     if (!isfinite(c->rope_theta) || c->rope_theta <= 0)
         return fail("rope_theta %g must be finite and > 0", c->rope_theta);
@@ -1298,10 +1401,24 @@ static int parse_header_v2(const unsigned char *data, Config *c) {
     c->weight_type = (WeightType)weight_type;
     uint32_t flags = read_u32(data + 112);
     if (flags & ~BLOCK_FLAGS_KNOWN)
-        return fail("block_flags 0x%x has bits this program does not know (1 qkv bias, 2 qk norm, 4 post norms)", flags);
+        return fail("block_flags 0x%x has bits this program does not know (1 qkv bias, 2 qk norm, 4 post norms, "
+                    "8 v norm, 16 layer scalars, 32 per-layer inputs)", flags);
     c->qkv_bias = (flags & BLOCK_QKV_BIAS) != 0;
     c->qk_norm = (flags & BLOCK_QK_NORM) != 0;
     c->post_norms = (flags & BLOCK_POST_NORMS) != 0;
+    c->v_norm = (flags & BLOCK_V_NORM) != 0;
+    c->layer_scalars = (flags & BLOCK_LAYER_SCALAR) != 0;
+    c->per_layer_dim = read_i32(data + 192);
+    c->per_layer_multiplier = read_f32(data + 196);
+    if (flags & BLOCK_PER_LAYER_INPUT) {
+        if (c->per_layer_dim < 1 || c->per_layer_dim > MAX_DIM)
+            return fail("per_layer_input_dim %d must be in [1, %d] with block flag 32", c->per_layer_dim, MAX_DIM);
+        if (!(isfinite(c->per_layer_multiplier) && c->per_layer_multiplier > 0))
+            return fail("per_layer_embedding_multiplier %g must be finite and > 0", c->per_layer_multiplier);
+    } else if (c->per_layer_dim != 0 || read_u32(data + 196) != 0) {
+        return fail("per_layer_input_dim %d and per_layer_embedding_multiplier %g must be 0 without block flag 32",
+                    c->per_layer_dim, c->per_layer_multiplier);
+    }
     int activation = read_i32(data + 116);
     if (activation < 0 || activation >= N_ACTIVATIONS)
         return fail("activation %d is not one this program knows (0 swiglu, 1 geglu-tanh)", activation);
@@ -1350,28 +1467,107 @@ static int check_layer_table_place(const Config *c, uint64_t tensors_end) {
     if (c->layer_table_offset != expected)
         return fail("layer_table_offset %llu is not %llu (the first multiple of 64 after the last tensor)",
                     (unsigned long long)c->layer_table_offset, (unsigned long long)expected);
-    if (c->layer_table_bytes != 8ull * c->n_layers)
-        return fail("layer_table_bytes %llu is not 8 x n_layers = %llu", (unsigned long long)c->layer_table_bytes,
-                    8ull * c->n_layers);
+    if (c->layer_table_bytes != 8ull * c->n_layers && c->layer_table_bytes != 32ull * c->n_layers)
+        return fail("layer_table_bytes %llu is not 8 x n_layers = %llu (or 32 x n_layers = %llu)",
+                    (unsigned long long)c->layer_table_bytes, 8ull * c->n_layers, 32ull * c->n_layers);
     return 0;
 }
 
-// The per-layer table: n_layers records { int32 rope: 0 NoPE, 1 the first setting, 2
-// the second; int32 window: 0 full attention, else W >= 1 keys, the current one included }.
+// Every layer as the header describes it: the first setting, full attention, the
+// header's head size, key/value heads and width, its own KV cache.
+static void default_layers(Config *c) {
+    for (int l = 0; l < c->n_layers; l++)
+        c->layer[l] = (LayerSpec){.rope = LAYER_ROPE_FIRST, .head_size = head_size_of(c), .n_kv_heads = c->n_kv_heads,
+                                  .hidden_dim = c->hidden_dim, .kv_source = l};
+}
+
+// The per-layer table (docs/format.md): n_layers records of two int32 { rope: 0 NoPE,
+// 1 the first setting, 2 the second; window: 0 full attention, else W >= 1 keys, the
+// current one included }, or of eight (Gemma 4) that add the layer's head_size,
+// n_kv_heads and hidden_dim (0: the header's), kv_source (0: its own cache; s + 1:
+// layer s's), values (1: the values are the key projection) and a reserved 0.
+// Without a table, default_layers.
 static int parse_layer_table(const unsigned char *table, Config *c) {
+    int fields = c->layer_table_bytes == 32ull * c->n_layers ? 8 : 2;
     for (int l = 0; l < c->n_layers; l++) {
-        int rope = read_i32(table + 8 * l), window = read_i32(table + 8 * l + 4);
+        const unsigned char *r = table + 4 * fields * l;
+        int rope = read_i32(r), window = read_i32(r + 4);
         if (rope < LAYER_NOPE || rope > LAYER_ROPE_SECOND)
             return fail("layer %d: rope %d is not 0 (NoPE), 1 (first setting) or 2 (second)", l, rope);
         if (rope == LAYER_ROPE_SECOND && !has_second_rope(c))
             return fail("layer %d uses the second RoPE setting, but rope2_theta is 0 (none)", l);
         if (window < 0) return fail("layer %d: window %d must be >= 0 (0: full attention)", l, window);
-        c->layer_rope[l] = (unsigned char)rope;
-        c->layer_window[l] = window;
+        LayerSpec *ls = &c->layer[l];
+        ls->rope = rope, ls->window = window;
+        if (fields == 2) continue;
+        int head_size = read_i32(r + 8), kv_heads = read_i32(r + 12), hidden = read_i32(r + 16);
+        int source = read_i32(r + 20), values = read_i32(r + 24), reserved = read_i32(r + 28);
+        if (head_size != 0 && (head_size < 2 || head_size % 2 != 0 || (long long)head_size * c->n_heads > MAX_DIM))
+            return fail("layer %d: head_size %d must be 0 (the header's) or even, >= 2, with n_heads %d x it <= %d", l,
+                        head_size, c->n_heads, MAX_DIM);
+        if (kv_heads != 0 && (kv_heads < 1 || kv_heads > c->n_heads || c->n_heads % kv_heads != 0))
+            return fail("layer %d: n_kv_heads %d must be 0 (the header's) or divide n_heads %d", l, kv_heads, c->n_heads);
+        if (hidden != 0 && (hidden < 1 || hidden > MAX_HIDDEN))
+            return fail("layer %d: hidden_dim %d must be 0 (the header's) or in [1, %d]", l, hidden, MAX_HIDDEN);
+        if (source < 0 || source > l)
+            return fail("layer %d: kv_source %d must be 0 (its own cache) or an earlier layer + 1", l, source);
+        if (values != 0 && values != 1) return fail("layer %d: values %d must be 0 (wv) or 1 (the keys)", l, values);
+        if (reserved != 0) return fail("layer %d: reserved field %d is not 0", l, reserved);
+        if (head_size) ls->head_size = head_size;
+        if (kv_heads) ls->n_kv_heads = kv_heads;
+        if (hidden) ls->hidden_dim = hidden;
+        ls->values_are_keys = values;
+        if (source > 0) {
+            const LayerSpec *src = &c->layer[source - 1];
+            if (src->kv_source != source - 1)
+                return fail("layer %d: kv_source layer %d shares another layer's cache itself", l, source - 1);
+            if (src->rope != ls->rope || src->window != ls->window || src->head_size != ls->head_size ||
+                src->n_kv_heads != ls->n_kv_heads)
+                return fail("layer %d: kv_source layer %d differs in rope, window, head_size or n_kv_heads", l,
+                            source - 1);
+            if (values) return fail("layer %d: values 1 on a layer that shares layer %d's cache", l, source - 1);
+            ls->kv_source = source - 1;
+        }
+    }
+    // each RoPE setting's frequencies are counted over one head size: its layers'
+    for (int l = 0; l < c->n_layers; l++) {
+        const LayerSpec *ls = &c->layer[l];
+        if (ls->rope == LAYER_ROPE_FIRST && ls->head_size != head_size_of(c))
+            return fail("layer %d: head_size %d, but the first RoPE setting's layers have the header's %d", l,
+                        ls->head_size, head_size_of(c));
+        if (ls->rope == LAYER_ROPE_SECOND && c->rope2_head_size && ls->head_size != c->rope2_head_size)
+            return fail("layer %d: head_size %d, but an earlier layer of the second RoPE setting has %d", l,
+                        ls->head_size, c->rope2_head_size);
+        if (ls->rope == LAYER_ROPE_SECOND) c->rope2_head_size = ls->head_size;
     }
     return 0;
 }
 
+// Where each layer's pieces start in the layered tensors (docs/format.md), and the
+// totals: a layer's q rows in wq, bq and wo; its own cache's rows in wk, bk (and the
+// KV cache); its v rows in wv, bv; its hidden rows in w1, w2, w3; its head in
+// q_norm and k_norm. With all layers alike, layer l's piece starts l pieces in.
+static void place_layers(Config *c) {
+    uint64_t q = 0, kv = 0, v = 0, hidden = 0, heads = 0, k_heads = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        LayerSpec *ls = &c->layer[l];
+        ls->q_before = q, ls->kv_before = kv, ls->v_before = v, ls->hidden_before = hidden;
+        ls->heads_before = heads, ls->k_heads_before = k_heads;
+        uint64_t kv_dim = (uint64_t)ls->n_kv_heads * ls->head_size;
+        q += (uint64_t)c->n_heads * ls->head_size, hidden += ls->hidden_dim, heads += ls->head_size;
+        if (ls->kv_source == l) kv += kv_dim, k_heads += ls->head_size, v += ls->values_are_keys ? 0 : kv_dim;
+    }
+    c->q_rows = q, c->kv_rows = kv, c->v_rows = v, c->hidden_rows = hidden, c->heads_floats = heads;
+    c->k_heads_floats = k_heads;
+    c->max_head_size = c->max_q_dim = c->max_kv_dim = c->max_hidden = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        const LayerSpec *ls = &c->layer[l];
+        c->max_head_size = max_int(c->max_head_size, ls->head_size);
+        c->max_q_dim = max_int(c->max_q_dim, c->n_heads * ls->head_size);
+        c->max_kv_dim = max_int(c->max_kv_dim, ls->n_kv_heads * ls->head_size);
+        c->max_hidden = max_int(c->max_hidden, ls->hidden_dim);
+    }
+}
 
 // ROPE version 2's tokenizer section (bytes 96..111): where it starts and how long
 // it is, or 0 and 0 for a file without one.
@@ -1406,7 +1602,6 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
                         size_t *data_offset, uint64_t *expected_size, SectionSpan *tokenizer) {
     tokenizer->offset = tokenizer->bytes = 0;
     memset(c, 0, sizeof(*c));
-    memset(c->layer_rope, LAYER_ROPE_FIRST, sizeof(c->layer_rope)); // without a table: every layer rotates
     c->norm_eps = 1e-5f; // the llama2.c formats: fixed by llama2.c's model.py
     c->rope_theta = 10000.0f;
     c->rope_fraction = 1.0f;
@@ -1461,7 +1656,7 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
         if (c->version == 2) {
             if (parse_header_v2(data, c) != 0) return -1;
             read_tokenizer_span(data, tokenizer);
-            reserved_from = 192; // 96..111 the tokenizer section, 112..191 the block options and second setting
+            reserved_from = 200; // 96..111 the tokenizer section, 112..199 the block options, second setting, per-layer inputs
         }
         for (int i = reserved_from; i < HEADER_BYTES; i++)
             if (data[i] != 0) return fail("reserved header byte %d is not zero (a newer format?)", i);
@@ -1475,6 +1670,14 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
     if (c->rope_original_len == 0) c->rope_original_len = c->seq_len; // the trained length, unless the file says
     if (c->rope2.rope_original_len == 0 && has_second_rope(c)) c->rope2.rope_original_len = c->seq_len;
     if (validate_config(c) != 0) return -1;
+    default_layers(c);
+    // records of eight fields change the tensors' sizes: read before the layout (records
+    // of two change none, and are read once the file's size has been checked)
+    if (c->layer_table_bytes == 32ull * c->n_layers && c->layer_table_offset >= HEADER_BYTES &&
+        c->layer_table_offset <= size && c->layer_table_bytes <= size - c->layer_table_offset &&
+        parse_layer_table(data + c->layer_table_offset, c) != 0)
+        return -1;
+    place_layers(c);
     *data_offset = *format == FORMAT_LLAMA2C_LEGACY ? LEGACY_HEADER_BYTES : HEADER_BYTES;
     TransformerWeights unused;
     *expected_size = map_weights(&unused, c, *format, 0, *data_offset); // where the last tensor ends
@@ -1518,8 +1721,9 @@ static Matrix next_matrix(TensorLayout *t, uint64_t elements) {
 // are far past the end of its file is no pointer arithmetic out of bounds.)
 static uint64_t map_weights(TransformerWeights *w, const Config *c, CheckpointFormat format, uintptr_t base,
                             uint64_t offset) {
-    uint64_t dim = c->dim, hidden = c->hidden_dim, layers = c->n_layers, vocab = c->vocab_size;
-    uint64_t q_dim = (uint64_t)c->n_heads * head_size_of(c), kv = kv_dim_of(c);
+    // the layered tensors are the layers' pieces back to back: c->q_rows rows of wq in all
+    // (n_layers x q_dim when the layers are alike), and so on (place_layers)
+    uint64_t dim = c->dim, layers = c->n_layers, vocab = c->vocab_size;
     size_t alignment = format == FORMAT_ROPE && c->version == 2 ? ROPE_V2_ALIGNMENT : 1;
     TensorLayout t = {base, offset, alignment, c->weight_type};
     if (format == FORMAT_LLAMA2C_V1) {
@@ -1529,27 +1733,40 @@ static uint64_t map_weights(TransformerWeights *w, const Config *c, CheckpointFo
     }
     w->token_embedding = next_matrix(&t, vocab * dim);
     if (format != FORMAT_LLAMA2C_V1) w->rms_att = next_vector(&t, layers * dim);
-    w->wq = next_matrix(&t, layers * q_dim * dim);
-    w->wk = next_matrix(&t, layers * kv * dim);
-    w->wv = next_matrix(&t, layers * kv * dim);
-    w->wo = next_matrix(&t, layers * dim * q_dim);
+    w->wq = next_matrix(&t, c->q_rows * dim);
+    w->wk = next_matrix(&t, c->kv_rows * dim);
+    w->wv = next_matrix(&t, c->v_rows * dim);
+    w->wo = next_matrix(&t, dim * c->q_rows);
     if (format != FORMAT_LLAMA2C_V1) w->rms_ffn = next_vector(&t, layers * dim);
-    w->w1 = next_matrix(&t, layers * hidden * dim);
-    w->w2 = next_matrix(&t, layers * dim * hidden);
-    w->w3 = next_matrix(&t, layers * hidden * dim);
+    w->w1 = next_matrix(&t, c->hidden_rows * dim);
+    w->w2 = next_matrix(&t, dim * c->hidden_rows);
+    w->w3 = next_matrix(&t, c->hidden_rows * dim);
     if (format != FORMAT_LLAMA2C_V1) w->rms_final = next_vector(&t, dim);
     if (format == FORMAT_LLAMA2C_LEGACY) next_vector(&t, (uint64_t)c->seq_len * head_size_of(c)); // freq_cis, skipped
     w->wcls = c->shared_classifier ? w->token_embedding : next_matrix(&t, vocab * dim);
     // version 2's optional tensors, after version 1's, in this order (float32)
-    uint64_t hs = head_size_of(c);
-    w->bq = c->qkv_bias ? next_vector(&t, layers * q_dim) : NULL;
-    w->bk = c->qkv_bias ? next_vector(&t, layers * kv) : NULL;
-    w->bv = c->qkv_bias ? next_vector(&t, layers * kv) : NULL;
-    w->q_norm = c->qk_norm ? next_vector(&t, layers * hs) : NULL;
-    w->k_norm = c->qk_norm ? next_vector(&t, layers * hs) : NULL;
+    w->bq = c->qkv_bias ? next_vector(&t, c->q_rows) : NULL;
+    w->bk = c->qkv_bias ? next_vector(&t, c->kv_rows) : NULL;
+    w->bv = c->qkv_bias ? next_vector(&t, c->v_rows) : NULL;
+    w->q_norm = c->qk_norm ? next_vector(&t, c->heads_floats) : NULL;
+    w->k_norm = c->qk_norm ? next_vector(&t, c->k_heads_floats) : NULL;
     w->rms_post_att = c->post_norms ? next_vector(&t, layers * dim) : NULL;
     w->rms_post_ffn = c->post_norms ? next_vector(&t, layers * dim) : NULL;
     w->rope_factors = c->rope_scaling == ROPE_SCALING_LONGROPE ? next_vector(&t, 2ull * rope_angles_of(c)) : NULL;
+    // Gemma 4's, after those
+    w->layer_scalars = c->layer_scalars ? next_vector(&t, layers) : NULL;
+    uint64_t P = c->per_layer_dim;
+    if (P) {
+        w->per_layer_embedding = next_matrix(&t, vocab * layers * P);
+        w->per_layer_in = next_matrix(&t, layers * P * dim);
+        w->per_layer_in_norm = next_vector(&t, P);
+        w->per_layer_gate = next_matrix(&t, layers * P * dim);
+        w->per_layer_out = next_matrix(&t, layers * dim * P);
+        w->rms_per_layer = next_vector(&t, layers * dim);
+    } else {
+        w->per_layer_embedding = w->per_layer_in = w->per_layer_gate = w->per_layer_out = (Matrix){NULL, t.type};
+        w->per_layer_in_norm = w->rms_per_layer = NULL;
+    }
     return t.at;
 }
 
@@ -1599,7 +1816,7 @@ static int load_checkpoint(Transformer *t, const char *path) {
         return fail("checkpoint %s has %zu bytes but its header implies %llu (truncated, or not a checkpoint?)",
                     path, size, (unsigned long long)expected);
     }
-    if (t->config.layer_table_bytes &&
+    if (t->config.layer_table_bytes == 8ull * t->config.n_layers &&
         parse_layer_table((const unsigned char *)mapped + t->config.layer_table_offset, &t->config) != 0) {
         munmap(mapped, size);
         return fail_in("checkpoint %s", path);
@@ -1619,6 +1836,8 @@ static int load_checkpoint(Transformer *t, const char *path) {
 // Run state: activations, KV cache and RoPE tables
 
 static void free_run_state(RunState *s) {
+    free(s->pl);
+    free(s->plb);
     free(s->x);
     free(s->xb);
     free(s->xb2);
@@ -1662,13 +1881,16 @@ static float *alloc_floats_in_huge_pages(size_t n);
 // block's scores, the RoPE tables), so that a context's needs are known before
 // anything is allocated.
 static uint64_t run_state_fixed_floats(const Config *c) {
-    uint64_t B = PREFILL_BLOCK, dim = c->dim, hidden = c->hidden_dim, kv_dim = kv_dim_of(c);
-    uint64_t wide = max_int(dim, q_dim_of(c)); // xb holds a normalized x and the heads' outputs
-    // x xb2, xb q q_head q_pairs, hb hb2, k v, logits, scratch
-    return B * (2 * dim + 4 * wide + 2 * hidden + 2 * kv_dim + (uint64_t)c->vocab_size + max_int(hidden, wide));
+    uint64_t B = PREFILL_BLOCK, dim = c->dim, hidden = c->max_hidden, kv_dim = c->max_kv_dim;
+    uint64_t wide = max_int(dim, c->max_q_dim); // xb holds a normalized x and the heads' outputs
+    uint64_t per_layer = (uint64_t)c->per_layer_dim * (c->n_layers + 1); // pl, plb (Gemma 4)
+    // x xb2, xb q q_head q_pairs, hb hb2, k v, logits, scratch, pl plb
+    return B * (2 * dim + 4 * wide + 2 * hidden + 2 * kv_dim + (uint64_t)c->vocab_size +
+                max_int(max_int(hidden, wide), c->per_layer_dim) + per_layer);
 }
 
-static uint64_t kv_cache_floats_per_position(const Config *c) { return 2ull * c->n_layers * kv_dim_of(c); }
+// the layers that own a cache (all but Gemma 4's KV-shared ones): keys and values
+static uint64_t kv_cache_floats_per_position(const Config *c) { return 2ull * c->kv_rows; }
 
 // The width of a setting's cos and sin tables: its rotated pairs, and at least one
 // (a setting that rotates nothing still gets a table to point at).
@@ -1788,23 +2010,31 @@ static int check_context_fits(const Config *c) {
 // tables.
 static int build_run_state(RunState *s, const Config *c) {
     memset(s, 0, sizeof(*s));
-    size_t B = PREFILL_BLOCK, kv_dim = kv_dim_of(c);
-    size_t cache = (size_t)c->n_layers * c->seq_len * kv_dim;
+    size_t B = PREFILL_BLOCK, kv_dim = c->max_kv_dim;
+    size_t cache = (size_t)c->kv_rows * c->seq_len; // every layer's own cache, back to back
     size_t angles = rope_table_width(c);
-    size_t wide = max_int(c->dim, q_dim_of(c)); // xb: a normalized x, then the heads' outputs
+    size_t wide = max_int(c->dim, c->max_q_dim); // xb: a normalized x, then the heads' outputs
     s->x = alloc_floats(B * c->dim);
     s->xb = alloc_floats(B * wide);
     s->xb2 = alloc_floats(B * c->dim);
-    s->hb = alloc_floats(B * c->hidden_dim);
-    s->hb2 = alloc_floats(B * c->hidden_dim);
-    s->q = alloc_floats(B * q_dim_of(c));
+    s->hb = alloc_floats(B * c->max_hidden);
+    s->hb2 = alloc_floats(B * c->max_hidden);
+    s->q = alloc_floats(B * c->max_q_dim);
     s->k = alloc_floats(B * kv_dim);
     s->v = alloc_floats(B * kv_dim);
     s->att = alloc_floats(B * c->n_heads * (size_t)c->seq_len);
     s->logits = alloc_floats(B * c->vocab_size);
-    s->scratch = alloc_floats(B * max_int(c->hidden_dim, wide));
-    s->q_head = alloc_floats(B * q_dim_of(c));
-    s->q_pairs = alloc_floats(B * q_dim_of(c));
+    s->scratch = alloc_floats(B * max_int(max_int(c->max_hidden, wide), c->per_layer_dim));
+    s->q_head = alloc_floats(B * c->max_q_dim);
+    s->q_pairs = alloc_floats(B * c->max_q_dim);
+    if (c->per_layer_dim) {
+        s->pl = alloc_floats(B * c->n_layers * (size_t)c->per_layer_dim);
+        s->plb = alloc_floats(B * (size_t)c->per_layer_dim);
+        if (!s->pl || !s->plb) {
+            free_run_state(s);
+            return fail("out of memory allocating the run state (per-layer inputs)");
+        }
+    }
     s->key_cache = alloc_floats_in_huge_pages(cache);
     s->value_cache = alloc_floats_in_huge_pages(cache);
     s->rope_cos = alloc_floats((size_t)c->seq_len * angles);
@@ -3473,12 +3703,22 @@ static int perplexity(Transformer *t, const Tokenizer *tok, const char *text, co
 // Inspect's accumulators (-m inspect): the query/key chunk norms and the attention
 // summary of each position. The rotation preserves |chunk i|, so measuring before
 // or after it gives the same number.
-static void inspect_record_chunks(InspectStats *st, const Config *c, int layer, const float *q, const float *k) {
-    int head_size = head_size_of(c), pairs = head_size / 2, group = c->n_heads / c->n_kv_heads;
+// The stats of layer l, head h start at ((l * n_heads) + h) * stride: the widest
+// layer's pairs (Gemma 4's layers differ), of which layer l uses head_size / 2.
+static size_t inspect_stride(const Config *c) { return (size_t)c->max_head_size / 2; }
+
+// A layer that shares another's cache (Gemma 4) computes no keys: its keys are the
+// source layer's, cached (and rotated: the norms are the same) at this position.
+static void inspect_record_chunks(InspectStats *st, const Transformer *t, int layer, const float *q, const float *k,
+                                  int pos) {
+    const Config *c = &t->config;
+    const LayerSpec *ls = &c->layer[layer];
+    int head_size = ls->head_size, pairs = head_size / 2, group = c->n_heads / ls->n_kv_heads;
     for (int h = 0; h < c->n_heads; h++) {
         const float *qh = q + h * head_size, *kh = k + (h / group) * head_size;
-        double *qn = st->q_norm + ((size_t)layer * c->n_heads + h) * pairs;
-        double *kn = st->k_norm + ((size_t)layer * c->n_heads + h) * pairs;
+        if (ls->kv_source != layer) kh = t->state.key_cache + kv_cache_offset(c, layer, h / group, pos);
+        double *qn = st->q_norm + ((size_t)layer * c->n_heads + h) * inspect_stride(c);
+        double *kn = st->k_norm + ((size_t)layer * c->n_heads + h) * inspect_stride(c);
         for (int i = 0; i < pairs; i++) {
             qn[i] += sqrt((double)qh[2 * i] * qh[2 * i] + (double)qh[2 * i + 1] * qh[2 * i + 1]);
             kn[i] += sqrt((double)kh[2 * i] * kh[2 * i] + (double)kh[2 * i + 1] * kh[2 * i + 1]);
@@ -3509,24 +3749,33 @@ static void print_shade(double value, double max_value) {
     fputs(shades[level], stdout);
 }
 
+// The pairs that rotate in layer l, for the report: its setting's (the first
+// setting's on a NoPE layer, as the report has always marked them).
+static int inspect_rotated(const Config *c, int l) {
+    return c->layer[l].rope == LAYER_ROPE_SECOND ? setting_angles(c, LAYER_ROPE_SECOND) : rope_angles_of(c);
+}
+
 static void print_inspect_report(const Config *c, const InspectStats *st) {
-    int pairs = head_size_of(c) / 2, rotated = rope_angles_of(c);
     if (c->layer_table_bytes) { // the per-layer table: which layers do not rotate, which slide
         printf("layers:");
         for (int l = 0; l < c->n_layers; l++) {
-            printf(" L%d %s", l, c->layer_rope[l] == LAYER_NOPE ? "NoPE" : c->layer_rope[l] == LAYER_ROPE_SECOND ? "rope2" : "rope");
-            if (c->layer_window[l]) printf(" sliding %d", c->layer_window[l]);
+            const LayerSpec *ls = &c->layer[l];
+            printf(" L%d %s", l, ls->rope == LAYER_NOPE ? "NoPE" : ls->rope == LAYER_ROPE_SECOND ? "rope2" : "rope");
+            if (ls->window) printf(" sliding %d", ls->window);
             else printf(" full");
+            if (ls->head_size != head_size_of(c)) printf(" head %d", ls->head_size);
+            if (ls->kv_source != l) printf(" keys of L%d", ls->kv_source); // Gemma 4's KV sharing
             printf(l + 1 < c->n_layers ? "," : "\n");
         }
     }
     printf("frequency usage: mean |q chunk| (left) and |k chunk| (right) per rotary pair,\n");
     printf("highest frequency first, shaded to each row's maximum; '|' marks where the\n");
-    printf("unrotated pairs of p-RoPE begin (%d of %d pairs rotate)\n", rotated, pairs);
+    printf("unrotated pairs of p-RoPE begin (%d of %d pairs rotate)\n", rope_angles_of(c), head_size_of(c) / 2);
     for (int l = 0; l < c->n_layers; l++) {
+        int pairs = c->layer[l].head_size / 2, rotated = inspect_rotated(c, l);
         for (int h = 0; h < c->n_heads; h++) {
-            const double *qn = st->q_norm + ((size_t)l * c->n_heads + h) * pairs;
-            const double *kn = st->k_norm + ((size_t)l * c->n_heads + h) * pairs;
+            const double *qn = st->q_norm + ((size_t)l * c->n_heads + h) * inspect_stride(c);
+            const double *kn = st->k_norm + ((size_t)l * c->n_heads + h) * inspect_stride(c);
             double qmax = 0, kmax = 0;
             for (int i = 0; i < pairs; i++) {
                 if (qn[i] > qmax) qmax = qn[i];
@@ -3559,17 +3808,21 @@ static void print_inspect_report(const Config *c, const InspectStats *st) {
 //   chunk,layer,head,pair,frequency,q_norm,k_norm,rotated
 //   attention,layer,head,bos,current,previous
 static int write_inspect_csv(FILE *f, const char *path, const Config *c, const InspectStats *st) {
-    int pairs = head_size_of(c) / 2, rotated = rope_angles_of(c);
     double n = st->positions > 0 ? (double)st->positions : 1.0;
     double na = st->attn_positions > 0 ? (double)st->attn_positions : 1.0;
+    Config second = rope_setting(c, LAYER_ROPE_SECOND);
     fprintf(f, "kind,layer,head,pair,frequency,q_norm,k_norm,rotated,bos,current,previous\n");
-    for (int l = 0; l < c->n_layers; l++)
+    for (int l = 0; l < c->n_layers; l++) {
+        int pairs = c->layer[l].head_size / 2, rotated = inspect_rotated(c, l);
+        const Config *setting = c->layer[l].rope == LAYER_ROPE_SECOND ? &second : c;
         for (int h = 0; h < c->n_heads; h++)
             for (int i = 0; i < pairs; i++) {
-                size_t idx = ((size_t)l * c->n_heads + h) * pairs + i;
-                fprintf(f, "chunk,%d,%d,%d,%.9g,%.9g,%.9g,%d,,,\n", l, h, i, i < rotated ? rope_frequency(c, i) : 0.0f,
-                        st->q_norm[idx] / n, st->k_norm[idx] / n, i < rotated);
+                size_t idx = ((size_t)l * c->n_heads + h) * inspect_stride(c) + i;
+                fprintf(f, "chunk,%d,%d,%d,%.9g,%.9g,%.9g,%d,,,\n", l, h, i,
+                        i < rotated ? rope_frequency(setting, i) : 0.0f, st->q_norm[idx] / n, st->k_norm[idx] / n,
+                        i < rotated);
             }
+    }
     for (int l = 0; l < c->n_layers; l++)
         for (int h = 0; h < c->n_heads; h++) {
             const double *a = st->attn + ((size_t)l * c->n_heads + h) * 3;
@@ -3581,7 +3834,7 @@ static int write_inspect_csv(FILE *f, const char *path, const Config *c, const I
 // Every statistic is a sum of finite numbers unless the forward pass met a NaN or
 // an infinity: then inspect stops as generate and ppl do.
 static int check_inspect_stats(const Config *c, const InspectStats *st) {
-    size_t cells = (size_t)c->n_layers * c->n_heads, pairs = head_size_of(c) / 2;
+    size_t cells = (size_t)c->n_layers * c->n_heads, pairs = inspect_stride(c);
     for (size_t i = 0; i < cells * pairs; i++)
         if (!isfinite(st->q_norm[i]) || !isfinite(st->k_norm[i]))
             return fail("non-finite queries or keys in layer %zu, head %zu: the checkpoint's weights hold NaN or "
@@ -3604,8 +3857,8 @@ static int inspect(Transformer *t, const Tokenizer *tok, const char *prompt, con
     }
     size_t cells = (size_t)c->n_layers * c->n_heads;
     InspectStats st = {0};
-    st.q_norm = calloc(cells * (head_size_of(c) / 2), sizeof(double));
-    st.k_norm = calloc(cells * (head_size_of(c) / 2), sizeof(double));
+    st.q_norm = calloc(cells * inspect_stride(c), sizeof(double));
+    st.k_norm = calloc(cells * inspect_stride(c), sizeof(double));
     st.attn = calloc(cells * 3, sizeof(double));
     // the CSV is opened first, so that a path that cannot be written fails before the run
     FILE *csv = csv_path ? fopen(csv_path, "w") : NULL;
@@ -4954,13 +5207,13 @@ static void attention_values_fast(float *out, const float *att, const float *val
 static void attention_block_scores(Transformer *t, int l, int h, int B, int pos0) {
     const Config *c = &t->config;
     RunState *s = &t->state;
-    int head_size = head_size_of(c), group = c->n_heads / c->n_kv_heads;
+    int head_size = c->layer[l].head_size, group = c->n_heads / c->layer[l].n_kv_heads, q_dim = c->n_heads * head_size;
     const float *keys = s->key_cache + kv_cache_offset(c, l, h / group, 0);
     // the tile wants each token's query contiguous (and, for AVX-512, packed in pairs)
     float *q = s->q_head + (size_t)h * PREFILL_BLOCK * head_size;
     float *packed = s->q_pairs + (size_t)h * PREFILL_BLOCK * head_size;
     for (int b = 0; b < B; b++)
-        memcpy(q + (size_t)b * head_size, s->q + (size_t)b * q_dim_of(c) + h * head_size, head_size * sizeof(float));
+        memcpy(q + (size_t)b * head_size, s->q + (size_t)b * q_dim + h * head_size, head_size * sizeof(float));
 #ifdef USE_AVX512
     pack_token_pairs(packed, q, B, head_size);
 #endif
@@ -4992,7 +5245,7 @@ static void attention_for_head(Transformer *t, int l, int h, int B, int pos0) {
 
 static int attention_fast(Transformer *t, int l, int B, int pos0) {
     const Config *c = &t->config;
-    long work = (long)B * c->n_heads * (pos0 + B) * head_size_of(c); // the scores' multiply-adds
+    long work = (long)B * c->n_heads * (pos0 + B) * c->layer[l].head_size; // the scores' multiply-adds
     if (B == 1) work *= DECODE_ATTENTION_WEIGHT;
     int h;
     if (!worth_a_parallel_region(work) || t->state.inspect) {
@@ -5116,19 +5369,25 @@ static void touch_pages(const unsigned char *base, size_t size) {
 static void touch_run_state(Transformer *t, int n_positions) {
     const Config *c = &t->config;
     RunState *s = &t->state;
-    size_t B = PREFILL_BLOCK, dim = c->dim, kv_dim = kv_dim_of(c), hidden = c->hidden_dim, q_dim = q_dim_of(c);
-    size_t wide = max_int(dim, q_dim);
+    size_t B = PREFILL_BLOCK, dim = c->dim, kv_dim = c->max_kv_dim, hidden = c->max_hidden, q_dim = c->max_q_dim;
+    size_t wide = max_int(dim, q_dim), P = c->per_layer_dim;
     float *arrays[] = {s->x, s->xb, s->xb2, s->q, s->q_head, s->q_pairs, s->k, s->v, s->hb, s->hb2, s->scratch, s->att,
-                       s->logits};
+                       s->logits, s->pl, s->plb};
     size_t lengths[] = {B * dim, B * wide, B * dim, B * q_dim, B * q_dim, B * q_dim, B * kv_dim, B * kv_dim, B * hidden,
-                        B * hidden, B * max_int(hidden, wide), B * c->n_heads * (size_t)c->seq_len,
-                        (size_t)c->vocab_size}; // the logits: the one row that generation uses
-    for (size_t i = 0; i < sizeof(arrays) / sizeof(arrays[0]); i++) memset(arrays[i], 0, lengths[i] * sizeof(float));
-    int n_runs = c->n_layers * c->n_kv_heads, r;
-    size_t bytes = (size_t)n_positions * head_size_of(c) * sizeof(float);
+                        B * hidden, B * max_int(max_int(hidden, wide), P), B * c->n_heads * (size_t)c->seq_len,
+                        (size_t)c->vocab_size, B * c->n_layers * P, B * P}; // logits: the one row generation uses
+    for (size_t i = 0; i < sizeof(arrays) / sizeof(arrays[0]); i++)
+        if (arrays[i]) memset(arrays[i], 0, lengths[i] * sizeof(float));
+    // each cached head's run of positions, by (layer, kv head); a layer that shares
+    // another's cache (Gemma 4), or has fewer kv heads than the widest, has fewer runs
+    int max_kv_heads = 0, r;
+    for (int l = 0; l < c->n_layers; l++) max_kv_heads = max_int(max_kv_heads, c->layer[l].n_kv_heads);
+    int n_runs = c->n_layers * max_kv_heads;
 #pragma omp parallel for
     for (r = 0; r < n_runs; r++) {
-        size_t at = kv_cache_offset(c, r / c->n_kv_heads, r % c->n_kv_heads, 0);
+        int l = r / max_kv_heads, kvh = r % max_kv_heads;
+        if (c->layer[l].kv_source != l || kvh >= c->layer[l].n_kv_heads) continue;
+        size_t at = kv_cache_offset(c, l, kvh, 0), bytes = (size_t)n_positions * c->layer[l].head_size * sizeof(float);
         memset(s->key_cache + at, 0, bytes);
         memset(s->value_cache + at, 0, bytes);
     }
@@ -5192,11 +5451,11 @@ static ReadOrderTrial read_order_trial; // one for the process, as read_order is
 // At start-up: the order from RUN_READ_ORDER (forced >= 0), or a trial on decode's
 // first tokens for a model too large for a cache.
 static void start_read_order_trial(const Config *c, int forced) {
-    // a layer's matrices: wq and wo (q_dim x dim), wk and wv (kv_dim x dim), w1, w2, w3 (hidden x dim)
-    double per_layer = (double)c->dim * (2.0 * q_dim_of(c) + 2.0 * kv_dim_of(c) + 3.0 * c->hidden_dim);
+    // the layers' matrices: wq and wo (q_dim x dim), wk and wv (kv_dim x dim), w1, w2, w3 (hidden x dim)
+    double layers = (double)c->dim * (2.0 * c->q_rows + c->kv_rows + c->v_rows + 3.0 * c->hidden_rows);
     ReadOrderTrial *trial = &read_order_trial;
     memset(trial, 0, sizeof(*trial));
-    trial->matrix_bytes = (c->n_layers * per_layer + (double)c->vocab_size * c->dim) * weight_type_bytes(c->weight_type);
+    trial->matrix_bytes = (layers + (double)c->vocab_size * c->dim) * weight_type_bytes(c->weight_type);
     if (forced >= 0) {
         read_order = (ReadOrder)forced;
         trial->state = TRIAL_FORCED;
@@ -5285,7 +5544,7 @@ static void print_pair_run(const char *label, int first, int last) {
 static void print_layers_using(const Config *c, const char *label, int which) {
     int any = 0;
     for (int l = 0; l < c->n_layers; l++)
-        if (c->layer_rope[l] == which) printf("%s%d", any++ ? " " : label, l);
+        if (c->layer[l].rope == which) printf("%s%d", any++ ? " " : label, l);
     if (any) printf("\n");
 }
 

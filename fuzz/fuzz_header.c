@@ -69,40 +69,57 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     CHECK(c.layer_table_bytes ? tensors_end <= c.layer_table_offset && c.layer_table_offset - tensors_end < ROPE_V2_ALIGNMENT
                               : tensors_end == size);
     const TransformerWeights *w = &t.weights;
-    uint64_t dim = c.dim, layers = c.n_layers, hidden = c.hidden_dim, kv = kv_dim_of(&c);
-    uint64_t q_dim = (uint64_t)c.n_heads * head_size_of(&c);
+    // the layered tensors' sizes, summed over the layers here (Gemma 4's differ per layer)
+    uint64_t dim = c.dim, layers = c.n_layers, q_rows = 0, kv_rows = 0, v_rows = 0, hidden_rows = 0, heads = 0,
+             k_heads = 0;
+    for (int l = 0; l < c.n_layers; l++) {
+        const LayerSpec *ls = &c.layer[l];
+        uint64_t kv = (uint64_t)ls->n_kv_heads * ls->head_size;
+        q_rows += (uint64_t)c.n_heads * ls->head_size, hidden_rows += ls->hidden_dim, heads += ls->head_size;
+        if (ls->kv_source == l) kv_rows += kv, v_rows += ls->values_are_keys ? 0 : kv, k_heads += ls->head_size;
+        CHECK(ls->kv_source <= l && c.layer[ls->kv_source].kv_source == ls->kv_source);
+    }
     check_inside(w->token_embedding.data, (uint64_t)c.vocab_size * dim, mb, lo, hi, alignment);
     check_inside(w->rms_att, layers * dim, sizeof(float), lo, hi, alignment);
     check_inside(w->rms_ffn, layers * dim, sizeof(float), lo, hi, alignment);
     check_inside(w->rms_final, dim, sizeof(float), lo, hi, alignment);
-    check_inside(w->wq.data, layers * q_dim * dim, mb, lo, hi, alignment);
-    check_inside(w->wk.data, layers * kv * dim, mb, lo, hi, alignment);
-    check_inside(w->wv.data, layers * kv * dim, mb, lo, hi, alignment);
-    check_inside(w->wo.data, layers * dim * q_dim, mb, lo, hi, alignment);
-    check_inside(w->w1.data, layers * hidden * dim, mb, lo, hi, alignment);
-    check_inside(w->w2.data, layers * dim * hidden, mb, lo, hi, alignment);
-    check_inside(w->w3.data, layers * hidden * dim, mb, lo, hi, alignment);
+    check_inside(w->wq.data, q_rows * dim, mb, lo, hi, alignment);
+    check_inside(w->wk.data, kv_rows * dim, mb, lo, hi, alignment);
+    check_inside(w->wv.data, v_rows * dim, mb, lo, hi, alignment);
+    check_inside(w->wo.data, dim * q_rows, mb, lo, hi, alignment);
+    check_inside(w->w1.data, hidden_rows * dim, mb, lo, hi, alignment);
+    check_inside(w->w2.data, dim * hidden_rows, mb, lo, hi, alignment);
+    check_inside(w->w3.data, hidden_rows * dim, mb, lo, hi, alignment);
     check_inside(w->wcls.data, (uint64_t)c.vocab_size * dim, mb, lo, hi, alignment);
     // version 2's optional tensors, and the per-layer table (the file's last bytes)
-    uint64_t hs = head_size_of(&c);
     if (c.qkv_bias) {
-        check_inside(w->bq, layers * q_dim, sizeof(float), lo, hi, alignment);
-        check_inside(w->bk, layers * kv, sizeof(float), lo, hi, alignment);
-        check_inside(w->bv, layers * kv, sizeof(float), lo, hi, alignment);
+        check_inside(w->bq, q_rows, sizeof(float), lo, hi, alignment);
+        check_inside(w->bk, kv_rows, sizeof(float), lo, hi, alignment);
+        check_inside(w->bv, v_rows, sizeof(float), lo, hi, alignment);
     }
     if (c.qk_norm) {
-        check_inside(w->q_norm, layers * hs, sizeof(float), lo, hi, alignment);
-        check_inside(w->k_norm, layers * hs, sizeof(float), lo, hi, alignment);
+        check_inside(w->q_norm, heads, sizeof(float), lo, hi, alignment);
+        check_inside(w->k_norm, k_heads, sizeof(float), lo, hi, alignment);
     }
     if (c.post_norms) {
         check_inside(w->rms_post_att, layers * dim, sizeof(float), lo, hi, alignment);
         check_inside(w->rms_post_ffn, layers * dim, sizeof(float), lo, hi, alignment);
     }
+    if (c.layer_scalars) check_inside(w->layer_scalars, layers, sizeof(float), lo, hi, alignment);
+    if (c.per_layer_dim) { // Gemma 4's per-layer inputs
+        uint64_t P = c.per_layer_dim;
+        check_inside(w->per_layer_embedding.data, (uint64_t)c.vocab_size * layers * P, mb, lo, hi, alignment);
+        check_inside(w->per_layer_in.data, layers * P * dim, mb, lo, hi, alignment);
+        check_inside(w->per_layer_in_norm, P, sizeof(float), lo, hi, alignment);
+        check_inside(w->per_layer_gate.data, layers * P * dim, mb, lo, hi, alignment);
+        check_inside(w->per_layer_out.data, layers * dim * P, mb, lo, hi, alignment);
+        check_inside(w->rms_per_layer, layers * dim, sizeof(float), lo, hi, alignment);
+    }
     if (c.rope_scaling == ROPE_SCALING_LONGROPE) { // its factors, as load_checkpoint points the config at them
         check_inside(w->rope_factors, 2ull * rope_angles_of(&c), sizeof(float), lo, hi, alignment);
         t.config.longrope_factors = w->rope_factors;
     }
-    if (c.layer_table_bytes) {
+    if (c.layer_table_bytes == 8ull * c.n_layers) { // records of eight fields were read by parse_header
         CHECK(c.layer_table_offset % ROPE_V2_ALIGNMENT == 0 && c.layer_table_offset + c.layer_table_bytes <= size);
         if (parse_layer_table((const unsigned char *)copy + c.layer_table_offset, &t.config) != 0) {
             CHECK(error_message[0] != '\0');

@@ -118,8 +118,9 @@ def rope_v2_table(records, offset_delta=0, n_bytes=None, edits=()):
         end = len(data)
         data += bytes(-end % 64)
         offset = len(data)
-        data += b"".join(struct.pack("<2i", r, w) for r, w in records)
-        struct.pack_into("<2Q", data, 136, offset + offset_delta, 8 * len(records) if n_bytes is None else n_bytes)
+        data += b"".join(struct.pack(f"<{len(r)}i", *r) for r in records)  # (rope, window) or Gemma 4's eight fields
+        struct.pack_into("<2Q", data, 136, offset + offset_delta,
+                         4 * len(records[0]) * len(records) if n_bytes is None else n_bytes)
         for at, fmt, value in edits:
             struct.pack_into(fmt, data, at, value)
         return gen(put(tmp, "table.bin", data))
@@ -355,7 +356,7 @@ ROWS = [
      "n_heads 8 x head_size 65536 is above"),
     ("rope-v2-head-size-disagrees-with-size", rope([(4, "<i", 2), (84, "<i", 16)]), 1, "but its header"),
     # version 2's block options (bytes 112..135)
-    ("rope-v2-block-flags-unknown-bit", rope([(4, "<i", 2), (112, "<I", 8)]), 1, "block_flags 0x8 has bits"),
+    ("rope-v2-block-flags-unknown-bit", rope([(4, "<i", 2), (112, "<I", 64)]), 1, "block_flags 0x40 has bits"),
     ("rope-v2-biases-missing-from-the-file", rope([(4, "<i", 2), (112, "<I", 1)]), 1, "but its header"),
     ("rope-v2-activation-unknown", rope([(4, "<i", 2), (116, "<i", 2)]), 1, "activation 2 is not one"),
     ("rope-v2-activation-negative", rope([(4, "<i", 2), (116, "<i", -1)]), 1, "activation -1 is not one"),
@@ -393,7 +394,38 @@ ROWS = [
     ("rope-v2-longrope-runs", rope([(4, "<i", 2), (56, "<i", 5), (52, "<f", 4.0)],
                                    append=struct.pack("<8f", 1, 1, 1, 1, 2, 3, 4, 5)), 0, ""),
     ("rope-v2-rope-scaling-6", rope([(4, "<i", 2), (56, "<i", 6)]), 1, "rope_scaling 6 is not a rule"),
-    ("rope-v2-reserved-byte-192", rope([(4, "<i", 2), (192, "<B", 1)]), 1, "reserved header byte 192 is not zero"),
+    ("rope-v2-reserved-byte-200", rope([(4, "<i", 2), (200, "<B", 1)]), 1, "reserved header byte 200 is not zero"),
+    # Gemma 4's fields: the per-layer inputs' header bytes 192..199, the records of eight int32
+    ("rope-v2-per-layer-dim-without-flag", rope([(4, "<i", 2), (192, "<i", 256)]), 1,
+     "per_layer_input_dim 256 and per_layer_embedding_multiplier 0 must be 0 without block flag 32"),
+    ("rope-v2-per-layer-flag-without-dim", rope([(4, "<i", 2), (112, "<I", 32), (196, "<f", 16.0)]), 1,
+     "per_layer_input_dim 0 must be in [1, 65536] with block flag 32"),
+    ("rope-v2-per-layer-multiplier-nan", rope([(4, "<i", 2), (112, "<I", 32), (192, "<i", 4), (196, "<f", float("nan"))]),
+     1, "per_layer_embedding_multiplier nan must be finite and > 0"),
+    ("rope-v2-records-all-header-values-run", rope_v2_table([(1, 0, 0, 0, 0, 0, 0, 0)] * 5), 0, ""),
+    ("rope-v2-record-head-size-odd", rope_v2_table([(1, 0, 0, 0, 0, 0, 0, 0)] + [(0, 0, 7, 0, 0, 0, 0, 0)] * 4), 1,
+     "layer 1: head_size 7 must be 0 (the header's) or even"),
+    ("rope-v2-record-kv-heads-not-dividing", rope_v2_table([(1, 0, 0, 3, 0, 0, 0, 0)] * 5), 1,
+     "layer 0: n_kv_heads 3 must be 0 (the header's) or divide n_heads 8"),
+    ("rope-v2-record-hidden-negative", rope_v2_table([(1, 0, 0, 0, -2, 0, 0, 0)] * 5), 1,
+     "layer 0: hidden_dim -2 must be 0 (the header's) or in [1, 1048576]"),
+    ("rope-v2-record-kv-source-later", rope_v2_table([(1, 0, 0, 0, 0, 0, 0, 0), (1, 0, 0, 0, 0, 4, 0, 0)] +
+                                                     [(1, 0, 0, 0, 0, 0, 0, 0)] * 3), 1,
+     "layer 1: kv_source 4 must be 0 (its own cache) or an earlier layer + 1"),
+    ("rope-v2-record-kv-source-shares-itself", rope_v2_table([(1, 0, 0, 0, 0, 0, 0, 0), (1, 0, 0, 0, 0, 1, 0, 0),
+                                                             (1, 0, 0, 0, 0, 2, 0, 0)] + [(1, 0, 0, 0, 0, 0, 0, 0)] * 2), 1,
+     "layer 2: kv_source layer 1 shares another layer's cache itself"),
+    ("rope-v2-record-kv-source-other-window", rope_v2_table([(1, 0, 0, 0, 0, 0, 0, 0), (1, 4, 0, 0, 0, 1, 0, 0)] +
+                                                            [(1, 0, 0, 0, 0, 0, 0, 0)] * 3), 1,
+     "layer 1: kv_source layer 0 differs in rope, window, head_size or n_kv_heads"),
+    ("rope-v2-record-values-on-a-shared-layer", rope_v2_table([(1, 0, 0, 0, 0, 0, 0, 0), (1, 0, 0, 0, 0, 1, 1, 0)] +
+                                                              [(1, 0, 0, 0, 0, 0, 0, 0)] * 3), 1,
+     "layer 1: values 1 on a layer that shares layer 0's cache"),
+    ("rope-v2-record-values-unknown", rope_v2_table([(1, 0, 0, 0, 0, 0, 2, 0)] * 5), 1,
+     "layer 0: values 2 must be 0 (wv) or 1 (the keys)"),
+    ("rope-v2-record-reserved", rope_v2_table([(1, 0, 0, 0, 0, 0, 0, 9)] * 5), 1, "layer 0: reserved field 9 is not 0"),
+    ("rope-v2-record-first-setting-other-head-size", rope_v2_table([(1, 0, 16, 0, 0, 0, 0, 0)] * 5), 1,
+     "layer 0: head_size 16, but the first RoPE setting's layers have the header's 8"),
     # the per-layer table (header bytes 136..151; 8 bytes per layer after the last tensor)
     ("rope-v2-layer-table-nope-and-windows-run", rope_v2_table([(0, 0), (1, 3), (0, 2), (1, 0), (1, 1)]), 0, ""),
     ("rope-v2-layer-table-offset-wrong", rope_v2_table([(1, 0)] * 5, offset_delta=64), 1,

@@ -549,7 +549,7 @@ static int variant_layer0 = LAYER_NOPE; // layer 0's rotary choice (the shift te
 static int make_variant(Transformer *t) {
     Config *c = &t->config;
     TransformerWeights *w = &t->weights;
-    if ((size_t)c->n_layers * q_dim_of(c) > VARIANT_FLOATS || c->n_layers < 4)
+    if ((size_t)c->n_layers * c->n_heads * head_size_of(c) > VARIANT_FLOATS || c->n_layers < 4)
         return fail("the variant needs a model of at least 4 layers and at most %d query floats", VARIANT_FLOATS);
     unsigned long long rng = 99;
     for (int i = 0; i < 3; i++) random_vector(variant_bias[i], VARIANT_FLOATS, &rng);
@@ -570,7 +570,7 @@ static int make_variant(Transformer *t) {
     c->rope2.rope_original_len = c->seq_len;
     c->layer_table_bytes = 8ull * c->n_layers; // (as loaded from a table: -m rope and inspect print it)
     int ropes[4] = {variant_layer0, LAYER_ROPE_SECOND, LAYER_ROPE_FIRST, LAYER_NOPE}, windows[4] = {0, 7, 0, 5};
-    for (int l = 0; l < c->n_layers; l++) c->layer_rope[l] = ropes[l % 4], c->layer_window[l] = windows[l % 4];
+    for (int l = 0; l < c->n_layers; l++) c->layer[l].rope = ropes[l % 4], c->layer[l].window = windows[l % 4];
     return 0;
 }
 
@@ -695,7 +695,7 @@ static void test_16bit_forward_equals_widened_float32_forward(const char *checkp
         return;
     }
     const Config *cf = &a.config;
-    size_t dim = cf->dim, hidden = cf->hidden_dim, layers = cf->n_layers, kv = kv_dim_of(cf);
+    size_t dim = cf->dim, hidden = cf->hidden_dim, layers = cf->n_layers, kv = (size_t)cf->n_kv_heads * head_size_of(cf);
     Matrix *narrow[] = {&a.weights.token_embedding, &a.weights.wq, &a.weights.wk, &a.weights.wv, &a.weights.wo,
                         &a.weights.w1, &a.weights.w2, &a.weights.w3};
     Matrix *wide[] = {&b.weights.token_embedding, &b.weights.wq, &b.weights.wk, &b.weights.wv, &b.weights.wo,
@@ -822,7 +822,7 @@ static void test_shifted_keys_equal_fresh_keys(const char *checkpoint, float fra
     snprintf(detail, sizeof(detail), "key error %.3g, value error %.3g, error without re-rotation %.3g", key_error,
              value_error, unrotated_error);
     printf("     (%s)\n", detail);
-    if (c->layer_rope[0] == LAYER_NOPE) // a NoPE layer's keys carry no position: moved, they are the fresh ones exactly
+    if (c->layer[0].rope == LAYER_NOPE) // a NoPE layer's keys carry no position: moved, they are the fresh ones exactly
         check(key_error == 0 && value_error == 0 && unrotated_error == 0, name, detail);
     else
         check(key_error <= 1e-5 && value_error == 0 && unrotated_error > 1e-2, name, detail);
@@ -1228,7 +1228,8 @@ static void test_rope_v2_header_places_tensors_and_tokenizer(void) {
               strstr(error_message, "weight_type 3") != NULL,
           "rope_v2_refuses_an_unknown_weight_type", error_message);
     h[88] = 0;
-    // the weights map to the same offsets
+    // the weights map to the same offsets (the config as parsed: the layers' pieces placed)
+    parse_header(h, sizeof(h), &c, &format, &data_offset, &expected, &section);
     static float file[1216 / 4] __attribute__((aligned(64)));
     TransformerWeights w;
     map_weights(&w, &c, FORMAT_ROPE, (uintptr_t)file, HEADER_BYTES);
