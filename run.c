@@ -930,20 +930,26 @@ typedef enum { LOGITS_LAST = 0, LOGITS_ALL = 1, LOGITS_NONE = 2 } LogitsWanted;
 // Wo, residual; rmsnorm, SwiGLU feed-forward, residual; final rmsnorm, classifier.
 // Every other family is a switch on it, read from the file's header:
 //   here                         embedding_multiplier (Gemma: x * sqrt(dim))
-//                                qkv_bias (Qwen2), qk_norm (Qwen3, Gemma 3)
-//                                layer_rope: p-RoPE's rope_angles pairs (every model:
-//                                  all pairs for full RoPE), NoPE layers (SmolLM3),
-//                                  the second setting (Gemma 3's local layers)
-//                                post_norms (Gemma 2, 3), activation GeGLU (Gemma)
-//                                final_softcap (Gemma 2)
-//   attention_head, one down     layer_window: sliding layers (Mistral, Phi-3,
-//                                  Gemma 2's and 3's local layers)
-//                                attention_scale (Gemma 2, 3), attention_softcap
-//                                  (Gemma 2)
-//   export.py, before the file   Gemma's norm x * (1 + w): 1 + w is stored;
+//                                qkv_bias (Qwen2), qk_norm (Qwen3, Gemma 3, 4)
+//                                layer[l].rope: p-RoPE's rope_angles pairs (every model:
+//                                  all pairs for full RoPE; Gemma 4's full layers 64
+//                                  of 256), NoPE layers (SmolLM3), the second setting
+//                                  (Gemma 3's and 4's sliding layers)
+//                                post_norms (Gemma 2, 3, 4), activation GeGLU (Gemma)
+//                                final_softcap (Gemma 2, 4)
+//                                layer[l]'s head_size, n_kv_heads, hidden_dim (Gemma 4:
+//                                  each layer its own), kv_source (Gemma 4's KV
+//                                  sharing), values_are_keys (Gemma 4 31B: k = v),
+//                                  v_norm, per_layer_dim, layer_scalars (Gemma 4)
+//   attention_head, one down     layer[l].window: sliding layers (Mistral, Phi-3,
+//                                  Gemma 2's, 3's and 4's local layers)
+//                                attention_scale (Gemma 2, 3; Gemma 4: 1)
+//                                attention_softcap (Gemma 2)
+//   export.py, before the file   Gemma 1-3's norm x * (1 + w): 1 + w is stored;
 //                                Phi-3's fused qkv and gate_up split in three and two;
 //                                Hugging Face's rotate_half pairs (i, i + d/2) permuted
-//                                  into adjacent pairs (2i, 2i+1) in Wq and Wk rows;
+//                                  into adjacent pairs (2i, 2i+1) in Wq and Wk rows
+//                                  (and Wo's columns where the values are the keys);
 //                                GPT-NeoX's partial_rotary_factor f as p-RoPE with
 //                                  theta' = theta^(1/f)
 static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, LogitsWanted wanted) {
@@ -1677,6 +1683,7 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
         c->layer_table_offset <= size && c->layer_table_bytes <= size - c->layer_table_offset &&
         parse_layer_table(data + c->layer_table_offset, c) != 0)
         return -1;
+    if (c->rope2_head_size && check_every_rope_angles(c) != 0) return -1; // the second over its own head size
     place_layers(c);
     *data_offset = *format == FORMAT_LLAMA2C_LEGACY ? LEGACY_HEADER_BYTES : HEADER_BYTES;
     TransformerWeights unused;
