@@ -114,6 +114,37 @@ def rope_v2_variant(dim=4, hidden=4, layers=2, heads=2, kv_heads=1, vocab=6, seq
     return bytes(out) + struct.pack("<4i", 0, 3, 2, 0)
 
 
+def rope_v2_gemma4(dim=4, hidden=4, heads=2, vocab=6, seq=16, P=2, seed=6):
+    """ROPE version 2 with Gemma 4's records of eight int32 (docs/format.md): layer 0 sliding (the
+    second setting, heads of 2, window 3), layer 1 full (heads of 4, p = 0.5, its values the keys),
+    layer 2 sliding and sharing layer 0's cache with a double-wide feed-forward; q/k norms, post
+    norms, the v norm, layer scalars and per-layer inputs of P."""
+    layers = 3
+    records = [(2, 3, 2, 1, 0, 0, 0, 0), (1, 0, 4, 1, 0, 0, 1, 0), (2, 3, 2, 1, 2 * hidden, 1, 0, 0)]
+    head = bytearray(rope_header(dim, hidden, layers, heads, 1, vocab, seq, fraction=0.5))
+    struct.pack_into("<i", head, 4, 2)
+    struct.pack_into("<ii", head, 84, 4, 0)
+    struct.pack_into("<Ii4f", head, 112, 2 | 4 | 8 | 16 | 32, 1, 2.0, 1.0, 0.0, 30.0)
+    struct.pack_into("<3f2i5f", head, 152, 10000.0, 1.0, 1.0, 0, 0, 0, 0, 0, 0, 0)
+    struct.pack_into("<if", head, 192, P, math.sqrt(P))
+    q = [heads * r[2] for r in records]
+    own = [r for r in records if r[5] == 0]
+    kv = sum(r[3] * r[2] for r in own)
+    v = sum(r[3] * r[2] for r in own if not r[6])
+    hid = sum(r[4] or hidden for r in records)
+    tensors = [vocab * dim, layers * dim, sum(q) * dim, kv * dim, v * dim, dim * sum(q), layers * dim,
+               hid * dim, dim * hid, hid * dim, dim, sum(r[2] for r in records), sum(r[2] for r in own),
+               layers * dim, layers * dim, layers, vocab * layers * P, layers * P * dim, P, layers * P * dim,
+               layers * dim * P, layers * dim]
+    out = bytes(head)
+    for i, n in enumerate(tensors):
+        out += b"\0" * (-len(out) % 64) + floats(n, seed + i)
+    out += b"\0" * (-len(out) % 64)
+    out = bytearray(out)
+    struct.pack_into("<2Q", out, 136, len(out), 32 * layers)
+    return bytes(out) + b"".join(struct.pack("<8i", *r) for r in records)
+
+
 def headers():
     for name in ("stories260K.bin", "stories260K_v1.bin"):
         path = MODELS / name
@@ -133,6 +164,7 @@ def headers():
     write("header", "tiny-rope-v2-bf16", rope_v2_model(4, 4, 1, 2, 1, 6, 16, weight_type=1))
     write("header", "tiny-rope-v2-f16-unshared", rope_v2_model(2, 3, 2, 1, 1, 5, 4, shared=0, weight_type=2))
     write("header", "tiny-rope-v2-variant", rope_v2_variant())
+    write("header", "tiny-rope-v2-gemma4", rope_v2_gemma4())
     # crafted bad ones
     write("header", "bad-empty", b"")
     write("header", "bad-27-bytes", struct.pack("<7i", 64, 172, 5, 8, 4, 512, 512)[:27])
