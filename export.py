@@ -48,9 +48,18 @@ dim i + head_dim/2 ("rotate_half"); run.c rotates adjacent pairs (2i, 2i+1). Bot
 give the same attention scores when the rows of wq and wk are reordered per head:
 new row 2i <- old row i, new row 2i+1 <- old row i + head_dim/2. llama2.c's own
 checkpoints are already in the adjacent-pair layout and are copied unchanged.
+
+Gemma 4 (model_type gemma4: its text_config, the weights under model.language_model., the
+vision and audio towers left out; or gemma4_text) is written with docs/format.md's per-layer
+records (head size, KV heads, width, KV sharing, k = v), v norm, layer scalars and per-layer
+inputs: the full layers' proportional RoPE is the first setting (p-RoPE over global_head_dim),
+the sliding layers' the second. On k = v layers the values are wk's permuted rows, so wo's
+columns are permuted per head the same way. Mixture of experts, bidirectional attention
+"all" and attention biases are refused; the chat template is not stored yet.
 """
 
 import argparse
+import collections
 import copy
 import functools
 import itertools
@@ -77,7 +86,9 @@ ROPE_VERSION_2 = 2  # a weight_type field, tensors at multiples of 64 bytes, the
 WEIGHT_TYPES = ["f32", "bf16", "f16"]  # the header's weight_type codes 0, 1, 2
 TENSOR_ALIGNMENT = 64  # version 2: every tensor starts at a multiple of this from the file's start
 # the tensors stored in the weight type (the norms are always float32)
-MATRIX_TENSORS = {"token_embedding", "wq", "wk", "wv", "wo", "w1", "w2", "w3", "wcls"}
+MATRIX_TENSORS = {"token_embedding", "wq", "wk", "wv", "wo", "w1", "w2", "w3", "wcls",
+                  # Gemma 4's per-layer inputs (bit 5)
+                  "per_layer_embedding", "per_layer_projection_in", "per_layer_gate", "per_layer_projection_out"}
 # version 2's block options (bytes 112..151): block_flags, activation, embedding_multiplier,
 # attention_scale, attention_softcap, final_softcap, layer_table_offset, layer_table_bytes
 ROPE_V2_BLOCK = struct.Struct("<Ii4f2Q")
@@ -85,9 +96,16 @@ ROPE_V2_BLOCK = struct.Struct("<Ii4f2Q")
 # header's order: theta, fraction, factor, rule, original length, the five rule fields
 ROPE_V2_SECOND = struct.Struct("<3f2i5f")
 FLAG_QKV_BIAS, FLAG_QK_NORM, FLAG_POST_NORMS = 1, 2, 4
+FLAG_V_NORM, FLAG_LAYER_SCALARS, FLAG_PER_LAYER_INPUTS = 8, 16, 32  # Gemma 4
 ACTIVATIONS = ["swiglu", "geglu-tanh"]  # the header's activation codes 0, 1
 LAYER_NOPE, LAYER_ROPE_FIRST, LAYER_ROPE_SECOND = 0, 1, 2  # the per-layer table's rope field
 LAYER_RECORD = struct.Struct("<2i")  # per layer: rope, window (0: full attention)
+# Gemma 4's records: rope, window, head_size, n_kv_heads, hidden_dim (0: the header's), kv_source
+# (0: its own cache; s + 1: layer s's), values (1: the values are the key projection), reserved 0
+LAYER_RECORD_WIDE = struct.Struct("<8i")
+# bytes 192..199: per_layer_input_dim (int32), per_layer_embedding_multiplier (float32)
+ROPE_V2_PER_LAYER = struct.Struct("<if")
+PER_LAYER_BYTES_AT = 192
 LLAMA2C_MAGIC = 0x616B3432  # "ak42": llama2.c's version 1 and 2 exports
 LLAMA2C_VERSION = 1  # float32; llama2.c's version 2 is int8-quantized
 HEADER_BYTES = 256  # ROPE and llama2.c version 1 headers are zero-padded to this
@@ -116,7 +134,8 @@ HF_DEFAULTS = {  # transformers' LlamaConfig defaults for keys a config.json may
 SUPPORTED_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                          "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
                          "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
-                         "gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM"}
+                         "gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
+                         "gemma4_text": "Gemma4ForCausalLM"}
 GEMMA_FAMILIES = {"gemma", "gemma2", "gemma3_text"}
 # the families whose config.json may give a head_dim other than hidden_size / num_attention_heads
 # (Llama and Mistral read config.head_dim too: Mistral NeMo has 32 heads of 128 in a hidden_size of 5120)
@@ -241,8 +260,15 @@ class Config:
         self.attention_scale = 0.0    # 0: 1 / sqrt(head_size)
         self.attention_softcap = 0.0  # 0: none
         self.final_softcap = 0.0      # 0: none
-        self.layers = None            # per layer (rope, window), or None: every layer rotates, full attention
-        self.rope2 = None             # the second RoPE setting: {"rope_theta": theta} (no rule), or None
+        self.layers = None            # per layer (rope, window), or None: every layer rotates, full attention;
+        #                               Gemma 4: per layer the eight fields of LAYER_RECORD_WIDE
+        self.rope2 = None             # the second RoPE setting: {"rope_theta": theta} (no rule; optional
+        #                               "rope_fraction", and "head_size": its layers' head size), or None
+        self.v_norm = False           # Gemma 4: a weightless RMSNorm over each value head
+        self.layer_scalars = False    # Gemma 4: the residual stream times a scalar after each layer
+        self.per_layer_dim = 0        # Gemma 4 E2B / E4B: P, the width of each layer's input slice (0: none)
+        self.per_layer_multiplier = 0.0  # with P: the per-layer embedding row's multiplier
+        self.gemma4 = False           # export only: a Gemma 4 model (its chat template is not supported yet)
         self.gemma_norms = False      # export only: the source's norms are x * (1 + w)
         self.longrope_factors = None  # longrope: [short, long], rotated-pairs floats each (the tensor rope_factors)
 
@@ -253,13 +279,21 @@ class Config:
 
     @property
     def block_flags(self):
-        return FLAG_QKV_BIAS * self.qkv_bias | FLAG_QK_NORM * self.qk_norm | FLAG_POST_NORMS * self.post_norms
+        return (FLAG_QKV_BIAS * self.qkv_bias | FLAG_QK_NORM * self.qk_norm | FLAG_POST_NORMS * self.post_norms
+                | FLAG_V_NORM * self.v_norm | FLAG_LAYER_SCALARS * self.layer_scalars
+                | FLAG_PER_LAYER_INPUTS * bool(self.per_layer_dim))
+
+    @property
+    def wide_records(self):
+        """True when the per-layer table holds Gemma 4's eight-field records."""
+        return self.layers is not None and len(self.layers[0]) == 8
 
     def needs_block_fields(self):
         """Whether the file needs version 2's block fields (a Llama block with no table does not)."""
         return bool(self.head_size or self.block_flags or self.activation or self.embedding_multiplier
                     or self.attention_scale or self.attention_softcap or self.final_softcap
-                    or self.layers is not None or self.rope2 is not None or self.rope_scaling == RULE_LONGROPE)
+                    or self.layers is not None or self.rope2 is not None or self.rope_scaling == RULE_LONGROPE
+                    or self.per_layer_dim)
 
     @property
     def rule(self):
@@ -325,12 +359,60 @@ def check_block_values(c):
         shape = np.shape(c.longrope_factors)
         if shape != (2, rotated_pairs(c)):
             raise ExportError(f"longrope needs 2 x {rotated_pairs(c)} factors (short, long), not {shape}")
+    if c.per_layer_dim and not (1 <= c.per_layer_dim <= RUN_LIMITS["dim"]
+                                and c.n_layers * c.per_layer_dim <= RUN_LIMITS["hidden_dim"]):
+        raise ExportError(f"per_layer_input_dim {c.per_layer_dim} must be in [1, {RUN_LIMITS['dim']}] with n_layers "
+                          f"{c.n_layers} x it at most {RUN_LIMITS['hidden_dim']} (run.c's limits)")
+    if c.per_layer_dim and not (c.per_layer_multiplier > 0 and math.isfinite(f32(c.per_layer_multiplier))):
+        raise ExportError(f"per_layer_embedding_multiplier {c.per_layer_multiplier} must be finite and > 0")
+    if c.wide_records:
+        check_layer_records(c)
+
+
+def check_layer_records(c):
+    """Refuse Gemma 4's per-layer records as run.c's parse_layer_table refuses them."""
+    rope2_head = None
+    for l, record in enumerate(c.layers):
+        rope, window, head_size, kv_heads, hidden, source, values, reserved = record
+        where = f"layer {l}"
+        if rope not in (LAYER_NOPE, LAYER_ROPE_FIRST, LAYER_ROPE_SECOND) or (rope == LAYER_ROPE_SECOND and c.rope2 is None):
+            raise ExportError(f"{where}: rope {rope} is not a setting of this file")
+        if window < 0 or reserved != 0 or values not in (0, 1):
+            raise ExportError(f"{where}: window {window}, values {values} or the reserved field {reserved} out of range")
+        if head_size and (head_size < 2 or head_size % 2 or c.n_heads * head_size > RUN_LIMITS["dim"]):
+            raise ExportError(f"{where}: head_size {head_size} must be even, >= 2, with n_heads {c.n_heads} x it at "
+                              f"most {RUN_LIMITS['dim']} (run.c's limit)")
+        if kv_heads and (kv_heads < 1 or c.n_heads % kv_heads):
+            raise ExportError(f"{where}: n_kv_heads {kv_heads} does not divide n_heads {c.n_heads}")
+        if hidden and not 1 <= hidden <= RUN_LIMITS["hidden_dim"]:
+            raise ExportError(f"{where}: hidden_dim {hidden} is above run.c's limit of {RUN_LIMITS['hidden_dim']}")
+        if not 0 <= source <= l:
+            raise ExportError(f"{where}: kv_source {source} must be 0 or an earlier layer + 1")
+    shapes = layer_shapes(c)
+    for l, s in enumerate(shapes):
+        if s.source != l:
+            src = shapes[s.source]
+            if src.source != s.source or s.values or (src.rope, src.window, src.head_size, src.n_kv_heads) != (
+                    s.rope, s.window, s.head_size, s.n_kv_heads):
+                raise ExportError(f"layer {l}: its kv_source layer {s.source} shares a cache itself, or differs in "
+                                  "rope, window, head_size or n_kv_heads")
+        if s.rope == LAYER_ROPE_FIRST and s.head_size != c.head_dim:
+            raise ExportError(f"layer {l}: head_size {s.head_size}, but the first RoPE setting's layers have the "
+                              f"header's {c.head_dim}")
+        if s.rope == LAYER_ROPE_SECOND:
+            if rope2_head is not None and s.head_size != rope2_head:
+                raise ExportError(f"layer {l}: head_size {s.head_size}, but the second RoPE setting's layers have "
+                                  f"{rope2_head}")
+            rope2_head = s.head_size
 
 
 def second_setting(c):
-    """A Config whose first RoPE setting is c's second one (theta, p 1, no rule), for the checks."""
+    """A Config whose first RoPE setting is c's second one (theta, p 1 unless given, no rule), for the checks."""
     second = copy.copy(c)
-    second.rope_theta, second.rope_fraction, second.rope2, second.longrope_factors = c.rope2["rope_theta"], 1.0, None, None
+    second.rope_theta, second.rope_fraction, second.rope2, second.longrope_factors = (
+        c.rope2["rope_theta"], c.rope2.get("rope_fraction", 1.0), None, None)
+    second.head_size = c.rope2.get("head_size", c.head_size)  # its layers' head size (Gemma 4: head_dim)
+    second.layers = None
     second.set_scaling()
     return second
 
@@ -431,8 +513,72 @@ def describe_rope(c):
     return f"{text} ({', '.join(details)})" if details else text
 
 
+LayerShape = collections.namedtuple("LayerShape", "rope window head_size n_kv_heads hidden_dim source values")
+
+
+def layer_shapes(c):
+    """Per layer, its LayerShape: the table's fields with 0 resolved to the header's; source is the
+    layer whose keys and values it attends over (itself when kv_source is 0)."""
+    out = []
+    for l in range(c.n_layers):
+        record = tuple(c.layers[l]) if c.layers is not None else (LAYER_ROPE_FIRST, 0)
+        rope, window, head_size, kv_heads, hidden, source, values = (record + (0,) * 8)[:7]
+        out.append(LayerShape(rope, window, head_size or c.head_dim, kv_heads or c.n_kv_heads,
+                              hidden or c.hidden_dim, source - 1 if source else l, values))
+    return out
+
+
+def ragged_shapes(c):
+    """tensor_shapes for a file whose per-layer records give the layers shapes of their own: each
+    layered tensor is the layers' pieces back to back (docs/format.md), as one flat run of floats."""
+    L, dim = c.n_layers, c.dim
+    layers = layer_shapes(c)
+    own = [s for l, s in enumerate(layers) if s.source == l]
+    q = sum(c.n_heads * s.head_size for s in layers)
+    kv = sum(s.n_kv_heads * s.head_size for s in own)
+    v = sum(s.n_kv_heads * s.head_size for s in own if not s.values)
+    hidden = sum(s.hidden_dim for s in layers)
+    shapes = [
+        ("token_embedding", (c.vocab_size, dim)),
+        ("rms_att", (L, dim)),
+        ("wq", (q * dim,)),
+        ("wk", (kv * dim,)),
+        ("wv", (v * dim,)),
+        ("wo", (dim * q,)),
+        ("rms_ffn", (L, dim)),
+        ("w1", (hidden * dim,)),
+        ("w2", (dim * hidden,)),
+        ("w3", (hidden * dim,)),
+        ("rms_final", (dim,)),
+    ]
+    if not c.shared_classifier:
+        shapes.append(("wcls", (c.vocab_size, dim)))
+    if c.qkv_bias:
+        shapes += [("bq", (q,)), ("bk", (kv,)), ("bv", (v,))]
+    if c.qk_norm:
+        shapes += [("q_norm", (sum(s.head_size for s in layers),)), ("k_norm", (sum(s.head_size for s in own),))]
+    if c.post_norms:
+        shapes += [("rms_post_att", (L, dim)), ("rms_post_ffn", (L, dim))]
+    if c.rope_scaling == RULE_LONGROPE:
+        shapes.append(("rope_factors", (2, rotated_pairs(c))))
+    return shapes + gemma4_shapes(c)
+
+
+def gemma4_shapes(c):
+    """Tensors 21 to 27 (docs/format.md), each when its flag is set."""
+    L, dim, P = c.n_layers, c.dim, c.per_layer_dim
+    shapes = [("layer_scalars", (L,))] if c.layer_scalars else []
+    if P:
+        shapes += [("per_layer_embedding", (c.vocab_size, L * P)), ("per_layer_projection_in", (L * P, dim)),
+                   ("per_layer_projection_norm", (P,)), ("per_layer_gate", (L, P, dim)),
+                   ("per_layer_projection_out", (L, dim, P)), ("rms_per_layer", (L, dim))]
+    return shapes
+
+
 def tensor_shapes(c):
     """[(name, shape)] of every tensor of a ROPE file, in file order (docs/format.md)."""
+    if c.wide_records:
+        return ragged_shapes(c)
     hd, L = c.head_dim, c.n_layers
     q_dim, kv_dim = c.n_heads * hd, c.n_kv_heads * hd
     shapes = [
@@ -459,7 +605,7 @@ def tensor_shapes(c):
         shapes += [("rms_post_att", (L, c.dim)), ("rms_post_ffn", (L, c.dim))]
     if c.rope_scaling == RULE_LONGROPE:
         shapes.append(("rope_factors", (2, rotated_pairs(c))))
-    return shapes
+    return shapes + gemma4_shapes(c)
 
 
 def n_floats(shapes):
@@ -928,7 +1074,7 @@ def check_architecture(config):
     model_type = json_str(config, "model_type")
     if model_type is not None and model_type not in SUPPORTED_MODEL_TYPES:
         raise ExportError(f"config.json: model_type {model_type!r} is not supported (only "
-                          f"{', '.join(SUPPORTED_MODEL_TYPES)})")
+                          f"{', '.join(SUPPORTED_MODEL_TYPES)}, and gemma3 and gemma4's text models)")
     for arch in json_list(config, "architectures"):
         if arch not in SUPPORTED_MODEL_TYPES.values():
             raise ExportError(f"config.json: architecture {arch!r} is not supported (only "
@@ -938,7 +1084,7 @@ def check_architecture(config):
                               f"(expected {SUPPORTED_MODEL_TYPES[model_type]!r})")
     act = json_str(config, "hidden_act")
     act = HF_DEFAULTS["hidden_act"] if act is None else act
-    if model_type in GEMMA_FAMILIES:
+    if model_type in GEMMA_FAMILIES or model_type == "gemma4_text":
         explicit = json_str(config, "hidden_activation")
         if explicit == "gelu":
             raise ExportError("config.json: hidden_activation 'gelu': the exact (erf) GELU is not supported; run.c "
@@ -1410,16 +1556,26 @@ def hf_pieces(ours, shape, n_layers, post_norms=False):
     return [(HF_MODEL_TENSORS[ours], list(shape))]
 
 
-def lazy_tensor(file, name, heads=None, order=None, plus_one=False, rows=None):
+def permute_head_columns(w, n_heads, order):
+    """Reorder the columns of each head of a (dim, n_heads * head_dim) matrix (Gemma 4's wo on the
+    layers whose values are the permuted key projection)."""
+    head_dim = len(order)
+    return w.reshape(-1, n_heads, head_dim)[:, :, order].reshape(-1, n_heads * head_dim)
+
+
+def lazy_tensor(file, name, heads=None, order=None, plus_one=False, rows=None, column_order=None):
     """A function that reads one stored tensor in its stored type (see weight_type_of; rows
     permuted per head if asked; plus_one: Gemma's norm weight w as 1 + w in float32, the
-    sum Gemma's RMSNorm computes in float32; rows: (first, end), a band of a fused matrix)."""
+    sum Gemma's RMSNorm computes in float32; rows: (first, end), a band of a fused matrix;
+    column_order: (heads, order), the columns permuted per head)."""
     def load():
         w = file.raw(name)[1]
         if rows is not None:
             w = w[rows[0]:rows[1]]
         if plus_one:
             w = widen(w) + np.float32(1)
+        if column_order is not None:
+            w = permute_head_columns(w, *column_order)
         return w if order is None else permute_heads(w, heads, order)
     load.source = name  # what a refusal of its values names
     return load
@@ -1493,6 +1649,284 @@ def config_from_json(config):
     return config, c, rotary_dim
 
 
+# ----------------------------------------------------------------------------
+# Gemma 4 (model_type gemma4, its text_config; or gemma4_text): docs/format.md's per-layer
+# records, v norm, layer scalars and per-layer inputs. The norms are stored as trained (x * w,
+# no Gemma 3 "1 + w"); q . k is scaled by 1.
+
+GEMMA4_TYPES = ("gemma4", "gemma4_text")
+G4_SLIDING, G4_FULL = "sliding_attention", "full_attention"
+# Gemma4TextConfig's defaults (transformers' configuration_gemma4.py) for the keys read here
+GEMMA4_DEFAULTS = {"hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 30, "num_attention_heads": 8,
+                   "num_key_value_heads": 4, "head_dim": 256, "global_head_dim": 512, "vocab_size": 262144,
+                   "vocab_size_per_layer_input": 262144, "hidden_size_per_layer_input": 256, "sliding_window": 512,
+                   "rms_norm_eps": 1e-6}
+GEMMA4_DEFAULT_ROPE = {G4_SLIDING: {"rope_type": "default", "rope_theta": 10000.0},
+                       G4_FULL: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0}}
+# where the text decoder's tensors are: (prefix of model.*, the classifier's name)
+GEMMA4_PREFIXES = [("model.language_model.", "lm_head.weight"),              # Gemma4ForConditionalGeneration
+                   ("language_model.model.", "language_model.lm_head.weight"),
+                   ("model.", "lm_head.weight")]                             # Gemma4ForCausalLM
+
+
+def gemma4_text_config(config):
+    """(the text decoder's config, True for a multimodal gemma4 config): text_config with the
+    dtype and tie_word_embeddings of the whole when it has none, or a gemma4_text config."""
+    if config.get("model_type") != "gemma4":
+        return dict(config), False
+    inner = config.get("text_config")
+    if not isinstance(inner, dict):
+        raise ExportError("config.json: model_type 'gemma4' without a text_config object")
+    inner = dict(inner)
+    inner.setdefault("model_type", "gemma4_text")
+    if inner["model_type"] != "gemma4_text":
+        raise ExportError(f"config.json: text_config's model_type {inner['model_type']!r} is not 'gemma4_text'")
+    for key in ("torch_dtype", "dtype", "tie_word_embeddings"):
+        if key in config and key not in inner:
+            inner[key] = config[key]
+    inner.pop("architectures", None)
+    return inner, True
+
+
+def gemma4_int(t, key, low=1):
+    """A config integer with Gemma4TextConfig's default (when absent), >= low. A null
+    hidden_size_per_layer_input or num_kv_shared_layers is 0 (none), as transformers reads it."""
+    value = t.get(key, GEMMA4_DEFAULTS.get(key))
+    if value is None and key in ("hidden_size_per_layer_input", "num_kv_shared_layers"):
+        value = 0
+    value = GEMMA4_DEFAULTS.get(key) if value is None else value
+    if not is_int(value) or not low <= value <= INT32_MAX:
+        raise ExportError(f"config.json: {key} {json.dumps(value)} must be an integer >= {low}")
+    return value
+
+
+def gemma4_refusals(t):
+    """What this format cannot carry, refused before anything is read or written."""
+    if json_bool(t, "enable_moe_block", False):
+        raise ExportError("config.json: enable_moe_block true: Gemma 4's mixture-of-experts block (26B-A4B) is not "
+                          "supported yet")
+    bidirectional = t.get("use_bidirectional_attention")
+    if bidirectional == "all":
+        raise ExportError("config.json: use_bidirectional_attention 'all' is not supported: run.c's attention is "
+                          "causal (text tokens attend to earlier ones only)")
+    if bidirectional not in (None, "vision"):  # "vision": images only; text stays causal
+        raise ExportError(f"config.json: use_bidirectional_attention {json.dumps(bidirectional)} is not supported "
+                          "(only null and 'vision')")
+    if json_bool(t, "attention_bias", False):
+        raise ExportError("config.json: attention_bias true: Gemma 4 with attention biases is not supported")
+    per_layer = gemma4_int(t, "hidden_size_per_layer_input", 0)
+    if per_layer and gemma4_int(t, "vocab_size_per_layer_input") != gemma4_int(t, "vocab_size"):
+        raise ExportError(f"config.json: vocab_size_per_layer_input {gemma4_int(t, 'vocab_size_per_layer_input')} "
+                          f"differs from vocab_size {gemma4_int(t, 'vocab_size')}: the format's per-layer embedding "
+                          "has one row per token")
+
+
+def gemma4_layer_types(t, n_layers):
+    """layer_types as Gemma4TextConfig makes them: given, or five sliding to one full; the last
+    layer full attention."""
+    types = t.get("layer_types")
+    if types is None:
+        types = [G4_SLIDING if (i + 1) % 6 else G4_FULL for i in range(n_layers)]
+    if not (isinstance(types, list) and len(types) == n_layers and all(x in (G4_SLIDING, G4_FULL) for x in types)):
+        raise ExportError(f"config.json: layer_types must be a list of {n_layers} 'sliding_attention' or "
+                          "'full_attention'")
+    types = list(types)
+    if types[-1] != G4_FULL:
+        say_later("note: Gemma 4's last layer is full attention (as transformers makes it), whatever layer_types says")
+        types[-1] = G4_FULL
+    return types
+
+
+def gemma4_rope(t, kind, head_dim, seq_len):
+    """(theta, p, scaling, rotary_dim) of one layer kind's rope_parameters[kind]."""
+    params = t.get("rope_parameters")
+    params = GEMMA4_DEFAULT_ROPE if params is None else params
+    if not isinstance(params, dict) or not isinstance(params.get(kind), dict):
+        raise ExportError(f"config.json: rope_parameters must hold a {kind!r} object (Gemma 4's settings per layer "
+                          "kind)")
+    rope = params[kind]
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if kind == G4_FULL and rope_type != "proportional" and head_dim != gemma4_int(t, "head_dim"):
+        raise ExportError(f"config.json: the full-attention layers' rope_type {rope_type!r}: transformers computes "
+                          "it over head_dim, not the full layers' global_head_dim; only 'proportional' is supported")
+    try:
+        theta, p, scaling, rotary_dim = hf_rope({"rope_parameters": rope}, head_dim, seq_len)
+    except ExportError as e:
+        raise ExportError(f"rope_parameters.{kind}: {str(e).removeprefix('config.json: ')}")
+    if scaling.get("rule") == RULE_LONGROPE:
+        raise ExportError(f"config.json: rope_parameters.{kind}: longrope is not supported for Gemma 4")
+    return theta, p, scaling, rotary_dim
+
+
+def gemma4_config(t):
+    """(Config with Gemma 4's per-layer records, the layer kinds, {rope setting: the row order of
+    its heads}) of a text config (gemma4_text_config's)."""
+    gemma4_refusals(t)
+    check_architecture(t)  # hidden_activation, experts, sliding_window's type
+    dim, n_layers = gemma4_int(t, "hidden_size"), gemma4_int(t, "num_hidden_layers")
+    n_heads, n_kv_heads = gemma4_int(t, "num_attention_heads"), gemma4_int(t, "num_key_value_heads")
+    head_dim = gemma4_int(t, "head_dim")
+    global_head_dim = t.get("global_head_dim", GEMMA4_DEFAULTS["global_head_dim"]) or head_dim
+    if not is_int(global_head_dim) or global_head_dim < 1:
+        raise ExportError(f"config.json: global_head_dim {json.dumps(global_head_dim)} must be a positive integer")
+    intermediate = gemma4_int(t, "intermediate_size")
+    seq_len = hf_int(t, "max_position_embeddings", HF_DEFAULTS["max_position_embeddings"])
+    kinds = gemma4_layer_types(t, n_layers)
+    window = gemma4_int(t, "sliding_window")
+    k_eq_v = json_bool(t, "attention_k_eq_v", False)
+    global_kv_heads = n_kv_heads
+    if k_eq_v:
+        if not t.get("num_global_key_value_heads"):
+            raise ExportError("config.json: attention_k_eq_v needs num_global_key_value_heads")
+        global_kv_heads = gemma4_int(t, "num_global_key_value_heads")
+    n_shared = gemma4_int(t, "num_kv_shared_layers", 0)
+    if n_shared >= n_layers:
+        raise ExportError(f"config.json: num_kv_shared_layers {n_shared} leaves no layer of the {n_layers} that "
+                          "computes its own keys and values")
+    first_shared = n_layers - n_shared
+    double_wide = json_bool(t, "use_double_wide_mlp", False) and n_shared > 0
+    c = Config(dim=dim, hidden_dim=intermediate, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,
+               vocab_size=gemma4_int(t, "vocab_size"), seq_len=seq_len,
+               shared_classifier=json_bool(t, "tie_word_embeddings", True),
+               norm_eps=hf_number(t.get("rms_norm_eps", GEMMA4_DEFAULTS["rms_norm_eps"]), "rms_norm_eps"))
+    c.gemma4 = True
+    c.head_size = global_head_dim  # the first setting's (full) layers' head size
+    c.qk_norm = c.post_norms = c.v_norm = c.layer_scalars = True
+    c.activation = ACTIVATIONS.index("geglu-tanh")
+    dtype = hf_dtype(t)
+    c.embedding_multiplier = float(narrow_scalar(math.sqrt(dim), dtype))  # as Gemma4TextScaledWordEmbedding
+    c.attention_scale = 1.0  # Gemma4TextAttention.scaling (0 would mean 1 / sqrt(head_size))
+    if t.get("final_logit_softcapping") is not None:
+        c.final_softcap = hf_positive(t["final_logit_softcapping"], "final_logit_softcapping", "a cap; null for none")
+    per_layer = gemma4_int(t, "hidden_size_per_layer_input", 0)
+    if per_layer:
+        c.per_layer_dim = per_layer
+        c.per_layer_multiplier = float(narrow_scalar(math.sqrt(per_layer), dtype))
+    # the first setting: the full layers' (p-RoPE over global_head_dim); the second: the sliding layers'
+    theta, p, scaling, full_rotary = gemma4_rope(t, G4_FULL, global_head_dim, seq_len)
+    c.rope_theta, c.rope_fraction = theta, p
+    c.set_scaling(**scaling)
+    orders = {LAYER_ROPE_FIRST: pair_permutation(global_head_dim, full_rotary)}
+    if G4_SLIDING in kinds:
+        theta2, p2, scaling2, sliding_rotary = gemma4_rope(t, G4_SLIDING, head_dim, seq_len)
+        if scaling2.get("rule", RULE_NONE) != RULE_NONE:
+            raise ExportError("config.json: rope_parameters.sliding_attention: a scaling rule on the sliding layers "
+                              "is not supported (the second setting stores theta and p only)")
+        c.rope2 = {"rope_theta": theta2, "rope_fraction": p2, "head_size": head_dim}
+        orders[LAYER_ROPE_SECOND] = pair_permutation(head_dim, sliding_rotary)
+    records = []
+    for i, kind in enumerate(kinds):
+        full = kind == G4_FULL
+        source = 0
+        if i >= first_shared:  # KV sharing: the last unshared layer of its kind
+            earlier = [j for j in range(first_shared) if kinds[j] == kind]
+            if not earlier:
+                raise ExportError(f"config.json: KV-shared layer {i} ({kind}) has no earlier unshared {kind} layer")
+            source = earlier[-1] + 1
+        records.append((LAYER_ROPE_FIRST if full else LAYER_ROPE_SECOND,
+                        0 if full else window,
+                        global_head_dim if full else head_dim,
+                        global_kv_heads if full and k_eq_v else n_kv_heads,
+                        intermediate * (2 if double_wide and i >= first_shared else 1),
+                        source,
+                        int(full and k_eq_v and not source),
+                        0))
+    c.layers = records
+    return c, kinds, orders
+
+
+def read_gemma4(model_dir, config):
+    """Read a Gemma 4 checkpoint (its text decoder): (Config, {name: [loaders]}, the matrices' type).
+
+    Every layered tensor is the layers' pieces back to back (docs/format.md): q's and k's rows
+    (and q_norm, k_norm) in adjacent pairs per head with the layer's head size; wk and k_norm of
+    the layers with their own cache only (the KV-shared layers' k_proj, v_proj and k_norm, which
+    published checkpoints still carry, are not used); wv of those whose values are not the keys.
+    On a layer whose values are the key projection (attention_k_eq_v, full layers), run.c takes
+    them in wk's permuted row order, so the attention output of every head arrives permuted: wo's
+    columns are permuted per head the same way (on the layers that read such a cache)."""
+    t, multimodal = gemma4_text_config(config)
+    c, kinds, orders = gemma4_config(t)
+    files = open_safetensors(model_dir)
+    found = [(p, head) for p, head in GEMMA4_PREFIXES if p + "embed_tokens.weight" in files]
+    if not found:
+        raise ExportError("gemma4 checkpoint: no embed_tokens.weight under model.language_model. or model.")
+    prefix, head_name = found[0]
+    if not c.shared_classifier and head_name not in files:
+        c.shared_classifier = True  # transformers ties it then
+    c.check()
+    matrix_types = set()
+
+    def piece(ours, name, shape, heads=None, order=None, column_order=None):
+        if name not in files:
+            raise ExportError(f"missing tensor {name}")
+        stored = files[name].entries[name]["shape"]
+        if stored != list(shape):
+            raise ExportError(f"tensor {name} has shape {stored}, expected {list(shape)}")
+        dtype, _ = files[name].raw(name)  # refuse non-float dtypes now, before writing
+        if ours in MATRIX_TENSORS:
+            matrix_types.add(SAFETENSORS_TYPES[dtype])
+        return lazy_tensor(files[name], name, heads, order, column_order=column_order)
+
+    def scalar(name):
+        if name not in files:
+            return np.ones(1, np.float32)  # transformers' buffer default
+        stored = files[name].entries[name]["shape"]
+        if math.prod(stored) != 1:
+            raise ExportError(f"tensor {name} has shape {stored}, expected [1]")
+        return lambda: widen(files[name].raw(name)[1]).reshape(1)
+
+    dim, nh, L, P, V = c.dim, c.n_heads, c.n_layers, c.per_layer_dim, c.vocab_size
+    shapes = layer_shapes(c)
+    tensors = {name: [] for name, _ in tensor_shapes(c)}
+    tensors["token_embedding"] = [piece("token_embedding", prefix + "embed_tokens.weight", (V, dim))]
+    tensors["rms_final"] = [piece("rms_final", prefix + "norm.weight", (dim,))]
+    if not c.shared_classifier:
+        tensors["wcls"] = [piece("wcls", head_name, (V, dim))]
+    for l, s in enumerate(shapes):
+        at = f"{prefix}layers.{l}."
+        order, hs, own = orders[s.rope], s.head_size, s.source == l
+        q_dim, kv_dim = nh * hs, s.n_kv_heads * hs
+
+        def add(ours, name, shape, **kw):
+            tensors[ours].append(piece(ours, at + name, shape, **kw))
+
+        add("rms_att", "input_layernorm.weight", (dim,))
+        add("rms_post_att", "post_attention_layernorm.weight", (dim,))
+        add("rms_ffn", "pre_feedforward_layernorm.weight", (dim,))
+        add("rms_post_ffn", "post_feedforward_layernorm.weight", (dim,))
+        add("wq", "self_attn.q_proj.weight", (q_dim, dim), heads=nh, order=order)
+        add("q_norm", "self_attn.q_norm.weight", (hs,), heads=1, order=order)
+        if own:
+            add("wk", "self_attn.k_proj.weight", (kv_dim, dim), heads=s.n_kv_heads, order=order)
+            add("k_norm", "self_attn.k_norm.weight", (hs,), heads=1, order=order)
+            if not s.values:
+                add("wv", "self_attn.v_proj.weight", (kv_dim, dim))
+        permuted_values = shapes[s.source].values  # the cache's values are the permuted key projection
+        add("wo", "self_attn.o_proj.weight", (dim, q_dim), column_order=(nh, order) if permuted_values else None)
+        add("w1", "mlp.gate_proj.weight", (s.hidden_dim, dim))
+        add("w2", "mlp.down_proj.weight", (dim, s.hidden_dim))
+        add("w3", "mlp.up_proj.weight", (s.hidden_dim, dim))
+        tensors["layer_scalars"].append(scalar(at + "layer_scalar"))
+        if P:
+            add("per_layer_gate", "per_layer_input_gate.weight", (P, dim))
+            add("per_layer_projection_out", "per_layer_projection.weight", (dim, P))
+            add("rms_per_layer", "post_per_layer_input_norm.weight", (dim,))
+    if P:
+        tensors["per_layer_embedding"] = [piece("per_layer_embedding", prefix + "embed_tokens_per_layer.weight",
+                                                (V, L * P))]
+        tensors["per_layer_projection_in"] = [piece("per_layer_projection_in",
+                                                    prefix + "per_layer_model_projection.weight", (L * P, dim))]
+        tensors["per_layer_projection_norm"] = [piece("per_layer_projection_norm",
+                                                      prefix + "per_layer_projection_norm.weight", (P,))]
+    source_type = next(iter(matrix_types)) if len(matrix_types) == 1 else "f32"
+    if len(matrix_types) > 1:
+        warn("the matrices are stored in more than one type; writing float32 (exact for all of them)")
+    if multimodal:
+        say_later("note: gemma4: the text decoder is exported; the vision and audio towers are left out")
+    return c, tensors, source_type
+
+
 def read_hf(model_dir):
     """Read a Hugging Face Llama directory: (Config, {name: [functions that load a piece]}, the
     matrices' stored type: "bf16" or "f16" when they all share it, else "f32")."""
@@ -1500,6 +1934,8 @@ def read_hf(model_dir):
     if not os.path.isfile(config_path):
         raise ExportError(f"{model_dir}: no config.json")
     config = read_json(config_path)
+    if config.get("model_type") in GEMMA4_TYPES:
+        return read_gemma4(model_dir, config)
     multimodal = config.get("model_type") == "gemma3"
     config, c, rotary_dim = config_from_json(config)
     files = open_safetensors(model_dir)
@@ -1622,7 +2058,8 @@ def layer_table_place(c, tensors_end):
     tensor, 8 bytes per layer; (0, 0) when the file has none."""
     if c.layers is None:
         return 0, 0
-    return tensors_end + -tensors_end % TENSOR_ALIGNMENT, LAYER_RECORD.size * c.n_layers
+    record = LAYER_RECORD_WIDE if c.wide_records else LAYER_RECORD
+    return tensors_end + -tensors_end % TENSOR_ALIGNMENT, record.size * c.n_layers
 
 
 def rope_header(c, weight_type="f32", version=ROPE_VERSION, tensors_end=0, tokenizer_offset=0, tokenizer_bytes=0):
@@ -1639,8 +2076,12 @@ def rope_header(c, weight_type="f32", version=ROPE_VERSION, tensors_end=0, token
                                       tokenizer_bytes)
         fields += ROPE_V2_BLOCK.pack(c.block_flags, c.activation, c.embedding_multiplier, c.attention_scale,
                                      c.attention_softcap, c.final_softcap, *layer_table_place(c, tensors_end))
-        if c.rope2 is not None:  # theta, p 1, factor 1, no rule, the trained length and the rule fields 0
-            fields += ROPE_V2_SECOND.pack(c.rope2["rope_theta"], 1.0, 1.0, 0, 0, 0, 0, 0, 0, 0)
+        if c.rope2 is not None:  # theta, p (1 unless given), factor 1, no rule, the trained length and the rule fields 0
+            fields += ROPE_V2_SECOND.pack(c.rope2["rope_theta"], c.rope2.get("rope_fraction", 1.0), 1.0, 0, 0, 0, 0, 0,
+                                          0, 0)
+        if c.per_layer_dim:  # Gemma 4's per-layer inputs (bytes 192..199)
+            fields += bytes(PER_LAYER_BYTES_AT - len(fields))
+            fields += ROPE_V2_PER_LAYER.pack(c.per_layer_dim, c.per_layer_multiplier)
     return fields + bytes(HEADER_BYTES - len(fields))
 
 
@@ -1678,10 +2119,11 @@ def write_rope(f, c, tensors, path="-", weight_type="f32", tokenizer=None):
             written = offset
             write_tensor(f, tensors[name], progress, kind, name)
             written += math.prod(shape) * np.dtype(NUMPY_STORAGE[kind]).itemsize
-        if c.layers is not None:  # the per-layer table: (rope, window) per layer
+        if c.layers is not None:  # the per-layer table: (rope, window) per layer, or Gemma 4's eight fields
             offset, table_bytes = layer_table_place(c, tensors_end)
             f.write(bytes(offset - written))
-            f.write(b"".join(LAYER_RECORD.pack(rope, window) for rope, window in c.layers))
+            record = LAYER_RECORD_WIDE if c.wide_records else LAYER_RECORD
+            f.write(b"".join(record.pack(*fields) for fields in c.layers))
             written = offset + table_bytes
         if tokenizer is not None:
             f.write(bytes(tok_at - written))  # zero padding to the section's 64-byte boundary
@@ -1708,6 +2150,9 @@ def llama2c_freq_cis(head_dim, seq_len):
 
 def check_legacy(c):
     """Refuse what llama2.c's legacy format cannot carry; warn about norm_eps and the original length."""
+    if c.gemma4:
+        raise ExportError("--legacy: llama2.c's legacy format holds Llama's block only; Gemma 4's (per-layer head "
+                          "sizes, norms, KV sharing, per-layer inputs) needs ROPE version 2 (leave out --legacy)")
     no_rule = c.rule == RULE_NONE and f32(c.rope_attention_factor) in (0, 1)
     if f32(c.rope_theta) != LLAMA2C_THETA or f32(c.rope_fraction) != 1 or not no_rule:
         raise ExportError(f"--legacy: llama2.c's legacy format has no rotary settings: it needs theta 10000, "
@@ -1795,7 +2240,12 @@ def export_checkpoint(args):
     """Read a checkpoint (HF directory, llama2.c or ROPE file) and write ROPE or legacy."""
     if os.path.isdir(args.input):
         c, tensors, source_type = read_hf(args.input)
-        tokenizer = None if args.legacy else hf_tokenizer(args.input, c.vocab_size, args.template)
+        template = args.template
+        if c.gemma4 and template is None and not args.legacy and find_tokenizer(args.input):
+            template = "none"  # Gemma 4's turns are not Gemma 3's: no template of run.c's fits
+            say_later("note: Gemma 4's chat template is not supported yet: none stored (run -m chat will ask for "
+                      "--template)")
+        tokenizer = None if args.legacy else hf_tokenizer(args.input, c.vocab_size, template)
     elif os.path.isfile(args.input):
         c, tensors, source_type, tokenizer = read_flat_checkpoint(args.input)
         if args.template is not None:
