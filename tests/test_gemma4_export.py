@@ -418,3 +418,45 @@ def test_without_per_layer_inputs_a_vocab_mismatch_does_not_matter(tmp_path):
     export(d, tmp_path / "out.bin")
     h = read_header((tmp_path / "out.bin").read_bytes())
     assert not h["block_flags"] & 32 and h["per_layer_input_dim"] == 0
+
+
+def run_with(model, env, *args):
+    import os
+    import subprocess
+    from conftest import RUN_BIN, RUN_PREFIX
+    e = {k: v for k, v in os.environ.items() if k != "RUN_PLAIN"}
+    e.update(env)
+    r = subprocess.run(RUN_PREFIX + [RUN_BIN, str(model), *map(str, args)], capture_output=True, env=e, timeout=300,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_plain_loops_and_threads_give_the_same_bytes(exported, tmp_path):
+    """Gemma 4's switches in the fast paths (per-layer head sizes in the attention tiles, the
+    shared caches, the per-layer inputs' matmuls) compute what the plain loops compute, bit for
+    bit, at 1 and 2 threads: a seeded story and the ppl CSV, a prompt crossing the windows."""
+    model = exported[2]
+    outs = set()
+    for env in ({"OMP_NUM_THREADS": "1"}, {"OMP_NUM_THREADS": "2"}, {"RUN_PLAIN": "1", "OMP_NUM_THREADS": "2"}):
+        csv = tmp_path / "nll.csv"
+        story = run_with(model, env, "-z", TOK512, "-t", "0.9", "-s", "7", "-n", "120", "-p", TEXT[:60])
+        run_with(model, env, "-z", TOK512, "-m", "ppl", "-p", TEXT, "--csv", csv)
+        outs.add((story, csv.read_bytes()))
+    assert len(outs) == 1
+
+
+def test_inspect_marks_head_sizes_and_shared_layers(exported):
+    config, model = exported[0], exported[2]
+    c = g4.text_config(config)
+    out = run(model, "-z", TOK512, "-m", "inspect", "-p", TEXT)
+    assert out.returncode == 0, out.stderr
+    layers = [line for line in out.stdout.decode().splitlines() if line.startswith("layers:")][0]
+    sources = g4.kv_sources(c)
+    for i, kind in enumerate(g4.layer_kinds(c)):
+        entry = layers.split(": ", 1)[1].split(", ")[i]
+        assert entry.startswith(f"L{i} {'rope full' if kind == 'full_attention' else 'rope2 sliding'}"), entry
+        if kind == "sliding_attention":  # the header's head size is the full layers'
+            assert f"head {g4.head_dim(c, i)}" in entry
+        shared = sources[i] is not None and sources[i] != i
+        assert (f"keys of L{sources[i]}" in entry) == shared, entry
