@@ -1581,21 +1581,26 @@ def lazy_tensor(file, name, heads=None, order=None, plus_one=False, rows=None, c
     return load
 
 
-def gemma3_text_config(config):
-    """The text model's config of a multimodal Gemma 3 config.json (text_config, with the
-    dtype of the whole), whose vision tower is left out (said on stderr once read)."""
+def multimodal_text_config(config, outer_type, inherited):
+    """The text model's config of a multimodal config.json (Gemma 3, 4: text_config, with the keys
+    `inherited` of the whole where it has none); its other towers are left out (said on stderr)."""
     inner = config.get("text_config")
     if not isinstance(inner, dict):
-        raise ExportError("config.json: model_type 'gemma3' without a text_config object")
+        raise ExportError(f"config.json: model_type '{outer_type}' without a text_config object")
     inner = dict(inner)
-    inner.setdefault("model_type", "gemma3_text")
-    if inner["model_type"] != "gemma3_text":
-        raise ExportError(f"config.json: text_config's model_type {inner['model_type']!r} is not 'gemma3_text'")
-    for key in ("torch_dtype", "dtype"):
+    inner.setdefault("model_type", outer_type + "_text")
+    if inner["model_type"] != outer_type + "_text":
+        raise ExportError(f"config.json: text_config's model_type {inner['model_type']!r} is not '{outer_type}_text'")
+    for key in inherited:
         if key in config and key not in inner:
             inner[key] = config[key]
     inner.pop("architectures", None)
     return inner
+
+
+def gemma3_text_config(config):
+    """Gemma 3's text model (the dtype of the whole where text_config has none)."""
+    return multimodal_text_config(config, "gemma3", ("torch_dtype", "dtype"))
 
 
 def hf_text_model_names(files):
@@ -1674,18 +1679,7 @@ def gemma4_text_config(config):
     dtype and tie_word_embeddings of the whole when it has none, or a gemma4_text config."""
     if config.get("model_type") != "gemma4":
         return dict(config), False
-    inner = config.get("text_config")
-    if not isinstance(inner, dict):
-        raise ExportError("config.json: model_type 'gemma4' without a text_config object")
-    inner = dict(inner)
-    inner.setdefault("model_type", "gemma4_text")
-    if inner["model_type"] != "gemma4_text":
-        raise ExportError(f"config.json: text_config's model_type {inner['model_type']!r} is not 'gemma4_text'")
-    for key in ("torch_dtype", "dtype", "tie_word_embeddings"):
-        if key in config and key not in inner:
-            inner[key] = config[key]
-    inner.pop("architectures", None)
-    return inner, True
+    return multimodal_text_config(config, "gemma4", ("torch_dtype", "dtype", "tie_word_embeddings")), True
 
 
 def gemma4_int(t, key, low=1):

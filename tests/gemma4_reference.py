@@ -132,6 +132,8 @@ import math
 
 import numpy as np
 
+import hf_fixture
+
 # config.json dtype names ("torch_dtype" in transformers 4, "dtype" in 5)
 DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}
 
@@ -221,15 +223,9 @@ def model_dtype(config):
 
 
 def round_to(x, dtype):
-    """x rounded to float32 / bfloat16 (nearest even) / float16, as a Python float."""
-    x32 = np.float32(x)
-    if dtype == "F32":
-        return float(x32)
-    if dtype == "F16":
-        return float(np.float16(x))
-    u = int(np.array(x32).view(np.uint32))
-    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
-    return float(np.array(u, dtype=np.uint32).view(np.float32))
+    """x rounded to float32 / bfloat16 (nearest even) / float16, as a Python float (the test
+    fixtures' rounding: tests/hf_fixture.py)."""
+    return float(hf_fixture.round_to_dtype(np.array([x]), dtype)[0])
 
 
 def layer_kinds(config):
