@@ -1009,7 +1009,8 @@ static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, 
             }
         }
         if (c->v_norm && owns_cache) // Gemma 4: each value head RMSNormed, without a weight
-            for (size_t h = 0; h < (size_t)B * n_kv_heads; h++) rmsnorm(s->v + h * head_size, s->v + h * head_size, NULL, head_size, eps);
+            for (size_t h = 0; h < (size_t)B * n_kv_heads; h++)
+                rmsnorm(s->v + h * head_size, s->v + h * head_size, NULL, head_size, eps);
 
         // RoPE: rotate q and k by their position with the layer's setting. Only the
         // first n_rotated = floor(p head_size / 2) pairs turn (p-RoPE; p = 1 is full
@@ -1338,15 +1339,12 @@ static int check_rope_angles(const Config *c) {
 }
 
 // check_rope_angles for each RoPE setting the layers use (-c changes the context
-// of both); a failure in the second names it.
+// of both); a failure in the second names it, as validate_config does.
 static int check_every_rope_angles(const Config *c) {
     if (check_rope_angles(c) != 0) return -1;
     if (!has_second_rope(c)) return 0;
     Config second = rope_setting(c, LAYER_ROPE_SECOND);
-    if (check_rope_angles(&second) == 0) return 0;
-    char first_part[sizeof(error_message)];
-    snprintf(first_part, sizeof(first_part), "%s", error_message);
-    return fail("the second RoPE setting's %s", first_part);
+    return check_rope_angles(&second) != 0 ? fail_in("second RoPE setting") : 0;
 }
 
 // Checks that the sizes are positive, bounded and consistent with each other.
@@ -1555,24 +1553,19 @@ static int parse_layer_table(const unsigned char *table, Config *c) {
 // q_norm and k_norm. With all layers alike, layer l's piece starts l pieces in.
 static void place_layers(Config *c) {
     uint64_t q = 0, kv = 0, v = 0, hidden = 0, heads = 0, k_heads = 0;
+    c->max_head_size = c->max_q_dim = c->max_kv_dim = c->max_hidden = 0;
     for (int l = 0; l < c->n_layers; l++) {
         LayerSpec *ls = &c->layer[l];
         ls->q_before = q, ls->kv_before = kv, ls->v_before = v, ls->hidden_before = hidden;
         ls->heads_before = heads, ls->k_heads_before = k_heads;
-        uint64_t kv_dim = (uint64_t)ls->n_kv_heads * ls->head_size;
-        q += (uint64_t)c->n_heads * ls->head_size, hidden += ls->hidden_dim, heads += ls->head_size;
+        int q_dim = c->n_heads * ls->head_size, kv_dim = ls->n_kv_heads * ls->head_size;
+        q += q_dim, hidden += ls->hidden_dim, heads += ls->head_size;
         if (ls->kv_source == l) kv += kv_dim, k_heads += ls->head_size, v += ls->values_are_keys ? 0 : kv_dim;
+        c->max_head_size = max_int(c->max_head_size, ls->head_size), c->max_q_dim = max_int(c->max_q_dim, q_dim);
+        c->max_kv_dim = max_int(c->max_kv_dim, kv_dim), c->max_hidden = max_int(c->max_hidden, ls->hidden_dim);
     }
     c->q_rows = q, c->kv_rows = kv, c->v_rows = v, c->hidden_rows = hidden, c->heads_floats = heads;
     c->k_heads_floats = k_heads;
-    c->max_head_size = c->max_q_dim = c->max_kv_dim = c->max_hidden = 0;
-    for (int l = 0; l < c->n_layers; l++) {
-        const LayerSpec *ls = &c->layer[l];
-        c->max_head_size = max_int(c->max_head_size, ls->head_size);
-        c->max_q_dim = max_int(c->max_q_dim, c->n_heads * ls->head_size);
-        c->max_kv_dim = max_int(c->max_kv_dim, ls->n_kv_heads * ls->head_size);
-        c->max_hidden = max_int(c->max_hidden, ls->hidden_dim);
-    }
 }
 
 // ROPE version 2's tokenizer section (bytes 96..111): where it starts and how long
@@ -4396,7 +4389,8 @@ static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOpti
     }
     opt.format = &chat_formats[opt.template_id];
     int dated = strstr(opt.format->first, "%D") != NULL;
-    if (check_chat_format(tok, opt.format, opt.template_from_flag) != 0 || (dated && chat_date(opt.date, sizeof(opt.date)) != 0)) {
+    if (check_chat_format(tok, opt.format, opt.template_from_flag) != 0 ||
+        (dated && chat_date(opt.date, sizeof(opt.date)) != 0)) {
         free_conversation(&conv);
         return -1;
     }
@@ -5752,15 +5746,22 @@ static const char *fitting_tokenizer(const char *checkpoint_path, int vocab_size
 // The tokenizer: -z PATH (a TOKN file or llama2.c's tokenizer.bin), else the
 // checkpoint's own section, else tokenizer.bin. A tokenizer of another size says
 // which one fits, when one is at hand.
+// The tokenizer file a run reads: -z's path, else the checkpoint's own section (NULL:
+// no file), else tokenizer.bin in the working directory.
+static const char *tokenizer_file(const char *path, const Transformer *model) {
+    return path ? path : model->tokenizer.bytes > 0 ? NULL : "tokenizer.bin";
+}
+
 static int load_tokenizer(Tokenizer *t, const char *path, const Transformer *model, const char *checkpoint_path) {
     int vocab_size = model->config.vocab_size, result;
-    if (!path && model->tokenizer.bytes > 0) {
+    path = tokenizer_file(path, model);
+    if (!path) {
         char name[4200];
         snprintf(name, sizeof(name), "section of %s", checkpoint_path);
         const unsigned char *section = (const unsigned char *)model->mapped + model->tokenizer.offset;
         return build_tokenizer_from_memory(t, section, (size_t)model->tokenizer.bytes, vocab_size, name);
     }
-    result = build_tokenizer(t, path ? path : "tokenizer.bin", vocab_size);
+    result = build_tokenizer(t, path, vocab_size);
     if (result == TOKENIZER_WRONG_SIZE) {
         const char *fits = fitting_tokenizer(checkpoint_path, vocab_size);
         size_t used = strlen(error_message);
@@ -6082,11 +6083,9 @@ int main(int argc, char *argv[]) {
     refuse_hugging_face_files(checkpoint_path);
     Transformer transformer;
     if (load_checkpoint(&transformer, checkpoint_path) != 0) file_error();
-    if (csv_path) {
-        int own_section = !tokenizer_path && transformer.tokenizer.bytes > 0; // load_tokenizer's choice
-        refuse_output_over_input("--csv", csv_path, checkpoint_path,
-                                 own_section ? NULL : tokenizer_path ? tokenizer_path : "tokenizer.bin", text_path);
-    }
+    if (csv_path)
+        refuse_output_over_input("--csv", csv_path, checkpoint_path, tokenizer_file(tokenizer_path, &transformer),
+                                 text_path);
     Config *c = &transformer.config;
     float file_fraction = c->rope_fraction;
     if (rope_theta > 0) c->rope_theta = rope_theta;

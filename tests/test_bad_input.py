@@ -745,7 +745,7 @@ OUTPUT_ROWS = [
 ] + [
     ("c-beyond-the-second-settings-finite-angles",
      lambda tmp: [*SECOND_SETTING_TINY_THETA(tmp), "-z", TOK512, "-c", str(1 << 20), "-n", "2"], 2,
-     "-c 1048576: the second RoPE setting's rope_theta"),
+     "-c 1048576: second RoPE setting: rope_theta"),
     ("second-setting-finite-within-the-file", lambda tmp: [*SECOND_SETTING_TINY_THETA(tmp), "-z", TOK512,
                                                            "-t", "0", "-n", "4", "-p", "Once"], 0, None),
 ]
