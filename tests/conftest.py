@@ -50,6 +50,14 @@ def export(model_dir, out, *flags, check=True):
     return r
 
 
+def greedy_ids(model, prompt, steps):
+    """The ids run generates greedily after prompt (-z tok512, -t 0 -n steps, the -v line)."""
+    r = run(model, "-z", TOK512, "-t", 0, "-n", steps, "-p", prompt, "-v")
+    assert r.returncode == 0, r.stderr
+    line = [x for x in r.stderr.splitlines() if x.startswith(b"generated:")][0]
+    return [int(x) for x in line.split()[1:]]
+
+
 def tokens_of(model, text):
     """The token ids run -m tokenize gives text with the 512-token vocabulary (BOS first)."""
     r = run(model, "-z", TOK512, "-m", "tokenize", "-p", text)

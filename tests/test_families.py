@@ -21,7 +21,7 @@ import pytest
 import family_fixtures
 import family_reference
 import hf_fixture
-from conftest import TOK512, export, run, tokens_of
+from conftest import TOK512, export, greedy_ids, run, tokens_of
 
 # the families this branch supports, by the fixture of the model the issue names
 MODELS = ["Qwen2.5-0.5B", "Qwen3-0.6B", "SmolLM3-3B", "Mistral-7B-v0.1", "Gemma-2B", "Gemma-2-2B", "Gemma-3-270M",
@@ -67,10 +67,7 @@ def test_perplexity_matches_the_family_reference(exported):
 def test_greedy_tokens_match_the_family_reference(exported):
     config, tensors, model = exported
     prompt = tokens_of(model, PROMPT)
-    r = run(model, "-z", TOK512, "-t", 0, "-n", STEPS, "-p", PROMPT, "-v")
-    assert r.returncode == 0, r.stderr
-    line = [x for x in r.stderr.splitlines() if x.startswith(b"generated:")][0]
-    generated = [int(x) for x in line.split()[1:]]
+    generated = greedy_ids(model, PROMPT, STEPS)
     assert len(generated) >= STEPS - len(prompt)
     assert len(prompt) + len(generated) > WINDOW
     assert generated == family_reference.greedy(config, tensors, prompt, len(generated), context_of(config))

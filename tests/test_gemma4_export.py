@@ -22,7 +22,7 @@ import pytest
 
 import gemma4_fixtures as F
 import gemma4_reference as g4
-from conftest import TOK512, export, run, tokens_of
+from conftest import TOK512, export, greedy_ids, run, tokens_of
 
 MODELS = ["gemma-4-E2B-it", "gemma-4-E4B", "gemma-4-31B"]
 # 40-odd tokens with tok512: longer than the fixtures' windows (8)
@@ -308,10 +308,7 @@ def test_perplexity_matches_the_reference(exported):
 def test_greedy_tokens_match_the_reference(exported):
     config, tensors, model, _ = exported
     prompt = tokens_of(model, PROMPT)
-    r = run(model, "-z", TOK512, "-t", 0, "-n", STEPS, "-p", PROMPT, "-v")
-    assert r.returncode == 0, r.stderr
-    line = [x for x in r.stderr.splitlines() if x.startswith(b"generated:")][0]
-    generated = [int(x) for x in line.split()[1:]]
+    generated = greedy_ids(model, PROMPT, STEPS)
     assert len(generated) >= STEPS - len(prompt)
     assert len(prompt) + len(generated) > WINDOW
     assert generated == g4.greedy(config, tensors, prompt, len(generated))
