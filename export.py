@@ -528,42 +528,6 @@ def layer_shapes(c):
     return out
 
 
-def ragged_shapes(c):
-    """tensor_shapes for a file whose per-layer records give the layers shapes of their own: each
-    layered tensor is the layers' pieces back to back (docs/format.md), as one flat run of floats."""
-    L, dim = c.n_layers, c.dim
-    layers = layer_shapes(c)
-    own = [s for l, s in enumerate(layers) if s.source == l]
-    q = sum(c.n_heads * s.head_size for s in layers)
-    kv = sum(s.n_kv_heads * s.head_size for s in own)
-    v = sum(s.n_kv_heads * s.head_size for s in own if not s.values)
-    hidden = sum(s.hidden_dim for s in layers)
-    shapes = [
-        ("token_embedding", (c.vocab_size, dim)),
-        ("rms_att", (L, dim)),
-        ("wq", (q * dim,)),
-        ("wk", (kv * dim,)),
-        ("wv", (v * dim,)),
-        ("wo", (dim * q,)),
-        ("rms_ffn", (L, dim)),
-        ("w1", (hidden * dim,)),
-        ("w2", (dim * hidden,)),
-        ("w3", (hidden * dim,)),
-        ("rms_final", (dim,)),
-    ]
-    if not c.shared_classifier:
-        shapes.append(("wcls", (c.vocab_size, dim)))
-    if c.qkv_bias:
-        shapes += [("bq", (q,)), ("bk", (kv,)), ("bv", (v,))]
-    if c.qk_norm:
-        shapes += [("q_norm", (sum(s.head_size for s in layers),)), ("k_norm", (sum(s.head_size for s in own),))]
-    if c.post_norms:
-        shapes += [("rms_post_att", (L, dim)), ("rms_post_ffn", (L, dim))]
-    if c.rope_scaling == RULE_LONGROPE:
-        shapes.append(("rope_factors", (2, rotated_pairs(c))))
-    return shapes + gemma4_shapes(c)
-
-
 def gemma4_shapes(c):
     """Tensors 21 to 27 (docs/format.md), each when its flag is set."""
     L, dim, P = c.n_layers, c.dim, c.per_layer_dim
@@ -576,33 +540,45 @@ def gemma4_shapes(c):
 
 
 def tensor_shapes(c):
-    """[(name, shape)] of every tensor of a ROPE file, in file order (docs/format.md)."""
-    if c.wide_records:
-        return ragged_shapes(c)
-    hd, L = c.head_dim, c.n_layers
-    q_dim, kv_dim = c.n_heads * hd, c.n_kv_heads * hd
+    """[(name, shape)] of every tensor of a ROPE file, in file order (docs/format.md). A layered
+    tensor is (n_layers, rows[, cols]) when the layers are alike; with per-layer records that give
+    the layers shapes of their own (Gemma 4), the layers' pieces back to back, one flat run."""
+    L, dim = c.n_layers, c.dim
+    layers = layer_shapes(c)
+    own = [s for l, s in enumerate(layers) if s.source == l]  # the layers with their own k and v
+
+    def layered(pieces):
+        if not c.wide_records:
+            return (L,) + pieces[0]
+        return (sum(math.prod(p) for p in pieces),)
+
+    q = [c.n_heads * s.head_size for s in layers]
+    kv = [s.n_kv_heads * s.head_size for s in own]
+    v = [s.n_kv_heads * s.head_size for s in own if not s.values]
     shapes = [
-        ("token_embedding", (c.vocab_size, c.dim)),
-        ("rms_att", (L, c.dim)),
-        ("wq", (L, q_dim, c.dim)),
-        ("wk", (L, kv_dim, c.dim)),
-        ("wv", (L, kv_dim, c.dim)),
-        ("wo", (L, c.dim, q_dim)),
-        ("rms_ffn", (L, c.dim)),
-        ("w1", (L, c.hidden_dim, c.dim)),  # gate
-        ("w2", (L, c.dim, c.hidden_dim)),  # down
-        ("w3", (L, c.hidden_dim, c.dim)),  # up
-        ("rms_final", (c.dim,)),
+        ("token_embedding", (c.vocab_size, dim)),
+        ("rms_att", (L, dim)),
+        ("wq", layered([(n, dim) for n in q])),
+        ("wk", layered([(n, dim) for n in kv])),
+        ("wv", layered([(n, dim) for n in v])),
+        ("wo", layered([(dim, n) for n in q])),
+        ("rms_ffn", (L, dim)),
+        ("w1", layered([(s.hidden_dim, dim) for s in layers])),  # gate
+        ("w2", layered([(dim, s.hidden_dim) for s in layers])),  # down
+        ("w3", layered([(s.hidden_dim, dim) for s in layers])),  # up
+        ("rms_final", (dim,)),
     ]
     if not c.shared_classifier:
-        shapes.append(("wcls", (c.vocab_size, c.dim)))
+        shapes.append(("wcls", (c.vocab_size, dim)))
     # version 2's optional tensors, after version 1's, in this order (float32)
     if c.qkv_bias:
-        shapes += [("bq", (L, q_dim)), ("bk", (L, kv_dim)), ("bv", (L, kv_dim))]
+        shapes += [("bq", layered([(n,) for n in q])), ("bk", layered([(n,) for n in kv])),
+                   ("bv", layered([(n,) for n in v]))]
     if c.qk_norm:
-        shapes += [("q_norm", (L, hd)), ("k_norm", (L, hd))]
+        shapes += [("q_norm", layered([(s.head_size,) for s in layers])),
+                   ("k_norm", layered([(s.head_size,) for s in own]))]
     if c.post_norms:
-        shapes += [("rms_post_att", (L, c.dim)), ("rms_post_ffn", (L, c.dim))]
+        shapes += [("rms_post_att", (L, dim)), ("rms_post_ffn", (L, dim))]
     if c.rope_scaling == RULE_LONGROPE:
         shapes.append(("rope_factors", (2, rotated_pairs(c))))
     return shapes + gemma4_shapes(c)
