@@ -88,7 +88,9 @@ TENSOR_ALIGNMENT = 64  # version 2: every tensor starts at a multiple of this fr
 # the tensors stored in the weight type (the norms are always float32)
 MATRIX_TENSORS = {"token_embedding", "wq", "wk", "wv", "wo", "w1", "w2", "w3", "wcls",
                   # Gemma 4's per-layer inputs (bit 5)
-                  "per_layer_embedding", "per_layer_projection_in", "per_layer_gate", "per_layer_projection_out"}
+                  "per_layer_embedding", "per_layer_projection_in", "per_layer_gate", "per_layer_projection_out",
+                  # a mixture of experts' (bit 6)
+                  "router", "expert_w1", "expert_w2", "expert_w3"}
 # version 2's block options (bytes 112..151): block_flags, activation, embedding_multiplier,
 # attention_scale, attention_softcap, final_softcap, layer_table_offset, layer_table_bytes
 ROPE_V2_BLOCK = struct.Struct("<Ii4f2Q")
@@ -97,11 +99,19 @@ ROPE_V2_BLOCK = struct.Struct("<Ii4f2Q")
 ROPE_V2_SECOND = struct.Struct("<3f2i5f")
 FLAG_QKV_BIAS, FLAG_QK_NORM, FLAG_POST_NORMS = 1, 2, 4
 FLAG_V_NORM, FLAG_LAYER_SCALARS, FLAG_PER_LAYER_INPUTS = 8, 16, 32  # Gemma 4
+FLAG_EXPERTS = 64  # a mixture of experts (Qwen3-MoE, Mixtral)
+# the header's routing codes (byte 212): softmax over the experts, the top k, renormalized
+# over them (Mixtral; Qwen3-MoE with norm_topk_prob) or not (Qwen3-MoE without)
+ROUTING_SOFTMAX_TOPK_NORM, ROUTING_SOFTMAX_TOPK = 1, 2
+# bytes 200..215: n_experts, n_experts_used, expert_hidden, routing
+ROPE_V2_EXPERTS = struct.Struct("<4i")
+EXPERTS_BYTES_AT = 200
 ACTIVATIONS = ["swiglu", "geglu-tanh"]  # the header's activation codes 0, 1
 LAYER_NOPE, LAYER_ROPE_FIRST, LAYER_ROPE_SECOND = 0, 1, 2  # the per-layer table's rope field
 LAYER_RECORD = struct.Struct("<2i")  # per layer: rope, window (0: full attention)
 # Gemma 4's records: rope, window, head_size, n_kv_heads, hidden_dim (0: the header's), kv_source
-# (0: its own cache; s + 1: layer s's), values (1: the values are the key projection), reserved 0
+# (0: its own cache; s + 1: layer s's), values (1: the values are the key projection), experts
+# (1: the layer's feed-forward is the mixture of experts; 0 without block flag 64)
 LAYER_RECORD_WIDE = struct.Struct("<8i")
 # bytes 192..199: per_layer_input_dim (int32), per_layer_embedding_multiplier (float32)
 ROPE_V2_PER_LAYER = struct.Struct("<if")
@@ -135,11 +145,21 @@ SUPPORTED_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCaus
                          "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
                          "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
                          "gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
-                         "gemma4_text": "Gemma4ForCausalLM"}
+                         "gemma4_text": "Gemma4ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                         "mixtral": "MixtralForCausalLM"}
+# mixtures of experts: config.json's expert count and each family's tensors within
+# model.layers.{i}. (the router; expert e's gate, down and up under EXPERTS.{e}.)
+MOE_TYPES = {"qwen3_moe": "num_experts", "mixtral": "num_local_experts"}
+HF_MOE_TENSORS = {
+    "qwen3_moe": {"router": "mlp.gate.weight", "experts": "mlp.experts", "expert_w1": "gate_proj.weight",
+                  "expert_w2": "down_proj.weight", "expert_w3": "up_proj.weight"},
+    "mixtral": {"router": "block_sparse_moe.gate.weight", "experts": "block_sparse_moe.experts",
+                "expert_w1": "w1.weight", "expert_w2": "w2.weight", "expert_w3": "w3.weight"},
+}
 GEMMA_FAMILIES = {"gemma", "gemma2", "gemma3_text"}
 # the families whose config.json may give a head_dim other than hidden_size / num_attention_heads
 # (Llama and Mistral read config.head_dim too: Mistral NeMo has 32 heads of 128 in a hidden_size of 5120)
-EXPLICIT_HEAD_DIM = {"qwen3", "llama", "mistral"} | GEMMA_FAMILIES
+EXPLICIT_HEAD_DIM = {"qwen3", "llama", "mistral", "qwen3_moe", "mixtral"} | GEMMA_FAMILIES
 # Gemma's activations: run.c computes the tanh GELU only. transformers runs hidden_activation
 # as written ("gelu" is the exact erf GELU there, so it is refused); without one, Gemma 1's
 # hidden_act "gelu" becomes gelu_pytorch_tanh (GemmaMLP's legacy path, as gemma_pytorch runs it)
@@ -148,7 +168,8 @@ GEMMA_ACTIVATIONS = {"gelu", "gelu_pytorch_tanh"}
 DTYPE_NAMES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}  # config.json's torch_dtype
 INT32_MAX = 2**31 - 1
 # run.c's limits on the header (validate_config): a file beyond them would be written and then refused
-RUN_LIMITS = {"dim": 1 << 16, "hidden_dim": 1 << 20, "n_layers": 1024, "vocab_size": 1 << 22, "seq_len": 1 << 20}
+RUN_LIMITS = {"dim": 1 << 16, "hidden_dim": 1 << 20, "n_layers": 1024, "vocab_size": 1 << 22, "seq_len": 1 << 20,
+              "n_experts": 1024, "n_experts_used": 64}
 MIN_VOCAB = 3  # run.c needs the ids of <unk>, <s> and </s>
 MAX_ATTENTION_FACTOR = 100.0  # run.c's MAX_ROPE_ATTENTION_FACTOR: the scores scale by its square
 FLT_MAX = float(np.finfo(np.float32).max)
@@ -268,6 +289,10 @@ class Config:
         self.layer_scalars = False    # Gemma 4: the residual stream times a scalar after each layer
         self.per_layer_dim = 0        # Gemma 4 E2B / E4B: P, the width of each layer's input slice (0: none)
         self.per_layer_multiplier = 0.0  # with P: the per-layer embedding row's multiplier
+        self.n_experts = 0            # a mixture of experts (block flag 64): experts per layer (0: none)
+        self.n_experts_used = 0       # k, the experts a token uses
+        self.expert_hidden = 0        # each expert's feed-forward width
+        self.routing = 0              # ROUTING_SOFTMAX_TOPK_NORM or ROUTING_SOFTMAX_TOPK
         self.gemma4 = False           # export only: a Gemma 4 model (its chat template is not supported yet)
         self.gemma_norms = False      # export only: the source's norms are x * (1 + w)
         self.longrope_factors = None  # longrope: [short, long], rotated-pairs floats each (the tensor rope_factors)
@@ -281,7 +306,7 @@ class Config:
     def block_flags(self):
         return (FLAG_QKV_BIAS * self.qkv_bias | FLAG_QK_NORM * self.qk_norm | FLAG_POST_NORMS * self.post_norms
                 | FLAG_V_NORM * self.v_norm | FLAG_LAYER_SCALARS * self.layer_scalars
-                | FLAG_PER_LAYER_INPUTS * bool(self.per_layer_dim))
+                | FLAG_PER_LAYER_INPUTS * bool(self.per_layer_dim) | FLAG_EXPERTS * bool(self.n_experts))
 
     @property
     def wide_records(self):
@@ -293,7 +318,7 @@ class Config:
         return bool(self.head_size or self.block_flags or self.activation or self.embedding_multiplier
                     or self.attention_scale or self.attention_softcap or self.final_softcap
                     or self.layers is not None or self.rope2 is not None or self.rope_scaling == RULE_LONGROPE
-                    or self.per_layer_dim)
+                    or self.per_layer_dim or self.n_experts)
 
     @property
     def rule(self):
@@ -365,20 +390,37 @@ def check_block_values(c):
                           f"{c.n_layers} x it at most {RUN_LIMITS['hidden_dim']} (run.c's limits)")
     if c.per_layer_dim and not (c.per_layer_multiplier > 0 and math.isfinite(f32(c.per_layer_multiplier))):
         raise ExportError(f"per_layer_embedding_multiplier {c.per_layer_multiplier} must be finite and > 0")
+    if c.n_experts:
+        check_experts(c)
     if c.wide_records:
         check_layer_records(c)
+
+
+def check_experts(c):
+    """Refuse a mixture of experts' fields as run.c's parse_experts refuses them."""
+    if not 1 <= c.n_experts <= RUN_LIMITS["n_experts"]:
+        raise ExportError(f"n_experts {c.n_experts} must be in [1, {RUN_LIMITS['n_experts']}] (run.c's limit)")
+    if not 1 <= c.n_experts_used <= min(c.n_experts, RUN_LIMITS["n_experts_used"]):
+        raise ExportError(f"n_experts_used {c.n_experts_used} must be in [1, n_experts {c.n_experts}] and at most "
+                          f"{RUN_LIMITS['n_experts_used']} (run.c's limit)")
+    if not 1 <= c.expert_hidden <= RUN_LIMITS["hidden_dim"]:
+        raise ExportError(f"expert_hidden {c.expert_hidden} must be in [1, {RUN_LIMITS['hidden_dim']}]")
+    if c.routing not in (ROUTING_SOFTMAX_TOPK_NORM, ROUTING_SOFTMAX_TOPK):
+        raise ExportError(f"routing {c.routing} is not 1 (softmax, top-k, renormalized) or 2 (softmax, top-k)")
 
 
 def check_layer_records(c):
     """Refuse Gemma 4's per-layer records as run.c's parse_layer_table refuses them."""
     rope2_head = None
     for l, record in enumerate(c.layers):
-        rope, window, head_size, kv_heads, hidden, source, values, reserved = record
+        rope, window, head_size, kv_heads, hidden, source, values, experts = record
         where = f"layer {l}"
+        if experts not in ((0, 1) if c.n_experts else (0,)) or (experts and hidden):
+            raise ExportError(f"{where}: experts {experts} (with hidden_dim {hidden}) out of range")
         if rope not in (LAYER_NOPE, LAYER_ROPE_FIRST, LAYER_ROPE_SECOND) or (rope == LAYER_ROPE_SECOND and c.rope2 is None):
             raise ExportError(f"{where}: rope {rope} is not a setting of this file")
-        if window < 0 or reserved != 0 or values not in (0, 1):
-            raise ExportError(f"{where}: window {window}, values {values} or the reserved field {reserved} out of range")
+        if window < 0 or values not in (0, 1):
+            raise ExportError(f"{where}: window {window} or values {values} out of range")
         if head_size and (head_size < 2 or head_size % 2 or c.n_heads * head_size > RUN_LIMITS["dim"]):
             raise ExportError(f"{where}: head_size {head_size} must be even, >= 2, with n_heads {c.n_heads} x it at "
                               f"most {RUN_LIMITS['dim']} (run.c's limit)")
@@ -513,7 +555,7 @@ def describe_rope(c):
     return f"{text} ({', '.join(details)})" if details else text
 
 
-LayerShape = collections.namedtuple("LayerShape", "rope window head_size n_kv_heads hidden_dim source values")
+LayerShape = collections.namedtuple("LayerShape", "rope window head_size n_kv_heads hidden_dim source values experts")
 
 
 def layer_shapes(c):
@@ -522,9 +564,10 @@ def layer_shapes(c):
     out = []
     for l in range(c.n_layers):
         record = tuple(c.layers[l]) if c.layers is not None else (LAYER_ROPE_FIRST, 0)
-        rope, window, head_size, kv_heads, hidden, source, values = (record + (0,) * 8)[:7]
+        rope, window, head_size, kv_heads, hidden, source, values, experts = (record + (0,) * 8)[:8]
+        experts = experts if len(record) == 8 else int(bool(c.n_experts))  # no table: every layer has them
         out.append(LayerShape(rope, window, head_size or c.head_dim, kv_heads or c.n_kv_heads,
-                              hidden or c.hidden_dim, source - 1 if source else l, values))
+                              0 if experts else hidden or c.hidden_dim, source - 1 if source else l, values, experts))
     return out
 
 
@@ -548,7 +591,8 @@ def tensor_shapes(c):
     own = [s for l, s in enumerate(layers) if s.source == l]  # the layers with their own k and v
 
     def layered(pieces):
-        if not c.wide_records:
+        # stacked when the layers are alike (with experts on some layers only, all but w1, w2, w3)
+        if not c.wide_records or (c.n_experts and len(pieces) == L and all(p == pieces[0] for p in pieces)):
             return (L,) + pieces[0]
         return (sum(math.prod(p) for p in pieces),)
 
@@ -581,7 +625,17 @@ def tensor_shapes(c):
         shapes += [("rms_post_att", (L, dim)), ("rms_post_ffn", (L, dim))]
     if c.rope_scaling == RULE_LONGROPE:
         shapes.append(("rope_factors", (2, rotated_pairs(c))))
-    return shapes + gemma4_shapes(c)
+    return shapes + gemma4_shapes(c) + expert_shapes(c, layers)
+
+
+def expert_shapes(c, layers):
+    """Tensors 28 to 31 (bit 6): for the S layers with experts, the router and each expert's
+    gate, down and up, the layers' pieces stacked."""
+    if not c.n_experts:
+        return []
+    S, E, H, dim = sum(s.experts for s in layers), c.n_experts, c.expert_hidden, c.dim
+    return [("router", (S, E, dim)), ("expert_w1", (S, E, H, dim)), ("expert_w2", (S, E, dim, H)),
+            ("expert_w3", (S, E, H, dim))]
 
 
 def n_floats(shapes):
@@ -1044,10 +1098,11 @@ def check_architecture(config):
     SmolLM3 it can), each refusal one line naming what it found."""
     if config.get("vision_config") is not None:
         raise ExportError("config.json: a vision tower (vision_config) is not supported: export the text model only")
-    for key in ("num_experts", "num_local_experts", "n_routed_experts"):
-        if config.get(key):
-            raise ExportError(f"config.json: {key} {json.dumps(config[key])}: mixtures of experts are not supported")
     model_type = json_str(config, "model_type")
+    for key in ("num_experts", "num_local_experts", "n_routed_experts"):
+        if config.get(key) and MOE_TYPES.get(model_type) != key:
+            raise ExportError(f"config.json: {key} {json.dumps(config[key])}: mixtures of experts are supported for "
+                              "qwen3_moe and mixtral only")
     if model_type is not None and model_type not in SUPPORTED_MODEL_TYPES:
         raise ExportError(f"config.json: model_type {model_type!r} is not supported (only "
                           f"{', '.join(SUPPORTED_MODEL_TYPES)}, and gemma3 and gemma4's text models)")
@@ -1112,9 +1167,9 @@ def hf_layers(config, model_type, n_layers, seq_len):
     A window at least as long as the context is full attention, and is not stored."""
     window = config.get("sliding_window")
     windows = [0] * n_layers
-    if model_type in ("mistral", "phi3") and window is not None:
+    if model_type in ("mistral", "phi3", "mixtral") and window is not None:
         windows = [window] * n_layers
-    elif model_type in ("qwen2", "qwen3") and json_bool(config, "use_sliding_window", False) and window is not None:
+    elif model_type in ("qwen2", "qwen3", "qwen3_moe") and json_bool(config, "use_sliding_window", False) and window is not None:
         first = config.get("max_window_layers", n_layers)
         if not is_int(first) or first < 0:
             raise ExportError(f"config.json: max_window_layers {json.dumps(first)} must be an integer >= 0")
@@ -1175,8 +1230,10 @@ def hf_config(config):
                           f"{dim // n_heads}; export.py takes a head_dim of its own only for {', '.join(sorted(EXPLICIT_HEAD_DIM))}")
     c.qkv_bias = model_type == "qwen2"  # Qwen2's q, k and v projections carry biases (o_proj none)
     # Qwen3, Gemma 3: an RMSNorm over each query and key head before RoPE
-    c.qk_norm = model_type in ("qwen3", "gemma3_text")
+    c.qk_norm = model_type in ("qwen3", "gemma3_text", "qwen3_moe")
     c.layers = hf_layers(config, model_type, c.n_layers, c.seq_len)
+    if model_type in MOE_TYPES:
+        hf_experts(config, model_type, c)
     c.gemma_norms = model_type in GEMMA_FAMILIES  # x * (1 + w): 1 + w is stored
     if model_type in GEMMA_FAMILIES:
         c.activation = ACTIVATIONS.index("geglu-tanh")
@@ -1197,6 +1254,53 @@ def hf_config(config):
         except ExportError as e:
             raise ExportError(f"config.json: rope_local_base_freq {json.dumps(value)}: {e}")
     return c
+
+
+def hf_experts(config, model_type, c):
+    """A mixture of experts' fields from config.json, and which layers have the experts:
+      qwen3_moe: num_experts of moe_intermediate_size, num_experts_per_tok chosen, weights
+        renormalized with norm_topk_prob; layer i has them unless in mlp_only_layers, when
+        (i + 1) % decoder_sparse_step == 0 (else a feed-forward of intermediate_size);
+      mixtral: num_local_experts of intermediate_size on every layer, num_experts_per_tok
+        chosen, renormalized."""
+    c.n_experts = hf_int(config, MOE_TYPES[model_type])
+    c.n_experts_used = hf_int(config, "num_experts_per_tok")
+    sparse = [True] * c.n_layers
+    if model_type == "qwen3_moe":
+        c.expert_hidden = hf_int(config, "moe_intermediate_size")
+        c.routing = ROUTING_SOFTMAX_TOPK_NORM if json_bool(config, "norm_topk_prob", False) else ROUTING_SOFTMAX_TOPK
+        step = hf_int(config, "decoder_sparse_step", 1)
+        dense = config.get("mlp_only_layers") or []
+        if not (isinstance(dense, list) and all(is_int(l) and 0 <= l < c.n_layers for l in dense)):
+            raise ExportError(f"config.json: mlp_only_layers {json.dumps(dense)} must list layers in [0, {c.n_layers})")
+        sparse = [l not in dense and (l + 1) % step == 0 for l in range(c.n_layers)]
+    else:
+        c.expert_hidden = c.hidden_dim
+        c.routing = ROUTING_SOFTMAX_TOPK_NORM
+    if c.n_experts_used > c.n_experts:
+        raise ExportError(f"config.json: num_experts_per_tok {c.n_experts_used} is above the {c.n_experts} experts")
+    if not any(sparse):
+        raise ExportError("config.json: no layer has the experts (decoder_sparse_step, mlp_only_layers)")
+    if not all(sparse):  # some layers keep a feed-forward: Gemma 4's eight-field records say which
+        records = c.layers if c.layers is not None else [(LAYER_ROPE_FIRST, 0)] * c.n_layers
+        c.layers = [tuple(r[:2]) + (0, 0, 0, 0, 0, int(moe)) for r, moe in zip(records, sparse)]
+
+
+def moe_pieces(c, ours, model_type):
+    """[(Hugging Face tensor name, its expected shape)] of a mixture of experts' tensors and of
+    w1, w2, w3 (the feed-forwards of the layers without experts)."""
+    layers, names, dim = layer_shapes(c), HF_MOE_TENSORS[model_type], c.dim
+    dense = [(l, s) for l, s in enumerate(layers) if not s.experts]
+    sparse = [l for l, s in enumerate(layers) if s.experts]
+    if ours in ("w1", "w3"):
+        return [(f"model.layers.{l}.{HF_LAYER_TENSORS[ours]}", [s.hidden_dim, dim]) for l, s in dense]
+    if ours == "w2":
+        return [(f"model.layers.{l}.{HF_LAYER_TENSORS[ours]}", [dim, s.hidden_dim]) for l, s in dense]
+    if ours == "router":
+        return [(f"model.layers.{l}.{names['router']}", [c.n_experts, dim]) for l in sparse]
+    shape = [dim, c.expert_hidden] if ours == "expert_w2" else [c.expert_hidden, dim]
+    return [(f"model.layers.{l}.{names['experts']}.{e}.{names[ours]}", shape)
+            for l in sparse for e in range(c.n_experts)]
 
 
 def narrow_scalar(x, dtype):
@@ -1927,7 +2031,9 @@ def read_hf(model_dir):
             tensors[ours] = np.asarray(c.longrope_factors, dtype=np.float32)
             continue
         pieces = []
-        for name, expected in hf_pieces(ours, shape, c.n_layers, c.post_norms):
+        moe = c.n_experts and (ours in ("w1", "w2", "w3") or ours in HF_MOE_TENSORS[config["model_type"]])
+        named = moe_pieces(c, ours, config["model_type"]) if moe else hf_pieces(ours, shape, c.n_layers, c.post_norms)
+        for name, expected in named:
             name = rename(name)
             rows = None
             if fused and ours in PHI3_FUSED:  # Phi-3: this tensor is a band of rows of a fused one
@@ -2052,6 +2158,9 @@ def rope_header(c, weight_type="f32", version=ROPE_VERSION, tensors_end=0, token
         if c.per_layer_dim:  # Gemma 4's per-layer inputs (bytes 192..199)
             fields += bytes(PER_LAYER_BYTES_AT - len(fields))
             fields += ROPE_V2_PER_LAYER.pack(c.per_layer_dim, c.per_layer_multiplier)
+        if c.n_experts:  # a mixture of experts (bytes 200..215)
+            fields += bytes(EXPERTS_BYTES_AT - len(fields))
+            fields += ROPE_V2_EXPERTS.pack(c.n_experts, c.n_experts_used, c.expert_hidden, c.routing)
     return fields + bytes(HEADER_BYTES - len(fields))
 
 

@@ -66,6 +66,8 @@ enum { TOKEN_UNK = 0, TOKEN_BOS = 1, TOKEN_EOS = 2, TOKEN_BYTE0 = 3 }; // Senten
 #define MAX_LAYERS 1024
 #define MAX_VOCAB (1 << 22)
 #define MAX_SEQ_LEN (1 << 20)
+#define MAX_EXPERTS 1024     // a mixture of experts' count (Qwen3-30B-A3B: 128)
+#define MAX_EXPERTS_USED 64  // the experts a token uses (Qwen3-30B-A3B: 8; Mixtral: 2)
 // A sanity bound on the KV cache of the context in use (not on the header's seq_len:
 // -c rescues a file that declares more). The machine's memory is checked as well
 // (check_context_fits); this bound stays for machines with more than it.
@@ -179,8 +181,18 @@ typedef enum { ACTIVATION_SWIGLU = 0, ACTIVATION_GEGLU_TANH = 1 } Activation;
 #define BLOCK_V_NORM 8u     // an RMSNorm without weight over each value head (Gemma 4)
 #define BLOCK_LAYER_SCALAR 16u // a learned scalar multiplies the residual stream after each layer (Gemma 4)
 #define BLOCK_PER_LAYER_INPUT 32u // per-layer inputs: a slice of a second embedding per layer (Gemma 4 E2B, E4B)
+#define BLOCK_EXPERTS 64u   // a mixture of experts in place of the feed-forward (Qwen3-MoE, Mixtral)
 #define BLOCK_FLAGS_KNOWN (BLOCK_QKV_BIAS | BLOCK_QK_NORM | BLOCK_POST_NORMS | BLOCK_V_NORM | BLOCK_LAYER_SCALAR | \
-                           BLOCK_PER_LAYER_INPUT)
+                           BLOCK_PER_LAYER_INPUT | BLOCK_EXPERTS)
+
+// How a mixture of experts weighs the k experts it picks for a token (header byte
+// 212), from the router's logits r (one per expert):
+//   p = softmax(r) over all the experts, the k largest p chosen, then
+//   ROUTING_SOFTMAX_TOPK_NORM  weights p_j / sum of the chosen p (Mixtral; Qwen3-MoE
+//                              with norm_topk_prob, as Qwen3-30B-A3B)
+//   ROUTING_SOFTMAX_TOPK       weights p_j as they are (Qwen3-MoE without it)
+typedef enum { ROUTING_SOFTMAX_TOPK_NORM = 1, ROUTING_SOFTMAX_TOPK = 2 } Routing;
+#define N_ROUTINGS 3
 
 // The per-layer table's rotary choice: no rotation (NoPE), or one of the two settings.
 #define LAYER_NOPE 0
@@ -199,9 +211,11 @@ typedef struct {
     int kv_source;       // the layer whose KV cache it attends over: itself, or (Gemma 4's KV
                          // sharing) an earlier layer of its kind; then it computes no k, v
     int values_are_keys; // Gemma 4 31B's full layers: no wv, v = the key projection before k_norm and RoPE
+    int experts;         // 1: a mixture of experts in place of the feed-forward (hidden_dim 0); 0: the feed-forward
     // where its pieces start in the layered tensors (docs/format.md: the layers' pieces back
     // to back), in rows of dim (q, kv, v, hidden) or in floats (heads, k_heads)
     uint64_t q_before, kv_before, v_before, hidden_before, heads_before, k_heads_before;
+    uint64_t sparse_before; // the layers with experts before this one (their pieces in the expert tensors)
 } LayerSpec;
 
 typedef struct {
@@ -240,6 +254,11 @@ typedef struct {
     float attention_scale;      // scores = q.k * it; 0: 1 / sqrt(head_size)
     float attention_softcap;    // scores -> cap tanh(scores / cap) (Gemma 2); 0: none
     float final_softcap;        // logits -> cap tanh(logits / cap) (Gemma 2); 0: none
+    // a mixture of experts (block flag 64; Qwen3-MoE, Mixtral): 0 everywhere without
+    int n_experts;      // experts per layer (Qwen3-30B-A3B: 128; Mixtral: 8)
+    int n_experts_used; // k, the experts a token uses (8; 2)
+    int expert_hidden;  // each expert's feed-forward width (768; 14336)
+    Routing routing;    // how the k experts are weighed
     // the second RoPE setting (Gemma 3's local layers): the first setting's fields, in
     // the same order; rope2.rope_theta == 0 when the file has none
     struct {
@@ -254,6 +273,7 @@ typedef struct {
     LayerSpec layer[MAX_LAYERS];
     // the layered tensors' totals over the layers (q_before etc. of a layer past the last)
     uint64_t q_rows, kv_rows, v_rows, hidden_rows, heads_floats, k_heads_floats;
+    uint64_t sparse_layers; // the layers with experts
     int max_head_size, max_q_dim, max_kv_dim, max_hidden; // the widest layer's, for the run state
 } Config;
 
@@ -295,6 +315,11 @@ typedef struct {
     Matrix per_layer_gate;                  // (layer, P, dim)
     Matrix per_layer_out;                   // (layer, dim, P)
     const float *rms_per_layer;             // (layer, dim)
+    // a mixture of experts' (block flag 64), for the layers with experts only
+    Matrix router;                          // (sparse layer, n_experts, dim): one logit per expert
+    Matrix expert_w1;                       // (sparse layer, n_experts, expert_hidden, dim) gate
+    Matrix expert_w2;                       // (sparse layer, n_experts, dim, expert_hidden) down
+    Matrix expert_w3;                       // (sparse layer, n_experts, expert_hidden, dim) up
 } TransformerWeights;
 
 // Accumulators for -m inspect: how much of each head's signal lives at each rotary
@@ -328,6 +353,11 @@ typedef struct {
     float *scratch; // (block, max(dim, hidden_dim)) for matmul_tiled
     float *pl;      // (block, n_layers x P) Gemma 4's per-layer inputs; NULL without
     float *plb;     // (block, P) a layer's gated slice
+    float *router_logits; // (block, n_experts) a mixture of experts' router; NULL without
+    int *chosen;          // (block, k) the experts each token uses, best first
+    float *chosen_weight; // (block, k) their weights
+    float *expert_out;    // (block, k, dim) each chosen expert's output
+    float *expert_x;      // (block, dim) the tokens one expert serves, gathered (prefill)
     float *q_head;  // (n_heads, block, head_size) a block's queries, head by head
     float *q_pairs; // (n_heads, block, head_size) the same, packed for matmul_tile
     // the KV cache, each head's positions side by side: attention reads one head's
@@ -612,6 +642,7 @@ static void attention_scores_fast(float *att, const float *q, const float *keys,
 static void attention_values_fast(float *out, const float *att, const float *values, int n, int head_size);
 static int attention_fast(Transformer *t, int l, int B, int pos0);
 static int swiglu_fast(float *hb, const float *hb2, long n);
+static void experts_grouped_fast(Transformer *t, int l, int B);
 static int argmax_fast(const float *p, int n);
 static void read_order_layer_begins(void);
 static void read_order_layer_ends(void);
@@ -915,6 +946,96 @@ static void add_per_layer_input(Transformer *t, int l, int B) {
     }
 }
 
+// A mixture of experts (block flag 64; Qwen3-MoE, Mixtral) in place of a layer's
+// feed-forward: n_experts feed-forwards of width expert_hidden, of which each token
+// passes through the k a router picks. A token reads k experts' weights, not all:
+// Qwen3-30B-A3B's 8 of 128, Mixtral's 2 of 8.
+//   r = W_router xb (one logit per expert),  p = softmax(r)
+//   chosen = the k largest p, best first (on a tie the lower index, as torch.topk)
+//   w_j = p_j, or p_j / (sum of the chosen p) (ROUTING_SOFTMAX_TOPK_NORM)
+//   xb2 = sum over the chosen j, best first, of w_j W2_j (act(W1_j xb) * (W3_j xb))
+
+// The router's choice for one token from its logits (which become p): chosen[0..k)
+// and weight[0..k).
+static void route_token(const Config *c, float *logits, int *chosen, float *weight) {
+    int n = c->n_experts, k = c->n_experts_used;
+    softmax(logits, n);
+    for (int j = 0; j < k; j++) { // the largest p not chosen yet; the first of equal ones
+        int best = -1;
+        for (int e = 0; e < n; e++) {
+            int taken = 0;
+            for (int i = 0; i < j; i++) taken |= chosen[i] == e;
+            if (!taken && (best < 0 || logits[e] > logits[best])) best = e;
+        }
+        chosen[j] = best, weight[j] = logits[best];
+    }
+    if (c->routing == ROUTING_SOFTMAX_TOPK_NORM) {
+        float sum = 0.0f;
+        for (int j = 0; j < k; j++) sum += weight[j];
+        for (int j = 0; j < k; j++) weight[j] /= sum;
+    }
+}
+
+// Expert e of layer l on n tokens x (n, dim): out (n, dim) = W2_e (act(W1_e x) * (W3_e x)),
+// the feed-forward of the block with the expert's own matrices.
+static void expert_feed_forward(Transformer *t, int l, int e, const float *x, float *out, int n) {
+    const Config *c = &t->config;
+    const TransformerWeights *w = &t->weights;
+    RunState *s = &t->state;
+    int dim = c->dim, hidden = c->expert_hidden;
+    uint64_t piece = (c->layer[l].sparse_before * c->n_experts + e) * (uint64_t)hidden * dim;
+    Projection w13[2] = {{s->hb, matrix_at(w->expert_w1, piece), hidden},
+                         {s->hb2, matrix_at(w->expert_w3, piece), hidden}};
+    matmuls(s, x, w13, 2, n, dim);
+    if (c->activation == ACTIVATION_GEGLU_TANH) geglu(s->hb, s->hb2, (long)n * hidden);
+    else swiglu(s->hb, s->hb2, (long)n * hidden);
+    matmul_tokens(s, out, s->hb, matrix_at(w->expert_w2, piece), n, hidden, dim);
+}
+
+// The router's logits and choice for the B tokens of xb.
+static void route_tokens(Transformer *t, int l, int B) {
+    const Config *c = &t->config;
+    RunState *s = &t->state;
+    int E = c->n_experts, K = c->n_experts_used;
+    Matrix router = matrix_at(t->weights.router, c->layer[l].sparse_before * E * (uint64_t)c->dim);
+    matmul_tokens(s, s->router_logits, s->xb, router, B, c->dim, E);
+    for (int b = 0; b < B; b++)
+        route_token(c, s->router_logits + (size_t)b * E, s->chosen + (size_t)b * K, s->chosen_weight + (size_t)b * K);
+}
+
+// xb2 = the weighted sum of each token's chosen experts' outputs (expert_out), best first.
+static void combine_experts(const Config *c, RunState *s, int B) {
+    int dim = c->dim, K = c->n_experts_used;
+    for (int b = 0; b < B; b++) {
+        float *out = s->xb2 + (size_t)b * dim;
+        memset(out, 0, dim * sizeof(float));
+        for (int j = 0; j < K; j++) {
+            const float *y = s->expert_out + ((size_t)b * K + j) * dim;
+            float weight = s->chosen_weight[(size_t)b * K + j];
+            for (int i = 0; i < dim; i++) out[i] += weight * y[i];
+        }
+    }
+}
+
+// Layer l's experts on the B tokens of xb, into xb2: token by token, each chosen
+// expert in turn. A block's tokens grouped by expert (experts_grouped_fast) compute
+// the same bits, each expert's weights read once a block rather than once a token.
+static void mixture_of_experts(Transformer *t, int l, int B) {
+    const Config *c = &t->config;
+    RunState *s = &t->state;
+    route_tokens(t, l, B);
+    if (use_fast_kernels && B > 1) {
+        experts_grouped_fast(t, l, B);
+    } else {
+        int K = c->n_experts_used;
+        for (int b = 0; b < B; b++)
+            for (int j = 0; j < K; j++)
+                expert_feed_forward(t, l, s->chosen[(size_t)b * K + j], s->xb + (size_t)b * c->dim,
+                                    s->expert_out + ((size_t)b * K + j) * c->dim, 1);
+    }
+    combine_experts(c, s, B);
+}
+
 // Which logits forward_block computes: the classifier reads vocab_size x dim
 // weights, as much as all the layers of a small model, so a prompt's blocks skip it
 // but for the last token of the last block.
@@ -1051,13 +1172,18 @@ static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, 
             rmsnorm(s->xb + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_ffn + (size_t)l * dim, dim, eps);
 
         // the feed-forward: x = x + W2 (act(W1 xb) * (W3 xb)), act silu (SwiGLU) or the
-        // tanh GELU (GeGLU: Gemma); Gemma 2, 3, 4 normalize its output first
-        Projection w13[2] = {{s->hb, matrix_at(w->w1, ls->hidden_before * dim), hidden},
-                             {s->hb2, matrix_at(w->w3, ls->hidden_before * dim), hidden}};
-        matmuls(s, s->xb, w13, 2, B, dim);
-        if (c->activation == ACTIVATION_GEGLU_TANH) geglu(s->hb, s->hb2, (long)B * hidden);
-        else swiglu(s->hb, s->hb2, (long)B * hidden);
-        matmul_tokens(s, s->xb2, s->hb, matrix_at(w->w2, (size_t)dim * ls->hidden_before), B, hidden, dim);
+        // tanh GELU (GeGLU: Gemma); Gemma 2, 3, 4 normalize its output first. A layer
+        // with experts (Qwen3-MoE, Mixtral) passes each token through k of them instead.
+        if (ls->experts) {
+            mixture_of_experts(t, l, B);
+        } else {
+            Projection w13[2] = {{s->hb, matrix_at(w->w1, ls->hidden_before * dim), hidden},
+                                 {s->hb2, matrix_at(w->w3, ls->hidden_before * dim), hidden}};
+            matmuls(s, s->xb, w13, 2, B, dim);
+            if (c->activation == ACTIVATION_GEGLU_TANH) geglu(s->hb, s->hb2, (long)B * hidden);
+            else swiglu(s->hb, s->hb2, (long)B * hidden);
+            matmul_tokens(s, s->xb2, s->hb, matrix_at(w->w2, (size_t)dim * ls->hidden_before), B, hidden, dim);
+        }
         if (c->post_norms)
             for (int b = 0; b < B; b++)
                 rmsnorm(s->xb2 + (size_t)b * dim, s->xb2 + (size_t)b * dim, w->rms_post_ffn + (size_t)l * dim, dim, eps);
@@ -1394,6 +1520,33 @@ static int check_block_option(const char *name, float value) {
 // ROPE version 2's fields (bytes 84..95 and 112..191; docs/format.md): head_size,
 // weight_type, a reserved int32; the block options; the per-layer table's place; the
 // second RoPE setting. (Bytes 96..111, the tokenizer section's, are checked by the caller.)
+// A mixture of experts' fields (header bytes 200..215): with block flag 64, the
+// experts per layer, the k a token uses, each expert's width and the routing rule;
+// without it, all 0.
+static int parse_experts(const unsigned char *data, Config *c, int has_experts) {
+    c->n_experts = read_i32(data + 200), c->n_experts_used = read_i32(data + 204);
+    c->expert_hidden = read_i32(data + 208);
+    int routing = read_i32(data + 212);
+    if (!has_experts) {
+        if (c->n_experts || c->n_experts_used || c->expert_hidden || routing)
+            return fail("n_experts %d, n_experts_used %d, expert_hidden %d and routing %d must be 0 without block "
+                        "flag 64", c->n_experts, c->n_experts_used, c->expert_hidden, routing);
+        return 0;
+    }
+    if (c->n_experts < 1 || c->n_experts > MAX_EXPERTS)
+        return fail("n_experts %d must be in [1, %d] with block flag 64", c->n_experts, MAX_EXPERTS);
+    if (c->n_experts_used < 1 || c->n_experts_used > c->n_experts || c->n_experts_used > MAX_EXPERTS_USED)
+        return fail("n_experts_used %d must be in [1, n_experts %d] and at most %d", c->n_experts_used, c->n_experts,
+                    MAX_EXPERTS_USED);
+    if (c->expert_hidden < 1 || c->expert_hidden > MAX_HIDDEN)
+        return fail("expert_hidden %d must be in [1, %d] with block flag 64", c->expert_hidden, MAX_HIDDEN);
+    if (routing < 1 || routing >= N_ROUTINGS)
+        return fail("routing %d is not a rule this program knows (1 softmax, top-k, renormalized; 2 softmax, top-k)",
+                    routing);
+    c->routing = (Routing)routing;
+    return 0;
+}
+
 static int parse_header_v2(const unsigned char *data, Config *c) {
     int head_size = read_i32(data + 84), weight_type = read_i32(data + 88), reserved = read_i32(data + 92);
     if (head_size != 0 && (head_size < 2 || head_size > MAX_DIM || head_size % 2 != 0))
@@ -1406,12 +1559,13 @@ static int parse_header_v2(const unsigned char *data, Config *c) {
     uint32_t flags = read_u32(data + 112);
     if (flags & ~BLOCK_FLAGS_KNOWN)
         return fail("block_flags 0x%x has bits this program does not know (1 qkv bias, 2 qk norm, 4 post norms, "
-                    "8 v norm, 16 layer scalars, 32 per-layer inputs)", flags);
+                    "8 v norm, 16 layer scalars, 32 per-layer inputs, 64 experts)", flags);
     c->qkv_bias = (flags & BLOCK_QKV_BIAS) != 0;
     c->qk_norm = (flags & BLOCK_QK_NORM) != 0;
     c->post_norms = (flags & BLOCK_POST_NORMS) != 0;
     c->v_norm = (flags & BLOCK_V_NORM) != 0;
     c->layer_scalars = (flags & BLOCK_LAYER_SCALAR) != 0;
+    if (parse_experts(data, c, (flags & BLOCK_EXPERTS) != 0) != 0) return -1;
     c->per_layer_dim = read_i32(data + 192);
     c->per_layer_multiplier = read_f32(data + 196);
     if (flags & BLOCK_PER_LAYER_INPUT) {
@@ -1478,18 +1632,21 @@ static int check_layer_table_place(const Config *c, uint64_t tensors_end) {
 }
 
 // Every layer as the header describes it: the first setting, full attention, the
-// header's head size, key/value heads and width, its own KV cache.
+// header's head size, key/value heads and width, its own KV cache; with experts
+// (block flag 64) every layer has them in place of the feed-forward.
 static void default_layers(Config *c) {
     for (int l = 0; l < c->n_layers; l++)
         c->layer[l] = (LayerSpec){.rope = LAYER_ROPE_FIRST, .head_size = head_size_of(c), .n_kv_heads = c->n_kv_heads,
-                                  .hidden_dim = c->hidden_dim, .kv_source = l};
+                                  .hidden_dim = c->n_experts ? 0 : c->hidden_dim, .kv_source = l,
+                                  .experts = c->n_experts > 0};
 }
 
 // The per-layer table (docs/format.md): n_layers records of two int32 { rope: 0 NoPE,
 // 1 the first setting, 2 the second; window: 0 full attention, else W >= 1 keys, the
 // current one included }, or of eight (Gemma 4) that add the layer's head_size,
 // n_kv_heads and hidden_dim (0: the header's), kv_source (0: its own cache; s + 1:
-// layer s's), values (1: the values are the key projection) and a reserved 0.
+// layer s's), values (1: the values are the key projection) and experts (1: the
+// layer has the experts, 0: a feed-forward; 0 without block flag 64).
 // Without a table, default_layers.
 static int parse_layer_table(const unsigned char *table, Config *c) {
     int fields = c->layer_table_bytes == 32ull * c->n_layers ? 8 : 2;
@@ -1505,7 +1662,7 @@ static int parse_layer_table(const unsigned char *table, Config *c) {
         ls->rope = rope, ls->window = window;
         if (fields == 2) continue;
         int head_size = read_i32(r + 8), kv_heads = read_i32(r + 12), hidden = read_i32(r + 16);
-        int source = read_i32(r + 20), values = read_i32(r + 24), reserved = read_i32(r + 28);
+        int source = read_i32(r + 20), values = read_i32(r + 24), experts = read_i32(r + 28);
         if (head_size != 0 && (head_size < 2 || head_size % 2 != 0 || (long long)head_size * c->n_heads > MAX_DIM))
             return fail("layer %d: head_size %d must be 0 (the header's) or even, >= 2, with n_heads %d x it <= %d", l,
                         head_size, c->n_heads, MAX_DIM);
@@ -1516,10 +1673,14 @@ static int parse_layer_table(const unsigned char *table, Config *c) {
         if (source < 0 || source > l)
             return fail("layer %d: kv_source %d must be 0 (its own cache) or an earlier layer + 1", l, source);
         if (values != 0 && values != 1) return fail("layer %d: values %d must be 0 (wv) or 1 (the keys)", l, values);
-        if (reserved != 0) return fail("layer %d: reserved field %d is not 0", l, reserved);
+        if (experts != 0 && (experts != 1 || !c->n_experts))
+            return fail("layer %d: experts %d must be 0 (a feed-forward)%s", l, experts,
+                        c->n_experts ? " or 1 (the experts)" : " without block flag 64");
+        if (experts && hidden) return fail("layer %d: hidden_dim %d on a layer with experts (no feed-forward)", l, hidden);
         if (head_size) ls->head_size = head_size;
         if (kv_heads) ls->n_kv_heads = kv_heads;
-        if (hidden) ls->hidden_dim = hidden;
+        ls->experts = experts;
+        ls->hidden_dim = experts ? 0 : hidden ? hidden : c->hidden_dim;
         ls->values_are_keys = values;
         if (source > 0) {
             const LayerSpec *src = &c->layer[source - 1];
@@ -1552,12 +1713,14 @@ static int parse_layer_table(const unsigned char *table, Config *c) {
 // KV cache); its v rows in wv, bv; its hidden rows in w1, w2, w3; its head in
 // q_norm and k_norm. With all layers alike, layer l's piece starts l pieces in.
 static void place_layers(Config *c) {
-    uint64_t q = 0, kv = 0, v = 0, hidden = 0, heads = 0, k_heads = 0;
-    c->max_head_size = c->max_q_dim = c->max_kv_dim = c->max_hidden = 0;
+    uint64_t q = 0, kv = 0, v = 0, hidden = 0, heads = 0, k_heads = 0, sparse = 0;
+    c->max_head_size = c->max_q_dim = c->max_kv_dim = 0;
+    c->max_hidden = c->n_experts ? c->expert_hidden : 0; // an expert's activations use hb, hb2 too
     for (int l = 0; l < c->n_layers; l++) {
         LayerSpec *ls = &c->layer[l];
         ls->q_before = q, ls->kv_before = kv, ls->v_before = v, ls->hidden_before = hidden;
-        ls->heads_before = heads, ls->k_heads_before = k_heads;
+        ls->heads_before = heads, ls->k_heads_before = k_heads, ls->sparse_before = sparse;
+        sparse += ls->experts;
         int q_dim = c->n_heads * ls->head_size, kv_dim = ls->n_kv_heads * ls->head_size;
         q += q_dim, hidden += ls->hidden_dim, heads += ls->head_size;
         if (ls->kv_source == l) kv += kv_dim, k_heads += ls->head_size, v += ls->values_are_keys ? 0 : kv_dim;
@@ -1565,7 +1728,7 @@ static void place_layers(Config *c) {
         c->max_kv_dim = max_int(c->max_kv_dim, kv_dim), c->max_hidden = max_int(c->max_hidden, ls->hidden_dim);
     }
     c->q_rows = q, c->kv_rows = kv, c->v_rows = v, c->hidden_rows = hidden, c->heads_floats = heads;
-    c->k_heads_floats = k_heads;
+    c->k_heads_floats = k_heads, c->sparse_layers = sparse;
 }
 
 // ROPE version 2's tokenizer section (bytes 96..111): where it starts and how long
@@ -1655,7 +1818,8 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
         if (c->version == 2) {
             if (parse_header_v2(data, c) != 0) return -1;
             read_tokenizer_span(data, tokenizer);
-            reserved_from = 200; // 96..111 the tokenizer section, 112..199 the block options, second setting, per-layer inputs
+            reserved_from = 216; // 96..111 the tokenizer section, 112..215 the block options, second setting,
+                                 // per-layer inputs, experts
         }
         for (int i = reserved_from; i < HEADER_BYTES; i++)
             if (data[i] != 0) return fail("reserved header byte %d is not zero (a newer format?)", i);
@@ -1767,6 +1931,17 @@ static uint64_t map_weights(TransformerWeights *w, const Config *c, CheckpointFo
         w->per_layer_embedding = w->per_layer_in = w->per_layer_gate = w->per_layer_out = (Matrix){NULL, t.type};
         w->per_layer_in_norm = w->rms_per_layer = NULL;
     }
+    // a mixture of experts' (block flag 64), last: for each layer with experts, its
+    // piece of each tensor (n_experts of them, back to back)
+    uint64_t sparse = c->sparse_layers, experts = c->n_experts, expert_hidden = c->expert_hidden;
+    if (experts) {
+        w->router = next_matrix(&t, sparse * experts * dim);
+        w->expert_w1 = next_matrix(&t, sparse * experts * expert_hidden * dim);
+        w->expert_w2 = next_matrix(&t, sparse * experts * dim * expert_hidden);
+        w->expert_w3 = next_matrix(&t, sparse * experts * expert_hidden * dim);
+    } else {
+        w->router = w->expert_w1 = w->expert_w2 = w->expert_w3 = (Matrix){NULL, t.type};
+    }
     return t.at;
 }
 
@@ -1836,6 +2011,11 @@ static int load_checkpoint(Transformer *t, const char *path) {
 // Run state: activations, KV cache and RoPE tables
 
 static void free_run_state(RunState *s) {
+    free(s->router_logits);
+    free(s->chosen);
+    free(s->chosen_weight);
+    free(s->expert_out);
+    free(s->expert_x);
     free(s->pl);
     free(s->plb);
     free(s->x);
@@ -1884,9 +2064,11 @@ static uint64_t run_state_fixed_floats(const Config *c) {
     uint64_t B = PREFILL_BLOCK, dim = c->dim, hidden = c->max_hidden, kv_dim = c->max_kv_dim;
     uint64_t wide = max_int(dim, c->max_q_dim); // xb holds a normalized x and the heads' outputs
     uint64_t per_layer = (uint64_t)c->per_layer_dim * (c->n_layers + 1); // pl, plb (Gemma 4)
-    // x xb2, xb q q_head q_pairs, hb hb2, k v, logits, scratch, pl plb
+    // router_logits, chosen and chosen_weight, expert_out, expert_x (experts only)
+    uint64_t experts = c->n_experts ? c->n_experts + 2ull * c->n_experts_used * (1 + dim) + dim : 0;
+    // x xb2, xb q q_head q_pairs, hb hb2, k v, logits, scratch, pl plb, the experts'
     return B * (2 * dim + 4 * wide + 2 * hidden + 2 * kv_dim + (uint64_t)c->vocab_size +
-                max_int(max_int(hidden, wide), c->per_layer_dim) + per_layer);
+                max_int(max_int(hidden, wide), c->per_layer_dim) + per_layer + experts);
 }
 
 // the layers that own a cache (all but Gemma 4's KV-shared ones): keys and values
@@ -2033,6 +2215,18 @@ static int build_run_state(RunState *s, const Config *c) {
         if (!s->pl || !s->plb) {
             free_run_state(s);
             return fail("out of memory allocating the run state (per-layer inputs)");
+        }
+    }
+    if (c->n_experts) {
+        size_t K = c->n_experts_used;
+        s->router_logits = alloc_floats(B * c->n_experts);
+        s->chosen = malloc(B * K * sizeof(int));
+        s->chosen_weight = alloc_floats(B * K);
+        s->expert_out = alloc_floats(B * K * c->dim);
+        s->expert_x = alloc_floats(B * c->dim);
+        if (!s->router_logits || !s->chosen || !s->chosen_weight || !s->expert_out || !s->expert_x) {
+            free_run_state(s);
+            return fail("out of memory allocating the run state (experts)");
         }
     }
     s->key_cache = alloc_floats_in_huge_pages(cache);
@@ -5260,6 +5454,29 @@ static int attention_fast(Transformer *t, int l, int B, int pos0) {
 
 // swiglu() split across threads when a block makes it worth a region (its expf per
 // hidden unit and token adds up over a prompt). Returns 0 when it is not.
+// A mixture of experts on a block (mixture_of_experts, B > 1): the tokens grouped by
+// expert, so that each chosen expert's rows stream from memory once for the block
+// (as a matrix product over its tokens) instead of once per token. Each token's
+// rows come out as expert_feed_forward computes them for the token alone (a block's
+// matmul computes each token's row as matmul does), into the same expert_out slot.
+static void experts_grouped_fast(Transformer *t, int l, int B) {
+    const Config *c = &t->config;
+    RunState *s = &t->state;
+    int dim = c->dim, K = c->n_experts_used;
+    for (int e = 0; e < c->n_experts; e++) {
+        int n = 0; // the tokens that chose e (each at most once), gathered into expert_x
+        for (int slot = 0; slot < B * K; slot++)
+            if (s->chosen[slot] == e)
+                memcpy(s->expert_x + (size_t)n++ * dim, s->xb + (size_t)(slot / K) * dim, dim * sizeof(float));
+        if (n == 0) continue;
+        expert_feed_forward(t, l, e, s->expert_x, s->xb2, n); // xb2 is free until combine_experts
+        n = 0;
+        for (int slot = 0; slot < B * K; slot++)
+            if (s->chosen[slot] == e)
+                memcpy(s->expert_out + (size_t)slot * dim, s->xb2 + (size_t)n++ * dim, dim * sizeof(float));
+    }
+}
+
 static int swiglu_fast(float *hb, const float *hb2, long n) {
     if (!worth_a_parallel_region(n * 16)) return 0; // an expf costs some sixteen multiply-adds
     long i;
@@ -5451,12 +5668,23 @@ static ReadOrderTrial read_order_trial; // one for the process, as read_order is
 
 // At start-up: the order from RUN_READ_ORDER (forced >= 0), or a trial on decode's
 // first tokens for a model too large for a cache.
+// The bytes of matrices a decoding step reads: the layers' (wq and wo, q_dim x dim; wk
+// and wv, kv_dim x dim; w1, w2, w3, hidden x dim), with experts the router and the k
+// chosen experts of each layer with them, and the classifier. *all (if not NULL): the
+// same with every expert, the file's matrices less the embedding's.
+static double matrix_bytes_per_token(const Config *c, double *all) {
+    double dim = c->dim, bytes = weight_type_bytes(c->weight_type);
+    double layers = dim * (2.0 * c->q_rows + c->kv_rows + c->v_rows + 3.0 * c->hidden_rows);
+    double router = dim * c->n_experts * c->sparse_layers, expert = 3.0 * dim * c->expert_hidden * c->sparse_layers;
+    double classifier = (double)c->vocab_size * dim;
+    if (all) *all = (layers + router + expert * c->n_experts + classifier) * bytes;
+    return (layers + router + expert * c->n_experts_used + classifier) * bytes;
+}
+
 static void start_read_order_trial(const Config *c, int forced) {
-    // the layers' matrices: wq and wo (q_dim x dim), wk and wv (kv_dim x dim), w1, w2, w3 (hidden x dim)
-    double layers = (double)c->dim * (2.0 * c->q_rows + c->kv_rows + c->v_rows + 3.0 * c->hidden_rows);
     ReadOrderTrial *trial = &read_order_trial;
     memset(trial, 0, sizeof(*trial));
-    trial->matrix_bytes = (layers + (double)c->vocab_size * c->dim) * weight_type_bytes(c->weight_type);
+    trial->matrix_bytes = matrix_bytes_per_token(c, NULL);
     if (forced >= 0) {
         read_order = (ReadOrder)forced;
         trial->state = TRIAL_FORCED;
@@ -6122,6 +6350,12 @@ int main(int argc, char *argv[]) {
             c->n_kv_heads, c->vocab_size, c->seq_len, context_text(context > 0, file_seq_len), c->rope_theta,
             rope_theta > 0 ? " (command line)" : "", c->rope_fraction, rope_fraction >= 0 ? " (command line)" : "",
             rope_angles_of(c), head_size_of(c) / 2, rope_scaling_text(c), c->norm_eps);
+    if (c->n_experts) { // a mixture of experts: what decoding reads of it
+        double all, read = matrix_bytes_per_token(c, &all);
+        fprintf(stderr, "run: experts: %d of %d a token in %llu of %d layers (width %d); a token reads %.3g of %.3g GB "
+                "of matrices\n", c->n_experts_used, c->n_experts, (unsigned long long)c->sparse_layers, c->n_layers,
+                c->expert_hidden, read / 1e9, all / 1e9);
+    }
     if (needs_run_state && build_run_state(&transformer.state, c) != 0) runtime_error();
     if (is_rope) {
         print_rope(c);
