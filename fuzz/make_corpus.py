@@ -145,6 +145,30 @@ def rope_v2_gemma4(dim=4, hidden=4, heads=2, vocab=6, seq=16, P=2, seed=6):
     return bytes(out) + b"".join(struct.pack("<8i", *r) for r in records)
 
 
+def rope_v2_experts(dim=4, hidden=4, heads=2, vocab=6, seq=16, experts=3, used=2, expert_hidden=4, seed=7):
+    """ROPE version 2 with a mixture of experts (block flag 64, docs/format.md): layer 0 a
+    feed-forward, layer 1 the experts (records of eight int32), routing 1 (renormalized), q/k norms."""
+    layers = 2
+    records = [(1, 0, 0, 0, 0, 0, 0, 0), (1, 0, 0, 0, 0, 0, 0, 1)]
+    head = bytearray(rope_header(dim, hidden, layers, heads, 1, vocab, seq))
+    struct.pack_into("<i", head, 4, 2)
+    struct.pack_into("<I", head, 112, 2 | 64)
+    struct.pack_into("<4i", head, 200, experts, used, expert_hidden, 1)
+    hd = dim // heads
+    q, kv = heads * hd, hd
+    tensors = [vocab * dim, layers * dim, layers * q * dim, layers * kv * dim, layers * kv * dim, layers * dim * q,
+               layers * dim, hidden * dim, dim * hidden, hidden * dim, dim, layers * hd, layers * hd,
+               experts * dim, experts * expert_hidden * dim, experts * dim * expert_hidden,
+               experts * expert_hidden * dim]
+    out = bytes(head)
+    for i, n in enumerate(tensors):
+        out += b"\0" * (-len(out) % 64) + floats(n, seed + i)
+    out += b"\0" * (-len(out) % 64)
+    out = bytearray(out)
+    struct.pack_into("<2Q", out, 136, len(out), 32 * layers)
+    return bytes(out) + b"".join(struct.pack("<8i", *r) for r in records)
+
+
 def headers():
     for name in ("stories260K.bin", "stories260K_v1.bin"):
         path = MODELS / name
@@ -165,6 +189,7 @@ def headers():
     write("header", "tiny-rope-v2-f16-unshared", rope_v2_model(2, 3, 2, 1, 1, 5, 4, shared=0, weight_type=2))
     write("header", "tiny-rope-v2-variant", rope_v2_variant())
     write("header", "tiny-rope-v2-gemma4", rope_v2_gemma4())
+    write("header", "tiny-rope-v2-experts", rope_v2_experts())
     # crafted bad ones
     write("header", "bad-empty", b"")
     write("header", "bad-27-bytes", struct.pack("<7i", 64, 172, 5, 8, 4, 512, 512)[:27])
