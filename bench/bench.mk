@@ -11,6 +11,8 @@
 #                                       side by side with llama2.c and llama.cpp on the same
 #                                       weights (see bench/bench.py); either may be left out
 BENCH_ARGS ?=
+BENCH_MOE ?= 1
+BENCH_MOE_ARGS ?=
 PEER ?=
 LLAMA_BENCH ?=
 
@@ -25,6 +27,14 @@ bench/peak: bench/peak.c
 bench/read_order: bench/read_order.c run.c
 	$(CC) $(BUILD_FLAGS) -Wno-unused-function $(OPENMP) -o $@ bench/read_order.c -lm
 
-.PHONY: bench
+.PHONY: bench bench-moe
 bench: run bench/stream bench/peak
 	MODELS=$(MODELS) PEER=$(PEER) LLAMA_BENCH=$(LLAMA_BENCH) $(PYTHON) bench/bench.py $(BENCH_ARGS)
+	$(if $(filter 0,$(BENCH_MOE)),,$(MAKE) --no-print-directory bench-moe)
+
+# a mixture of experts against a dense model reading the same bytes a token, and with
+# LLAMA_BENCH a Mixtral against llama.cpp on the same weights (bench/moe.py; about 3 min,
+# and 7 GB of random checkpoints written into bench/ on first use). BENCH_MOE=0 leaves
+# it out of `make bench`.
+bench-moe: run
+	LLAMA_BENCH=$(LLAMA_BENCH) $(PYTHON) bench/moe.py $(BENCH_MOE_ARGS)

@@ -111,7 +111,7 @@ def test_export_writes_the_block_options_and_layer_table_the_config_gives(export
         assert table is None
 
 
-@pytest.mark.parametrize("model_type, arch", [("gpt_neox", "GPTNeoXForCausalLM"), ("qwen3_moe", "Qwen3MoeForCausalLM")])
+@pytest.mark.parametrize("model_type, arch", [("gpt_neox", "GPTNeoXForCausalLM"), ("qwen2_moe", "Qwen2MoeForCausalLM")])
 def test_families_this_format_does_not_carry_are_refused_in_one_line(tmp_path, model_type, arch):
     config = family_fixtures.shrink("Mistral-7B-v0.1")
     config.update(model_type=model_type, architectures=[arch])
