@@ -30,11 +30,11 @@ bench/read_order: bench/read_order.c run.c
 .PHONY: bench bench-moe
 bench: run bench/stream bench/peak
 	MODELS=$(MODELS) PEER=$(PEER) LLAMA_BENCH=$(LLAMA_BENCH) $(PYTHON) bench/bench.py $(BENCH_ARGS)
-	$(if $(filter 0,$(BENCH_MOE)),,$(MAKE) --no-print-directory bench-moe)
+	$(if $(filter 0,$(BENCH_MOE))$(findstring --quick,$(BENCH_ARGS)),,$(MAKE) --no-print-directory bench-moe)
 
 # a mixture of experts against a dense model reading the same bytes a token, and with
 # LLAMA_BENCH a Mixtral against llama.cpp on the same weights (bench/moe.py; about 3 min,
 # and 7 GB of random checkpoints written into bench/ on first use). BENCH_MOE=0 leaves
-# it out of `make bench`.
+# it out of `make bench`, as does BENCH_ARGS=--quick.
 bench-moe: run
 	LLAMA_BENCH=$(LLAMA_BENCH) $(PYTHON) bench/moe.py $(BENCH_MOE_ARGS)

@@ -164,6 +164,51 @@ def read_per_token(runner, model):
     return None
 
 
+# llama.cpp's converter on Debian's packages: their torch (1.13) predates the float8 types
+# the converter names in a table (for checkpoints that hold them; these hold bf16), and
+# there is no safetensors or tqdm package. Stand-ins: the float8 names, a reader of the
+# BF16 tensors these checkpoints hold (safe_open's keys and get_tensor, which the
+# converter calls with --no-lazy), and a progress bar that shows nothing.
+CONVERTER_SHIM = """
+import json, runpy, struct, sys, types
+import numpy as np, torch
+for name in ("float8_e4m3fn", "float8_e5m2"):
+    if not hasattr(torch, name):
+        setattr(torch, name, torch.float16)
+class safe_open:
+    def __init__(self, path, framework="pt", device="cpu"):
+        self.data = open(path, "rb").read()
+        n = struct.unpack_from("<Q", self.data)[0]
+        self.header = {k: v for k, v in json.loads(self.data[8:8 + n]).items() if k != "__metadata__"}
+        self.start = 8 + n
+    def __enter__(self):
+        return self
+    def __exit__(self, *exc):
+        return False
+    def keys(self):
+        return list(self.header)
+    def get_tensor(self, name):
+        entry = self.header[name]
+        assert entry["dtype"] == "BF16", entry["dtype"]
+        a, b = entry["data_offsets"]
+        bits = np.frombuffer(self.data[self.start + a:self.start + b], dtype="<i2").reshape(entry["shape"])
+        return torch.from_numpy(bits.copy()).view(torch.bfloat16)
+class tqdm:  # the writer's progress bar: none
+    def __init__(self, *args, **kwargs):
+        pass
+    def update(self, n):
+        pass
+    def set_description(self, text):
+        pass
+    def reset(self, total=None):
+        pass
+sys.modules["safetensors"] = types.SimpleNamespace(safe_open=safe_open)
+sys.modules["tqdm"] = types.SimpleNamespace(tqdm=tqdm)
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
 def gguf_of(hf_dir, llama_bench):
     """llama.cpp's BF16 GGUF of hf_dir, by its convert_hf_to_gguf.py (with models/tokenizer.model)."""
     out = hf_dir.rstrip("/") + "-bf16.gguf"
@@ -175,8 +220,13 @@ def gguf_of(hf_dir, llama_bench):
         with open(tok, "rb") as src, open(os.path.join(hf_dir, "tokenizer.model"), "wb") as dst:
             dst.write(src.read())
     log(f"bench: writing {os.path.relpath(out, ROOT)} (llama.cpp's convert_hf_to_gguf.py --outtype bf16) ...")
-    subprocess.run([sys.executable, convert, hf_dir, "--outtype", "bf16", "--outfile", out], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tmp = out + ".tmp"  # renamed once whole, so that a failed conversion leaves no file to be taken for one
+    r = subprocess.run([sys.executable, "-c", CONVERTER_SHIM, convert, hf_dir, "--outtype", "bf16", "--no-lazy",
+                        "--outfile", tmp],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"bench: llama.cpp's convert_hf_to_gguf.py failed:\n{r.stderr[-2000:]}")
+    os.replace(tmp, out)
     return out
 
 
