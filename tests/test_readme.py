@@ -83,7 +83,7 @@ def test_run_c_line_references_name_their_line(page):
     references = RUN_C_REFERENCE.findall(text)
     assert len(references) >= 10, f"{page}: expected the map's `name` (run.c:N) references"
     # every run.c:N on the page is in that form, so none escapes the check
-    assert len(re.findall(r"run\.c:\w+", text)) == len(references), \
+    assert len(re.findall(r"run\.c:\w+", text)) - text.count("run.c:N`") == len(references), \
         f"{page}: write each line reference as `name` (run.c:N)"
     wrong = [f"`{name}` (run.c:{n}): line {n} is {lines[int(n) - 1].strip()[:60]!r}"
              f" (defined at run.c:{where_defined(lines, name)})" if int(n) <= len(lines) else f"run.c:{n}: past the end"
