@@ -101,8 +101,9 @@ FLAG_QKV_BIAS, FLAG_QK_NORM, FLAG_POST_NORMS = 1, 2, 4
 FLAG_V_NORM, FLAG_LAYER_SCALARS, FLAG_PER_LAYER_INPUTS = 8, 16, 32  # Gemma 4
 FLAG_EXPERTS = 64  # a mixture of experts (Qwen3-MoE, Mixtral)
 # the header's routing codes (byte 212): softmax over the experts, the top k, renormalized
-# over them (Mixtral; Qwen3-MoE with norm_topk_prob) or not (Qwen3-MoE without)
-ROUTING_SOFTMAX_TOPK_NORM, ROUTING_SOFTMAX_TOPK = 1, 2
+# over them (Mixtral; Qwen3-MoE with norm_topk_prob) or not (Qwen3-MoE without); Gemma 4's
+# (renormalized, times a per-expert scale, the experts beside the feed-forward)
+ROUTING_SOFTMAX_TOPK_NORM, ROUTING_SOFTMAX_TOPK, ROUTING_GEMMA4 = 1, 2, 3
 # bytes 200..215: n_experts, n_experts_used, expert_hidden, routing
 ROPE_V2_EXPERTS = struct.Struct("<4i")
 EXPERTS_BYTES_AT = 200
@@ -405,8 +406,9 @@ def check_experts(c):
                           f"{RUN_LIMITS['n_experts_used']} (run.c's limit)")
     if not 1 <= c.expert_hidden <= RUN_LIMITS["hidden_dim"]:
         raise ExportError(f"expert_hidden {c.expert_hidden} must be in [1, {RUN_LIMITS['hidden_dim']}]")
-    if c.routing not in (ROUTING_SOFTMAX_TOPK_NORM, ROUTING_SOFTMAX_TOPK):
-        raise ExportError(f"routing {c.routing} is not 1 (softmax, top-k, renormalized) or 2 (softmax, top-k)")
+    if c.routing not in (ROUTING_SOFTMAX_TOPK_NORM, ROUTING_SOFTMAX_TOPK, ROUTING_GEMMA4):
+        raise ExportError(f"routing {c.routing} is not 1 (softmax, top-k, renormalized), 2 (softmax, top-k) or 3 "
+                          "(Gemma 4's)")
 
 
 def check_layer_records(c):
@@ -415,7 +417,7 @@ def check_layer_records(c):
     for l, record in enumerate(c.layers):
         rope, window, head_size, kv_heads, hidden, source, values, experts = record
         where = f"layer {l}"
-        if experts not in ((0, 1) if c.n_experts else (0,)) or (experts and hidden):
+        if experts not in ((0, 1) if c.n_experts else (0,)) or (experts and hidden and c.routing != ROUTING_GEMMA4):
             raise ExportError(f"{where}: experts {experts} (with hidden_dim {hidden}) out of range")
         if rope not in (LAYER_NOPE, LAYER_ROPE_FIRST, LAYER_ROPE_SECOND) or (rope == LAYER_ROPE_SECOND and c.rope2 is None):
             raise ExportError(f"{where}: rope {rope} is not a setting of this file")
@@ -566,8 +568,10 @@ def layer_shapes(c):
         record = tuple(c.layers[l]) if c.layers is not None else (LAYER_ROPE_FIRST, 0)
         rope, window, head_size, kv_heads, hidden, source, values, experts = (record + (0,) * 8)[:8]
         experts = experts if len(record) == 8 else int(bool(c.n_experts))  # no table: every layer has them
+        beside = c.routing == ROUTING_GEMMA4  # Gemma 4: the experts beside the feed-forward
         out.append(LayerShape(rope, window, head_size or c.head_dim, kv_heads or c.n_kv_heads,
-                              0 if experts else hidden or c.hidden_dim, source - 1 if source else l, values, experts))
+                              0 if experts and not beside else hidden or c.hidden_dim, source - 1 if source else l,
+                              values, experts))
     return out
 
 
@@ -634,8 +638,12 @@ def expert_shapes(c, layers):
     if not c.n_experts:
         return []
     S, E, H, dim = sum(s.experts for s in layers), c.n_experts, c.expert_hidden, c.dim
-    return [("router", (S, E, dim)), ("expert_w1", (S, E, H, dim)), ("expert_w2", (S, E, dim, H)),
-            ("expert_w3", (S, E, H, dim))]
+    shapes = [("router", (S, E, dim)), ("expert_w1", (S, E, H, dim)), ("expert_w2", (S, E, dim, H)),
+              ("expert_w3", (S, E, H, dim))]
+    if c.routing == ROUTING_GEMMA4:  # tensors 32 to 36
+        shapes += [("router_scale", (S, dim)), ("expert_scale", (S, E)), ("rms_pre_experts", (S, dim)),
+                   ("rms_post_dense", (S, dim)), ("rms_post_experts", (S, dim))]
+    return shapes
 
 
 def n_floats(shapes):
@@ -1100,9 +1108,10 @@ def check_architecture(config):
         raise ExportError("config.json: a vision tower (vision_config) is not supported: export the text model only")
     model_type = json_str(config, "model_type")
     for key in ("num_experts", "num_local_experts", "n_routed_experts"):
-        if config.get(key) and MOE_TYPES.get(model_type) != key:
+        moe_key = "num_experts" if model_type == "gemma4_text" else MOE_TYPES.get(model_type)  # 26B-A4B's
+        if config.get(key) and moe_key != key:
             raise ExportError(f"config.json: {key} {json.dumps(config[key])}: mixtures of experts are supported for "
-                              "qwen3_moe and mixtral only")
+                              "qwen3_moe, mixtral and gemma4 only")
     if model_type is not None and model_type not in SUPPORTED_MODEL_TYPES:
         raise ExportError(f"config.json: model_type {model_type!r} is not supported (only "
                           f"{', '.join(SUPPORTED_MODEL_TYPES)}, and gemma3 and gemma4's text models)")
@@ -1776,9 +1785,6 @@ def gemma4_int(t, key, low=1):
 
 def gemma4_refusals(t):
     """What this format cannot carry, refused before anything is read or written."""
-    if json_bool(t, "enable_moe_block", False):
-        raise ExportError("config.json: enable_moe_block true: Gemma 4's mixture-of-experts block (26B-A4B) is not "
-                          "supported yet")
     bidirectional = t.get("use_bidirectional_attention")
     if bidirectional == "all":
         raise ExportError("config.json: use_bidirectional_attention 'all' is not supported: run.c's attention is "
@@ -1859,6 +1865,7 @@ def gemma4_config(t):
                           "computes its own keys and values")
     first_shared = n_layers - n_shared
     double_wide = json_bool(t, "use_double_wide_mlp", False) and n_shared > 0
+    moe = json_bool(t, "enable_moe_block", False)  # 26B-A4B: experts beside every layer's feed-forward
     c = Config(dim=dim, hidden_dim=intermediate, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,
                vocab_size=gemma4_int(t, "vocab_size"), seq_len=seq_len,
                shared_classifier=json_bool(t, "tie_word_embeddings", True),
@@ -1867,6 +1874,11 @@ def gemma4_config(t):
     c.head_size = global_head_dim  # the first setting's (full) layers' head size
     c.qk_norm = c.post_norms = c.v_norm = c.layer_scalars = True
     c.activation = ACTIVATIONS.index("geglu-tanh")
+    if moe:  # the experts' fields (routing 3: Gemma4TextRouter's)
+        c.n_experts, c.n_experts_used = gemma4_int(t, "num_experts"), gemma4_int(t, "top_k_experts")
+        c.expert_hidden, c.routing = gemma4_int(t, "moe_intermediate_size"), ROUTING_GEMMA4
+        if c.n_experts_used > c.n_experts:
+            raise ExportError(f"config.json: top_k_experts {c.n_experts_used} is above the {c.n_experts} experts")
     dtype = hf_dtype(t)
     c.embedding_multiplier = float(narrow_scalar(math.sqrt(dim), dtype))  # as Gemma4TextScaledWordEmbedding
     c.attention_scale = 1.0  # Gemma4TextAttention.scaling (0 would mean 1 / sqrt(head_size))
@@ -1904,7 +1916,7 @@ def gemma4_config(t):
                         intermediate * (2 if double_wide and i >= first_shared else 1),
                         source,
                         int(full and k_eq_v and not source),
-                        0))
+                        int(moe)))
     c.layers = records
     return c, kinds, orders
 
@@ -1941,6 +1953,16 @@ def read_gemma4(model_dir, config):
         if ours in MATRIX_TENSORS:
             matrix_types.add(SAFETENSORS_TYPES[dtype])
         return lazy_tensor(files[name], name, heads, order, column_order=column_order)
+
+    def expert_pieces(name, shape, first, end):
+        """Rows first..end of each expert of a stacked (experts, rows, cols) tensor, one loader each."""
+        piece("expert_w1", name, shape)  # its presence, shape and dtype, checked now
+        def loader(e):
+            def load():
+                return files[name].raw(name)[1][e, first:end]
+            load.source = f"{name}[{e}]"  # what a refusal of its values names
+            return load
+        return [loader(e) for e in range(shape[0])]
 
     def scalar(name):
         if name not in files:
@@ -1982,6 +2004,17 @@ def read_gemma4(model_dir, config):
         add("w2", "mlp.down_proj.weight", (dim, s.hidden_dim))
         add("w3", "mlp.up_proj.weight", (s.hidden_dim, dim))
         tensors["layer_scalars"].append(scalar(at + "layer_scalar"))
+        if s.experts:  # 26B-A4B: the router, the experts (gate and up fused, gate first) and their norms
+            E, H = c.n_experts, c.expert_hidden
+            add("router", "router.proj.weight", (E, dim))
+            tensors["expert_w1"] += expert_pieces(at + "experts.gate_up_proj", (E, 2 * H, dim), 0, H)
+            tensors["expert_w2"] += expert_pieces(at + "experts.down_proj", (E, dim, H), 0, dim)
+            tensors["expert_w3"] += expert_pieces(at + "experts.gate_up_proj", (E, 2 * H, dim), H, 2 * H)
+            add("router_scale", "router.scale", (dim,))
+            add("expert_scale", "router.per_expert_scale", (E,))
+            add("rms_pre_experts", "pre_feedforward_layernorm_2.weight", (dim,))
+            add("rms_post_dense", "post_feedforward_layernorm_1.weight", (dim,))
+            add("rms_post_experts", "post_feedforward_layernorm_2.weight", (dim,))
         if P:
             add("per_layer_gate", "per_layer_input_gate.weight", (P, dim))
             add("per_layer_projection_out", "per_layer_projection.weight", (dim, P))

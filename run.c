@@ -191,8 +191,13 @@ typedef enum { ACTIVATION_SWIGLU = 0, ACTIVATION_GEGLU_TANH = 1 } Activation;
 //   ROUTING_SOFTMAX_TOPK_NORM  weights p_j / sum of the chosen p (Mixtral; Qwen3-MoE
 //                              with norm_topk_prob, as Qwen3-30B-A3B)
 //   ROUTING_SOFTMAX_TOPK       weights p_j as they are (Qwen3-MoE without it)
-typedef enum { ROUTING_SOFTMAX_TOPK_NORM = 1, ROUTING_SOFTMAX_TOPK = 2 } Routing;
-#define N_ROUTINGS 3
+//   ROUTING_GEMMA4             Gemma 4 26B-A4B: renormalized, then times a learned
+//                              per-expert scale; the router reads the residual stream
+//                              through a weightless RMSNorm, a learned scale and
+//                              dim^-1/2, and the experts run beside the layer's
+//                              feed-forward (mixture_of_experts says how)
+typedef enum { ROUTING_SOFTMAX_TOPK_NORM = 1, ROUTING_SOFTMAX_TOPK = 2, ROUTING_GEMMA4 = 3 } Routing;
+#define N_ROUTINGS 4
 
 // The per-layer table's rotary choice: no rotation (NoPE), or one of the two settings.
 #define LAYER_NOPE 0
@@ -211,7 +216,8 @@ typedef struct {
     int kv_source;       // the layer whose KV cache it attends over: itself, or (Gemma 4's KV
                          // sharing) an earlier layer of its kind; then it computes no k, v
     int values_are_keys; // Gemma 4 31B's full layers: no wv, v = the key projection before k_norm and RoPE
-    int experts;         // 1: a mixture of experts in place of the feed-forward (hidden_dim 0); 0: the feed-forward
+    int experts;         // 1: a mixture of experts in place of the feed-forward (hidden_dim 0), or beside it
+                         // (Gemma 4: ROUTING_GEMMA4); 0: the feed-forward alone
     // where its pieces start in the layered tensors (docs/format.md: the layers' pieces back
     // to back), in rows of dim (q, kv, v, hidden) or in floats (heads, k_heads)
     uint64_t q_before, kv_before, v_before, hidden_before, heads_before, k_heads_before;
@@ -320,6 +326,11 @@ typedef struct {
     Matrix expert_w1;                       // (sparse layer, n_experts, expert_hidden, dim) gate
     Matrix expert_w2;                       // (sparse layer, n_experts, dim, expert_hidden) down
     Matrix expert_w3;                       // (sparse layer, n_experts, expert_hidden, dim) up
+    // Gemma 4's (ROUTING_GEMMA4), per sparse layer
+    const float *router_scale;              // (sparse layer, dim): the router's input times it
+    const float *expert_scale;              // (sparse layer, n_experts): a chosen expert's weight times it
+    const float *rms_pre_experts;           // (sparse layer, dim): the norm before the experts
+    const float *rms_post_dense, *rms_post_experts; // (sparse layer, dim): the norms of the two branches' outputs
 } TransformerWeights;
 
 // Accumulators for -m inspect: how much of each head's signal lives at each rotary
@@ -358,6 +369,8 @@ typedef struct {
     float *chosen_weight; // (block, k) their weights
     float *expert_out;    // (block, k, dim) each chosen expert's output
     float *expert_x;      // (block, dim) the tokens one expert serves, gathered (prefill)
+    float *expert_in;     // (block, dim) the experts' input (Gemma 4: its own norm of x; else xb)
+    float *dense_out;     // (block, dim) Gemma 4: the feed-forward's output, beside the experts' one
     float *q_head;  // (n_heads, block, head_size) a block's queries, head by head
     float *q_pairs; // (n_heads, block, head_size) the same, packed for matmul_tile
     // the KV cache, each head's positions side by side: attention reads one head's
@@ -642,7 +655,7 @@ static void attention_scores_fast(float *att, const float *q, const float *keys,
 static void attention_values_fast(float *out, const float *att, const float *values, int n, int head_size);
 static int attention_fast(Transformer *t, int l, int B, int pos0);
 static int swiglu_fast(float *hb, const float *hb2, long n);
-static void experts_grouped_fast(Transformer *t, int l, int B);
+static void experts_grouped_fast(Transformer *t, int l, int B, const float *in);
 static int argmax_fast(const float *p, int n);
 static void read_order_layer_begins(void);
 static void read_order_layer_ends(void);
@@ -956,8 +969,8 @@ static void add_per_layer_input(Transformer *t, int l, int B) {
 //   xb2 = sum over the chosen j, best first, of w_j W2_j (act(W1_j xb) * (W3_j xb))
 
 // The router's choice for one token from its logits (which become p): chosen[0..k)
-// and weight[0..k).
-static void route_token(const Config *c, float *logits, int *chosen, float *weight) {
+// and weight[0..k). expert_scale: Gemma 4's per-expert scales (else NULL).
+static void route_token(const Config *c, float *logits, int *chosen, float *weight, const float *expert_scale) {
     int n = c->n_experts, k = c->n_experts_used;
     softmax(logits, n);
     for (int j = 0; j < k; j++) { // the largest p not chosen yet; the first of equal ones
@@ -969,11 +982,13 @@ static void route_token(const Config *c, float *logits, int *chosen, float *weig
         }
         chosen[j] = best, weight[j] = logits[best];
     }
-    if (c->routing == ROUTING_SOFTMAX_TOPK_NORM) {
+    if (c->routing == ROUTING_SOFTMAX_TOPK_NORM || c->routing == ROUTING_GEMMA4) {
         float sum = 0.0f;
         for (int j = 0; j < k; j++) sum += weight[j];
         for (int j = 0; j < k; j++) weight[j] /= sum;
     }
+    if (c->routing == ROUTING_GEMMA4) // then each times its expert's learned scale
+        for (int j = 0; j < k; j++) weight[j] *= expert_scale[chosen[j]];
 }
 
 // Expert e of layer l on n tokens x (n, dim): out (n, dim) = W2_e (act(W1_e x) * (W3_e x)),
@@ -992,15 +1007,29 @@ static void expert_feed_forward(Transformer *t, int l, int e, const float *x, fl
     matmul_tokens(s, out, s->hb, matrix_at(w->expert_w2, piece), n, hidden, dim);
 }
 
-// The router's logits and choice for the B tokens of xb.
+// The router's logits and choice for the B tokens of xb (Gemma 4: of the residual stream
+// x, through a weightless RMSNorm, times a learned scale and dim^-1/2).
 static void route_tokens(Transformer *t, int l, int B) {
     const Config *c = &t->config;
+    const TransformerWeights *w = &t->weights;
     RunState *s = &t->state;
-    int E = c->n_experts, K = c->n_experts_used;
-    Matrix router = matrix_at(t->weights.router, c->layer[l].sparse_before * E * (uint64_t)c->dim);
-    matmul_tokens(s, s->router_logits, s->xb, router, B, c->dim, E);
+    int E = c->n_experts, K = c->n_experts_used, dim = c->dim;
+    uint64_t sparse = c->layer[l].sparse_before;
+    const float *in = s->xb, *expert_scale = NULL;
+    if (c->routing == ROUTING_GEMMA4) {
+        const float *scale = w->router_scale + sparse * dim;
+        float root = (float)(1.0 / sqrt((double)dim));
+        for (int b = 0; b < B; b++) {
+            float *r = s->expert_x + (size_t)b * dim; // free until the experts run
+            rmsnorm(r, s->x + (size_t)b * dim, NULL, dim, c->norm_eps);
+            for (int i = 0; i < dim; i++) r[i] = r[i] * scale[i] * root;
+        }
+        in = s->expert_x, expert_scale = w->expert_scale + sparse * E;
+    }
+    matmul_tokens(s, s->router_logits, in, matrix_at(w->router, sparse * E * (uint64_t)dim), B, dim, E);
     for (int b = 0; b < B; b++)
-        route_token(c, s->router_logits + (size_t)b * E, s->chosen + (size_t)b * K, s->chosen_weight + (size_t)b * K);
+        route_token(c, s->router_logits + (size_t)b * E, s->chosen + (size_t)b * K, s->chosen_weight + (size_t)b * K,
+                    expert_scale);
 }
 
 // xb2 = the weighted sum of each token's chosen experts' outputs (expert_out), best first.
@@ -1017,23 +1046,46 @@ static void combine_experts(const Config *c, RunState *s, int B) {
     }
 }
 
-// Layer l's experts on the B tokens of xb, into xb2: token by token, each chosen
-// expert in turn. A block's tokens grouped by expert (experts_grouped_fast) compute
-// the same bits, each expert's weights read once a block rather than once a token.
-static void mixture_of_experts(Transformer *t, int l, int B) {
+// Layer l's experts on the B tokens of in (xb; Gemma 4: expert_in), into xb2: token by
+// token, each chosen expert in turn. A block's tokens grouped by expert
+// (experts_grouped_fast) compute the same bits, each expert's weights read once a
+// block rather than once a token.
+static void mixture_of_experts(Transformer *t, int l, int B, const float *in) {
     const Config *c = &t->config;
     RunState *s = &t->state;
     route_tokens(t, l, B);
     if (use_fast_kernels && B > 1) {
-        experts_grouped_fast(t, l, B);
+        experts_grouped_fast(t, l, B, in);
     } else {
         int K = c->n_experts_used;
         for (int b = 0; b < B; b++)
             for (int j = 0; j < K; j++)
-                expert_feed_forward(t, l, s->chosen[(size_t)b * K + j], s->xb + (size_t)b * c->dim,
+                expert_feed_forward(t, l, s->chosen[(size_t)b * K + j], in + (size_t)b * c->dim,
                                     s->expert_out + ((size_t)b * K + j) * c->dim, 1);
     }
     combine_experts(c, s, B);
+}
+
+// Gemma 4 26B-A4B (ROUTING_GEMMA4): the experts beside the feed-forward, whose output
+// is in xb2, both reading the residual stream x:
+//   xb2 = rmsnorm(xb2, post_dense) + rmsnorm(experts(rmsnorm(x, pre_experts)), post_experts)
+static void experts_beside_feed_forward(Transformer *t, int l, int B) {
+    const Config *c = &t->config;
+    const TransformerWeights *w = &t->weights;
+    RunState *s = &t->state;
+    int dim = c->dim;
+    uint64_t sparse = c->layer[l].sparse_before * dim;
+    for (int b = 0; b < B; b++) {
+        size_t at = (size_t)b * dim;
+        rmsnorm(s->dense_out + at, s->xb2 + at, w->rms_post_dense + sparse, dim, c->norm_eps);
+        rmsnorm(s->expert_in + at, s->x + at, w->rms_pre_experts + sparse, dim, c->norm_eps);
+    }
+    mixture_of_experts(t, l, B, s->expert_in);
+    for (int b = 0; b < B; b++) {
+        float *out = s->xb2 + (size_t)b * dim;
+        rmsnorm(out, out, w->rms_post_experts + sparse, dim, c->norm_eps);
+        for (int i = 0; i < dim; i++) out[i] += s->dense_out[(size_t)b * dim + i];
+    }
 }
 
 // Which logits forward_block computes: the classifier reads vocab_size x dim
@@ -1173,9 +1225,10 @@ static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, 
 
         // the feed-forward: x = x + W2 (act(W1 xb) * (W3 xb)), act silu (SwiGLU) or the
         // tanh GELU (GeGLU: Gemma); Gemma 2, 3, 4 normalize its output first. A layer
-        // with experts (Qwen3-MoE, Mixtral) passes each token through k of them instead.
-        if (ls->experts) {
-            mixture_of_experts(t, l, B);
+        // with experts (Qwen3-MoE, Mixtral) passes each token through k of them instead;
+        // Gemma 4 26B-A4B's run beside the feed-forward.
+        if (ls->experts && c->routing != ROUTING_GEMMA4) {
+            mixture_of_experts(t, l, B, s->xb);
         } else {
             Projection w13[2] = {{s->hb, matrix_at(w->w1, ls->hidden_before * dim), hidden},
                                  {s->hb2, matrix_at(w->w3, ls->hidden_before * dim), hidden}};
@@ -1183,6 +1236,7 @@ static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, 
             if (c->activation == ACTIVATION_GEGLU_TANH) geglu(s->hb, s->hb2, (long)B * hidden);
             else swiglu(s->hb, s->hb2, (long)B * hidden);
             matmul_tokens(s, s->xb2, s->hb, matrix_at(w->w2, (size_t)dim * ls->hidden_before), B, hidden, dim);
+            if (ls->experts) experts_beside_feed_forward(t, l, B); // Gemma 4 26B-A4B
         }
         if (c->post_norms)
             for (int b = 0; b < B; b++)
@@ -1541,8 +1595,8 @@ static int parse_experts(const unsigned char *data, Config *c, int has_experts) 
     if (c->expert_hidden < 1 || c->expert_hidden > MAX_HIDDEN)
         return fail("expert_hidden %d must be in [1, %d] with block flag 64", c->expert_hidden, MAX_HIDDEN);
     if (routing < 1 || routing >= N_ROUTINGS)
-        return fail("routing %d is not a rule this program knows (1 softmax, top-k, renormalized; 2 softmax, top-k)",
-                    routing);
+        return fail("routing %d is not a rule this program knows (1 softmax, top-k, renormalized; 2 softmax, top-k; "
+                    "3 Gemma 4's)", routing);
     c->routing = (Routing)routing;
     return 0;
 }
@@ -1637,7 +1691,8 @@ static int check_layer_table_place(const Config *c, uint64_t tensors_end) {
 static void default_layers(Config *c) {
     for (int l = 0; l < c->n_layers; l++)
         c->layer[l] = (LayerSpec){.rope = LAYER_ROPE_FIRST, .head_size = head_size_of(c), .n_kv_heads = c->n_kv_heads,
-                                  .hidden_dim = c->n_experts ? 0 : c->hidden_dim, .kv_source = l,
+                                  .hidden_dim = c->n_experts && c->routing != ROUTING_GEMMA4 ? 0 : c->hidden_dim,
+                                  .kv_source = l,
                                   .experts = c->n_experts > 0};
 }
 
@@ -1676,11 +1731,13 @@ static int parse_layer_table(const unsigned char *table, Config *c) {
         if (experts != 0 && (experts != 1 || !c->n_experts))
             return fail("layer %d: experts %d must be 0 (a feed-forward)%s", l, experts,
                         c->n_experts ? " or 1 (the experts)" : " without block flag 64");
-        if (experts && hidden) return fail("layer %d: hidden_dim %d on a layer with experts (no feed-forward)", l, hidden);
+        int beside = c->routing == ROUTING_GEMMA4; // Gemma 4: the experts run beside the feed-forward
+        if (experts && hidden && !beside)
+            return fail("layer %d: hidden_dim %d on a layer with experts (no feed-forward)", l, hidden);
         if (head_size) ls->head_size = head_size;
         if (kv_heads) ls->n_kv_heads = kv_heads;
         ls->experts = experts;
-        ls->hidden_dim = experts ? 0 : hidden ? hidden : c->hidden_dim;
+        ls->hidden_dim = experts && !beside ? 0 : hidden ? hidden : c->hidden_dim;
         ls->values_are_keys = values;
         if (source > 0) {
             const LayerSpec *src = &c->layer[source - 1];
@@ -1942,6 +1999,15 @@ static uint64_t map_weights(TransformerWeights *w, const Config *c, CheckpointFo
     } else {
         w->router = w->expert_w1 = w->expert_w2 = w->expert_w3 = (Matrix){NULL, t.type};
     }
+    if (c->routing == ROUTING_GEMMA4) { // Gemma 4's, last
+        w->router_scale = next_vector(&t, sparse * dim);
+        w->expert_scale = next_vector(&t, sparse * experts);
+        w->rms_pre_experts = next_vector(&t, sparse * dim);
+        w->rms_post_dense = next_vector(&t, sparse * dim);
+        w->rms_post_experts = next_vector(&t, sparse * dim);
+    } else {
+        w->router_scale = w->expert_scale = w->rms_pre_experts = w->rms_post_dense = w->rms_post_experts = NULL;
+    }
     return t.at;
 }
 
@@ -2016,6 +2082,8 @@ static void free_run_state(RunState *s) {
     free(s->chosen_weight);
     free(s->expert_out);
     free(s->expert_x);
+    free(s->expert_in);
+    free(s->dense_out);
     free(s->pl);
     free(s->plb);
     free(s->x);
@@ -2064,8 +2132,8 @@ static uint64_t run_state_fixed_floats(const Config *c) {
     uint64_t B = PREFILL_BLOCK, dim = c->dim, hidden = c->max_hidden, kv_dim = c->max_kv_dim;
     uint64_t wide = max_int(dim, c->max_q_dim); // xb holds a normalized x and the heads' outputs
     uint64_t per_layer = (uint64_t)c->per_layer_dim * (c->n_layers + 1); // pl, plb (Gemma 4)
-    // router_logits, chosen and chosen_weight, expert_out, expert_x (experts only)
-    uint64_t experts = c->n_experts ? c->n_experts + 2ull * c->n_experts_used * (1 + dim) + dim : 0;
+    // router_logits, chosen and chosen_weight, expert_out, expert_x expert_in dense_out (experts only)
+    uint64_t experts = c->n_experts ? c->n_experts + 2ull * c->n_experts_used * (1 + dim) + 3 * dim : 0;
     // x xb2, xb q q_head q_pairs, hb hb2, k v, logits, scratch, pl plb, the experts'
     return B * (2 * dim + 4 * wide + 2 * hidden + 2 * kv_dim + (uint64_t)c->vocab_size +
                 max_int(max_int(hidden, wide), c->per_layer_dim) + per_layer + experts);
@@ -2224,7 +2292,10 @@ static int build_run_state(RunState *s, const Config *c) {
         s->chosen_weight = alloc_floats(B * K);
         s->expert_out = alloc_floats(B * K * c->dim);
         s->expert_x = alloc_floats(B * c->dim);
-        if (!s->router_logits || !s->chosen || !s->chosen_weight || !s->expert_out || !s->expert_x) {
+        s->expert_in = alloc_floats(B * c->dim);
+        s->dense_out = alloc_floats(B * c->dim);
+        if (!s->router_logits || !s->chosen || !s->chosen_weight || !s->expert_out || !s->expert_x || !s->expert_in ||
+            !s->dense_out) {
             free_run_state(s);
             return fail("out of memory allocating the run state (experts)");
         }
@@ -5459,7 +5530,7 @@ static int attention_fast(Transformer *t, int l, int B, int pos0) {
 // (as a matrix product over its tokens) instead of once per token. Each token's
 // rows come out as expert_feed_forward computes them for the token alone (a block's
 // matmul computes each token's row as matmul does), into the same expert_out slot.
-static void experts_grouped_fast(Transformer *t, int l, int B) {
+static void experts_grouped_fast(Transformer *t, int l, int B, const float *in) {
     const Config *c = &t->config;
     RunState *s = &t->state;
     int dim = c->dim, K = c->n_experts_used;
@@ -5467,7 +5538,7 @@ static void experts_grouped_fast(Transformer *t, int l, int B) {
         int n = 0; // the tokens that chose e (each at most once), gathered into expert_x
         for (int slot = 0; slot < B * K; slot++)
             if (s->chosen[slot] == e)
-                memcpy(s->expert_x + (size_t)n++ * dim, s->xb + (size_t)(slot / K) * dim, dim * sizeof(float));
+                memcpy(s->expert_x + (size_t)n++ * dim, in + (size_t)(slot / K) * dim, dim * sizeof(float));
         if (n == 0) continue;
         expert_feed_forward(t, l, e, s->expert_x, s->xb2, n); // xb2 is free until combine_experts
         n = 0;
