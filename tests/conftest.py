@@ -23,13 +23,15 @@ TOK512 = MODELS / "tok512.bin"
 LLAMA_TOKENIZER = MODELS / "tokenizer.bin"
 
 
-def run(*args, input=None, timeout=120, binary=None):
-    """Runs the runner with args; returns the CompletedProcess with bytes stdout/stderr."""
+def run(*args, input=None, timeout=120, binary=None, env=None):
+    """Runs the runner with args (env: variables set on top of this process's); returns the
+    CompletedProcess with bytes stdout/stderr."""
     cmd = RUN_PREFIX + [binary or RUN_BIN] + [a if isinstance(a, bytes) else str(a) for a in args]
     if isinstance(input, str):
         input = input.encode()
     return subprocess.run(cmd, input=input, capture_output=True, timeout=timeout,
-                          stdin=None if input is not None else subprocess.DEVNULL)
+                          stdin=None if input is not None else subprocess.DEVNULL,
+                          env=None if env is None else {**os.environ, **env})
 
 
 @pytest.fixture(scope="session")
