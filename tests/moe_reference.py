@@ -150,6 +150,8 @@ def moe_block(config, w, layer, x, trace=None, dtype=np.float64):
     x = np.asarray(x, dtype=dtype)
     E, k = n_experts(config), top_k(config)
     router = np.asarray(w[expert_names(config, layer, 0)[0]], dtype=dtype)
+    if router.shape[0] != E:
+        raise ValueError(f"moe_reference: layer {layer} router has {router.shape[0]} rows for {E} experts")
     z = x @ router.T
     idx, g, p = route(z, k, renormalizes(config))
     out = np.zeros_like(x)

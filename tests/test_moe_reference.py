@@ -1,0 +1,305 @@
+"""Self-checks of tests/moe_reference.py (the MoE families' NumPy forward pass) and
+tests/moe_fixtures.py (their published configs, shrunk random checkpoints).
+
+transformers is not installed here, so the checks are hand-computed small cases and
+invariants: one chosen expert equals a dense MLP with its weights; the renormalization
+rule of each family; ties broken lowest index first; the dense/sparse layer pattern of
+Qwen3-MoE's decoder_sparse_step and mlp_only_layers; the fixtures' routing is not
+degenerate; the sharded files read back to the tensors written.
+
+Run with: nice /usr/bin/python3 -m pytest tests/test_moe_reference.py -q (a few seconds).
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import family_reference as R
+import hf_fixture
+import moe_fixtures as F
+import moe_reference as M
+
+TOKENS = list(np.random.default_rng(7).integers(3, 512, 40))
+
+
+def small(name, seed=0, **kw):
+    c = F.shrink(name, **kw)
+    return c, F.make_weights(c, np.random.default_rng(seed))
+
+
+# ----------------------------------------------------------------------------------
+# Routing rule, by hand
+# ----------------------------------------------------------------------------------
+
+
+def test_route_qwen3_renormalizes_top_k_only_when_norm_topk_prob():
+    z = np.array([[2.0, 0.0, 1.0, -1.0]])
+    p = np.exp(z) / np.exp(z).sum()
+    idx, g, _ = M.route(z, 2, renormalize=False)
+    assert idx.tolist() == [[0, 2]]
+    np.testing.assert_allclose(g, [[p[0, 0], p[0, 2]]], rtol=1e-15)
+    assert g.sum() < 0.95  # the un-renormalized weights do not sum to 1
+    idx, g, _ = M.route(z, 2, renormalize=True)
+    np.testing.assert_allclose(g, [[np.e / (np.e + 1), 1 / (np.e + 1)]], rtol=1e-14)  # e^2, e^1 renormed
+    np.testing.assert_allclose(g.sum(), 1.0, rtol=1e-15)
+
+
+def test_family_rules_for_renormalization():
+    q, _ = small("Qwen3-30B-A3B")
+    assert M.renormalizes(q)  # Qwen3-30B-A3B: norm_topk_prob true
+    assert not M.renormalizes(dict(q, norm_topk_prob=False))
+    assert not M.renormalizes({k: v for k, v in q.items() if k != "norm_topk_prob"})  # default False
+    x, _ = small("Mixtral-8x7B-v0.1")
+    assert M.renormalizes(x)
+    assert M.renormalizes(dict(x, norm_topk_prob=False))  # Mixtral ignores the key
+
+
+def test_mixtral_weights_are_a_softmax_over_the_chosen_logits():
+    z = np.random.default_rng(3).normal(size=(20, 8)) * 3
+    idx, g, _ = M.route(z, 2, renormalize=True)
+    chosen = np.take_along_axis(z, idx, axis=-1)
+    expect = np.exp(chosen) / np.exp(chosen).sum(axis=-1, keepdims=True)
+    np.testing.assert_allclose(g, expect, rtol=1e-12)
+    # and the chosen are the two largest logits
+    assert (np.sort(z, axis=-1)[:, -2:][:, ::-1] == chosen).all()
+
+
+def test_ties_go_to_the_lowest_index_first():
+    z = np.array([[0.5, 0.5, 0.5, 0.5, 0.1, 0.5], [0.0] * 6, [1.0, 3.0, 3.0, 2.0, 3.0, 0.0]])
+    idx, g, _ = M.route(z, 3, renormalize=True)
+    assert idx.tolist() == [[0, 1, 2], [0, 1, 2], [1, 2, 4]]
+    np.testing.assert_allclose(g[:2], 1 / 3, rtol=1e-15)
+
+
+def test_top_k_is_ordered_largest_first():
+    p = np.random.default_rng(5).random((50, 16))
+    idx = M.topk_lowest_index(p, 8)
+    v = np.take_along_axis(p, idx, axis=-1)
+    assert (np.diff(v, axis=-1) <= 0).all()
+    assert (v[:, -1] >= np.sort(p, axis=-1)[:, -9]).all()
+
+
+# ----------------------------------------------------------------------------------
+# The MoE block
+# ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["Qwen3-30B-A3B", "Mixtral-8x7B-v0.1"])
+def test_one_expert_of_one_equals_the_dense_mlp_with_its_weights(name):
+    c = dict(F.shrink(name))
+    c["num_experts" if c["model_type"] == "qwen3_moe" else "num_local_experts"] = 1
+    c["num_experts_per_tok"] = 1
+    w = F.make_weights(c, np.random.default_rng(0))
+    assert w[M.expert_names(c, 0, 0)[0]].shape[0] == 1
+    x = np.random.default_rng(1).normal(size=(6, c["hidden_size"]))
+    r, g, u, d = M.expert_names(c, 0, 0)
+    dense = (R.silu(x @ w[g].T) * (x @ w[u].T)) @ w[d].T
+    np.testing.assert_allclose(M.moe_block(c, w, 0, x), dense, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["Qwen3-30B-A3B", "Mixtral-8x7B-v0.1"])
+def test_a_forced_router_picks_the_expert_it_favours(name):
+    """Router rows zero except expert 3's, made huge: every token goes to expert 3 first,
+    with weight ~1 after renormalization, and the block equals expert 3's dense MLP."""
+    c, w = small(name)
+    c = dict(c, num_experts_per_tok=1)
+    x = np.abs(np.random.default_rng(2).normal(size=(5, c["hidden_size"])))
+    r = M.expert_names(c, 0, 0)[0]
+    w = dict(w)
+    w[r] = np.zeros_like(w[r])
+    w[r][3] = 1.0  # logits x . 1 > 0 for positive x: expert 3 wins by far over the zeros
+    tr = []
+    out = M.moe_block(c, w, 0, x, trace=tr)
+    assert (tr[0]["experts"][:, 0] == 3).all()
+    _, g, u, d = M.expert_names(c, 0, 3)
+    np.testing.assert_allclose(out, (R.silu(x @ w[g].T) * (x @ w[u].T)) @ w[d].T, rtol=1e-12)
+
+
+def test_moe_block_is_the_weighted_sum_of_the_chosen_experts_per_token():
+    c, w = small("Qwen3-30B-A3B")
+    x = np.random.default_rng(4).normal(size=(3, c["hidden_size"]))
+    tr = []
+    out = M.moe_block(c, w, 0, x, trace=tr)
+    z = x @ w[M.expert_names(c, 0, 0)[0]].T
+    for t in range(3):
+        order = sorted(range(M.n_experts(c)), key=lambda e: -z[t, e])[:8]  # softmax is monotone
+        p = np.exp(z[t] - z[t].max())
+        p /= p.sum()
+        gsum = sum(p[e] for e in order)
+        y = 0
+        for e in order:
+            _, g, u, d = M.expert_names(c, 0, e)
+            y = y + p[e] / gsum * ((R.silu(w[g] @ x[t]) * (w[u] @ x[t])) @ w[d].T)
+        np.testing.assert_allclose(out[t], y, rtol=1e-10)
+        assert tr[0]["experts"][t].tolist() == order
+
+
+def test_without_norm_topk_prob_the_output_shrinks_by_the_chosen_mass():
+    c, w = small("Qwen3-30B-A3B")
+    x = np.random.default_rng(6).normal(size=(4, c["hidden_size"]))
+    tr = []
+    normed = M.moe_block(c, w, 0, x, trace=tr)
+    raw = M.moe_block(dict(c, norm_topk_prob=False), w, 0, x)
+    np.testing.assert_allclose(tr[0]["weights"].sum(axis=-1), 1.0, rtol=1e-14)
+    # with one expert chosen the ratio is exactly the chosen probability
+    c1 = dict(c, num_experts_per_tok=1)
+    tr1 = []
+    a = M.moe_block(c1, w, 0, x, trace=tr1)
+    b = M.moe_block(dict(c1, norm_topk_prob=False), w, 0, x)
+    np.testing.assert_allclose(b, a * tr1[0]["probs"].max(axis=-1)[:, None], rtol=1e-12)
+    assert not np.allclose(normed, raw)
+
+
+# ----------------------------------------------------------------------------------
+# Layer pattern
+# ----------------------------------------------------------------------------------
+
+
+def test_qwen3_sparse_layers_follow_decoder_sparse_step_and_mlp_only_layers():
+    base = {"model_type": "qwen3_moe", "num_hidden_layers": 6, "num_experts": 4}
+    assert M.sparse_layers(dict(base, decoder_sparse_step=1, mlp_only_layers=[])) == [True] * 6
+    assert M.sparse_layers(dict(base, decoder_sparse_step=2, mlp_only_layers=[])) == [False, True] * 3
+    assert M.sparse_layers(dict(base, decoder_sparse_step=3, mlp_only_layers=[5])) == \
+        [False, False, True, False, False, False]
+    assert M.sparse_layers(dict(base, decoder_sparse_step=1, mlp_only_layers=[0, 3])) == \
+        [False, True, True, False, True, True]
+    assert M.sparse_layers(dict(base, num_experts=0)) == [False] * 6
+    assert M.sparse_layers({"model_type": "mixtral", "num_hidden_layers": 3}) == [True] * 3
+
+
+def test_a_dense_layer_uses_the_dense_mlp_and_changes_the_output():
+    c, w = small("Qwen3-30B-A3B", mlp_only_layers=[1])
+    assert "model.layers.1.mlp.gate_proj.weight" in w and "model.layers.1.mlp.gate.weight" not in w
+    assert "model.layers.0.mlp.gate.weight" in w
+    tr = []
+    lg = M.forward(c, w, TOKENS[:12], trace=tr)
+    assert [d["layer"] for d in tr] == [0]
+    w2 = dict(w)
+    w2["model.layers.1.mlp.down_proj.weight"] = 0 * w["model.layers.1.mlp.down_proj.weight"]
+    assert not np.allclose(lg, M.forward(c, w2, TOKENS[:12]))
+
+
+# ----------------------------------------------------------------------------------
+# Forward pass invariants
+# ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["Qwen3-30B-A3B", "Mixtral-8x7B-v0.1"])
+def test_forward_is_causal(name):
+    c, w = small(name)
+    a = M.forward(c, w, TOKENS[:20])
+    b = M.forward(c, w, TOKENS[:20] + [5, 6, 7])
+    np.testing.assert_allclose(a, b[:20], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["Qwen3-30B-A3B", "Mixtral-8x7B-v0.1"])
+def test_unchosen_experts_do_not_matter(name):
+    c, w = small(name)
+    tr = []
+    lg = M.forward(c, w, TOKENS[:16], trace=tr)
+    used = set(tr[0]["experts"].ravel().tolist())
+    unused = [e for e in range(M.n_experts(c)) if e not in used]
+    w2 = dict(w)
+    if unused:
+        _, g, u, d = M.expert_names(c, 0, unused[0])
+        w2[d] = w[d] * 100
+        np.testing.assert_allclose(M.forward(c, w2, TOKENS[:16]), lg, rtol=1e-12)
+    used_e = sorted(used)[0]
+    _, g, u, d = M.expert_names(c, 0, used_e)
+    w2[d] = w[d] * 100
+    assert not np.allclose(M.forward(c, w2, TOKENS[:16]), lg)
+
+
+def test_mixtral_window_is_mistrals_rule():
+    c, w = small("Mixtral-8x7B-v0.1", window=8)
+    full, _ = small("Mixtral-8x7B-v0.1")
+    a, b = M.forward(c, w, TOKENS[:20]), M.forward(full, w, TOKENS[:20])
+    np.testing.assert_allclose(a[:8], b[:8], rtol=1e-12)  # within the window: the same
+    assert not np.allclose(a[8:], b[8:])
+
+
+def test_greedy_is_the_argmax_of_the_forward_pass():
+    c, w = small("Mixtral-8x7B-v0.1")
+    out = M.greedy(c, w, TOKENS[:5], 3)
+    toks = TOKENS[:5] + out
+    lg = M.forward(c, w, toks)
+    assert [int(np.argmax(lg[i])) for i in (4, 5, 6)] == out
+
+
+# ----------------------------------------------------------------------------------
+# Fixtures
+# ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", F.MODELS)
+def test_shrunk_configs_keep_the_routing_rule_top_k_and_pattern(name):
+    real, c = F.REAL_CONFIGS[name], F.shrink(name)
+    assert c["model_type"] == real["model_type"]
+    assert M.top_k(c) == real["num_experts_per_tok"] < M.n_experts(c) <= M.n_experts(real)
+    assert M.renormalizes(c) == M.renormalizes(real)
+    assert c.get("head_dim", c["hidden_size"] // c["num_attention_heads"]) == \
+        real.get("head_dim", real["hidden_size"] // real["num_attention_heads"])
+    assert c["num_attention_heads"] // c["num_key_value_heads"] == \
+        real["num_attention_heads"] // real["num_key_value_heads"]
+    assert all(M.sparse_layers(c)) and all(M.sparse_layers(real))
+    for k in ("rope_theta", "rms_norm_eps", "tie_word_embeddings", "hidden_act", "sliding_window"):
+        assert c.get(k) == real.get(k), k
+
+
+def test_real_configs_are_the_published_numbers():
+    q, x = F.REAL_CONFIGS["Qwen3-30B-A3B"], F.REAL_CONFIGS["Mixtral-8x7B-v0.1"]
+    assert (q["num_experts"], q["num_experts_per_tok"], q["moe_intermediate_size"], q["hidden_size"],
+            q["num_hidden_layers"], q["norm_topk_prob"]) == (128, 8, 768, 2048, 48, True)
+    assert (x["num_local_experts"], x["num_experts_per_tok"], x["intermediate_size"],
+            x["hidden_size"], x["num_hidden_layers"], x["rope_theta"]) == (8, 2, 14336, 4096, 32, 1e6)
+
+
+@pytest.mark.parametrize("name", ["Qwen3-30B-A3B", "Mixtral-8x7B-v0.1"])
+def test_routing_of_the_fixtures_is_not_degenerate(name):
+    """Different tokens pick different experts, most experts are used by some token, and
+    the weights are neither uniform nor one-hot."""
+    c, w = small(name, seed=43)
+    tr = []
+    M.forward(c, w, TOKENS, trace=tr)
+    k = M.top_k(c)
+    for d in tr:
+        sets = {tuple(sorted(r)) for r in d["experts"].tolist()}
+        assert len(sets) >= len(TOKENS) // 4, d["layer"]
+        assert len(set(d["experts"].ravel().tolist())) >= 3 * M.n_experts(c) // 4
+        top = d["weights"][:, 0]
+        assert 1.0 / k + 0.05 < top.mean() < 0.95
+        # margins between the k-th and (k+1)-th probability are far from a tie
+        ps = np.sort(d["probs"], axis=-1)[:, ::-1]
+        assert (ps[:, k - 1] - ps[:, k]).min() > 1e-9
+
+
+@pytest.mark.parametrize("name", ["Qwen3-30B-A3B", "Mixtral-8x7B-v0.1"])
+@pytest.mark.parametrize("dtype", ["F32", "BF16"])
+def test_written_checkpoint_reads_back_sharded_with_published_names(tmp_path, name, dtype):
+    c, tensors = F.write_checkpoint(str(tmp_path), name, dtype)
+    files = sorted(os.listdir(tmp_path))
+    assert files == ["config.json", "model-00001-of-00002.safetensors",
+                     "model-00002-of-00002.safetensors", "model.safetensors.index.json"]
+    with open(tmp_path / "model.safetensors.index.json") as f:
+        wm = json.load(f)["weight_map"]
+    if name.startswith("Qwen3"):
+        assert "model.layers.1.mlp.experts.15.down_proj.weight" in wm
+        assert "model.layers.0.mlp.gate.weight" in wm
+    else:
+        assert "model.layers.1.block_sparse_moe.experts.7.w2.weight" in wm
+        assert "model.layers.0.block_sparse_moe.gate.weight" in wm
+    cfg, back = hf_fixture.load_hf_checkpoint(str(tmp_path))
+    assert cfg == c and set(back) == set(tensors) == set(wm)
+    for n in tensors:
+        assert np.array_equal(back[n], tensors[n]), n
+    lg = M.forward(cfg, back, TOKENS[:24])
+    assert 1.0 < lg.std() < 10.0  # logits not flat
+    assert M.nll(lg, TOKENS[:24]) > 0
+
+
+def test_bf16_checkpoint_values_are_bf16_numbers(tmp_path):
+    _, tensors = F.write_checkpoint(str(tmp_path), "Mixtral-8x7B-v0.1", "BF16")
+    a = tensors["model.layers.0.block_sparse_moe.experts.0.w1.weight"].astype(np.float32)
+    assert (a.view(np.uint32) & 0xFFFF == 0).all()
+    assert np.abs(a).max() > 0
