@@ -70,6 +70,9 @@ def test_ties_go_to_the_lowest_index_first():
     idx, g, _ = M.route(z, 3, renormalize=True)
     assert idx.tolist() == [[0, 1, 2], [0, 1, 2], [1, 2, 4]]
     np.testing.assert_allclose(g[:2], 1 / 3, rtol=1e-15)
+    # 128 equal logits, as Qwen3-30B-A3B's router (torch.topk gives [84, 87, 86, ...] here)
+    idx, g, _ = M.route(np.zeros((2, 128)), 8, renormalize=True)
+    assert idx.tolist() == [list(range(8))] * 2
 
 
 def test_top_k_is_ordered_largest_first():
