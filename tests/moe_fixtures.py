@@ -157,3 +157,110 @@ def write_checkpoint(out_dir, name, dtype="F32", seed=None, config=None, **shrin
     tensors = {n: hf_fixture.round_to_dtype(a, dtype) for n, a in raw.items()}
     hf_fixture._write_sharded(out_dir, tensors, dtype)
     return config, tensors
+
+
+# ---------------------------------------------------------------------------
+# Gemma 4 26B-A4B
+# ---------------------------------------------------------------------------
+#
+# google/gemma-4-26B-A4B(-it) text_config, as quoted in public repositories' tests (search
+# index ids 66640043689 (whole text_config incl. hidden_activation, max_position_embeddings
+# 262144, hidden_size_per_layer_input 0), 58004776520 (30 layers, rope_parameters; it says
+# max_position_embeddings 131072 and hidden_size_per_layer_input null), 56576695807,
+# 65731737189 (tensor names: model.language_model.layers.N.experts.gate_up_proj,
+# .experts.down_proj, .router.proj.weight, .router.scale), 55592474931 (shapes:
+# gate_up_proj (128, 1408, 2816), down_proj (128, 2816, 704), router.per_expert_scale (128,);
+# it gives router.scale shape () where Gemma4TextRouter's code has (hidden,): the code wins).
+# Keys not in those quotations are tests/gemma4_fixtures.py's Gemma 4 defaults.
+# The other top-level keys are the 31B's (gemma4_fixtures._multimodal, no audio).
+
+import copy  # noqa: E402
+
+import gemma4_fixtures as G4F  # noqa: E402
+
+_S, _F = "sliding_attention", "full_attention"
+GEMMA4_26B_TEXT = dict(G4F._COMMON_TEXT, **{
+    "attention_k_eq_v": True, "enable_moe_block": True, "hidden_size": 2816,
+    "hidden_size_per_layer_input": 0, "intermediate_size": 2112, "layer_types": [_S] * 5 + [_F],
+    "max_position_embeddings": 262144, "moe_intermediate_size": 704, "num_attention_heads": 16,
+    "num_experts": 128, "num_global_key_value_heads": 2, "num_hidden_layers": 30,
+    "num_key_value_heads": 8, "num_kv_shared_layers": 0, "sliding_window": 1024,
+    "top_k_experts": 8, "use_bidirectional_attention": "vision", "use_double_wide_mlp": False,
+})
+GEMMA4_26B_TEXT["layer_types"] = ([_S] * 5 + [_F]) * 5
+REAL_CONFIGS["gemma-4-26B-A4B"] = G4F._multimodal(GEMMA4_26B_TEXT, it=False, audio=False)
+REAL_CONFIGS["gemma-4-26B-A4B-it"] = G4F._multimodal(GEMMA4_26B_TEXT, it=True, audio=False)
+GEMMA4_MODELS = ["gemma-4-26B-A4B", "gemma-4-26B-A4B-it"]
+
+
+def shrink_gemma4(name, *, periods=1, hidden=96, head=16, experts=16, vocab_size=512, window=8,
+                  dtype="F32"):
+    """Gemma 4 26B-A4B shrunk: one period (5 sliding + 1 full: every layer kind; k = v on the
+    full layer with its own kv head count), heads 16 / 8 kv / 2 global kv -> 8 / 4 / 1, head
+    sizes 256 / 512 -> 16 / 32 (the ratio kept, as gemma4_fixtures), hidden 96, dense width
+    and expert width in the real 2112 : 704 = 3 : 1 ratio (96 and 32), experts 128 -> 16 with
+    top-k 8 kept, window 8, vocab 512 (bos 2, eos 1, pad 0)."""
+    real = REAL_CONFIGS[name]
+    t = copy.deepcopy(real["text_config"])
+    period = t["layer_types"][:6]
+    t["layer_types"] = period * periods
+    t["num_hidden_layers"] = len(t["layer_types"])
+    ratio = t["global_head_dim"] // t["head_dim"]
+    t["head_dim"], t["global_head_dim"] = head, head * ratio
+    t["num_attention_heads"] //= 2
+    t["num_key_value_heads"] //= 2
+    t["num_global_key_value_heads"] = max(1, t["num_global_key_value_heads"] // 2)
+    t["hidden_size"] = hidden
+    t["moe_intermediate_size"] = 32
+    t["intermediate_size"] = 3 * t["moe_intermediate_size"]
+    t["num_experts"] = experts
+    t["vocab_size"] = t["vocab_size_per_layer_input"] = vocab_size
+    t["sliding_window"] = window
+    t["max_position_embeddings"] = 1024
+    t["dtype"] = hf_fixture.TORCH_DTYPE[dtype]
+    c = copy.deepcopy(real)
+    c["text_config"] = t
+    c["dtype"] = t["dtype"]
+    for key in ("boi_token_id", "eoi_token_id", "image_token_id", "video_token_id"):
+        c.pop(key, None)
+    assert t["top_k_experts"] < t["num_experts"]
+    return c
+
+
+def make_weights_gemma4(config, rng):
+    """gemma4_fixtures' weights for the dense parts plus, per layer: router.proj (std 3 logits),
+    router.scale 1 + 0.2 N, router.per_expert_scale U(0.5, 1.5), experts.gate_up_proj
+    (E, 2 I, H) and experts.down_proj (E, H, I) N(0, 1/fan_in), the three extra norms 1 + 0.2 N."""
+    dense = copy.deepcopy(config)
+    dense["text_config"]["enable_moe_block"] = False
+    w = G4F.make_weights(dense, rng)
+    t = config["text_config"]
+    H, E, I = t["hidden_size"], t["num_experts"], t["moe_intermediate_size"]
+    pre = G4F.tensor_prefix(config)
+    for i in range(t["num_hidden_layers"]):
+        p = f"{pre}layers.{i}."
+        w[p + "router.proj.weight"] = rng.normal(0.0, 3.0, size=(E, H))
+        w[p + "router.scale"] = 1.0 + 0.2 * rng.standard_normal(H)
+        w[p + "router.per_expert_scale"] = rng.uniform(0.5, 1.5, size=E)
+        w[p + "experts.gate_up_proj"] = rng.standard_normal((E, 2 * I, H)) / np.sqrt(H)
+        w[p + "experts.down_proj"] = rng.standard_normal((E, H, I)) / np.sqrt(I)
+        for n in ("post_feedforward_layernorm_1", "pre_feedforward_layernorm_2",
+                  "post_feedforward_layernorm_2"):
+            w[p + n + ".weight"] = 1.0 + 0.2 * rng.standard_normal(H)
+    return w
+
+
+def write_checkpoint_gemma4(out_dir, name="gemma-4-26B-A4B", dtype="F32", seed=None, config=None,
+                            **shrink_kw):
+    """As write_checkpoint, for Gemma 4 26B-A4B: config.json, two shards and the index."""
+    if config is None:
+        config = shrink_gemma4(name, dtype=dtype, **shrink_kw)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+    if seed is None:
+        seed = 43 + list(REAL_CONFIGS).index(name)
+    raw = make_weights_gemma4(config, np.random.default_rng(seed))
+    tensors = {n: hf_fixture.round_to_dtype(a, dtype) for n, a in raw.items()}
+    hf_fixture._write_sharded(out_dir, tensors, dtype)
+    return config, tensors

@@ -1,6 +1,6 @@
 """Independent NumPy reference of the mixture-of-experts families (issue #43):
-Qwen3-MoE (`qwen3_moe`) and Mixtral (`mixtral`). Gemma 4 26B-A4B (`gemma4` with
-enable_moe_block) is NOT here yet (see tests/data/moe/NOTES.md).
+Qwen3-MoE (`qwen3_moe`), Mixtral (`mixtral`) and Gemma 4 26B-A4B (`gemma4` / `gemma4_text`
+with enable_moe_block; its section is at the end of this file, with its sources).
 
 Written from the published modeling code (read, not copied), apart from run.c and
 export.py (neither was read):
@@ -53,7 +53,7 @@ import numpy as np
 
 import family_reference as R
 
-MOE_FAMILIES = ("qwen3_moe", "mixtral")
+MOE_FAMILIES = ("qwen3_moe", "mixtral", "gemma4", "gemma4_text")
 DENSE_FAMILY = {"qwen3_moe": "qwen3", "mixtral": "mistral"}
 
 
@@ -76,24 +76,36 @@ def dense_config(config):
     return c
 
 
+def _g4(config):
+    return config.get("text_config", config)
+
+
 def n_experts(config):
-    return config["num_experts"] if family(config) == "qwen3_moe" else config["num_local_experts"]
+    f = family(config)
+    if f in ("gemma4", "gemma4_text"):
+        return int(_g4(config)["num_experts"])
+    return config["num_experts"] if f == "qwen3_moe" else config["num_local_experts"]
 
 
 def top_k(config):
+    if family(config) in ("gemma4", "gemma4_text"):
+        return int(_g4(config)["top_k_experts"])
     return config["num_experts_per_tok"]
 
 
 def renormalizes(config):
     """Whether the chosen weights are divided by their sum ([Q] norm_topk_prob; [X] always)."""
-    if family(config) == "mixtral":
-        return True
+    if family(config) in ("mixtral", "gemma4", "gemma4_text"):
+        return True  # Gemma 4: [G] Gemma4TextRouter divides by the sum, then per_expert_scale
     # configuration_qwen3_moe.py default norm_topk_prob=False; Qwen3-30B-A3B sets true
     return bool(config.get("norm_topk_prob", False))
 
 
 def sparse_layers(config):
     """True where layer i has the MoE block ([Q] Qwen3MoeDecoderLayer.__init__)."""
+    if family(config) in ("gemma4", "gemma4_text"):  # every layer: dense MLP and experts
+        c = _g4(config)
+        return [bool(c.get("enable_moe_block"))] * c["num_hidden_layers"]
     n = config["num_hidden_layers"]
     if family(config) == "mixtral":
         return [True] * n
@@ -171,7 +183,8 @@ def moe_block(config, w, layer, x, trace=None, dtype=np.float64):
 def forward(config, tensors, tokens, trace=None, return_hidden=False):
     """Logits (T, vocab) for tokens at positions 0..T-1. trace: a list that receives, per
     sparse layer, {"layer", "logits", "probs", "experts" (T, k), "weights" (T, k)}."""
-    family(config)
+    if family(config) in ("gemma4", "gemma4_text"):
+        return gemma4_forward(config, tensors, tokens, trace)
     dc = dense_config(config)
     w = R.strip_prefix(tensors)
     tokens = np.asarray(tokens)
@@ -200,7 +213,125 @@ def nll(logits, tokens):
 def greedy(config, tensors, prompt, steps):
     """The `steps` argmax tokens that follow prompt (a full forward pass per step)."""
     toks = list(prompt)
-    w = R.strip_prefix(tensors)
+    w = tensors
     for _ in range(steps):
         toks.append(int(np.argmax(forward(config, w, toks)[-1])))
     return toks[len(prompt):]
+
+
+# ---------------------------------------------------------------------------
+# Gemma 4 26B-A4B (gemma4 with enable_moe_block)
+# ---------------------------------------------------------------------------
+#
+# [G] huggingface/transformers src/transformers/models/gemma4/modular_gemma4.py (search index
+#     id 51764282975: Gemma4TextRouter, Gemma4TextExperts(MixtralExperts),
+#     Gemma4TextDecoderLayer.__init__/forward with enable_moe_block; read, not copied).
+# Everything but the feed-forward step is tests/gemma4_reference.py's (attention with k = v on
+# full layers, norms, RoPE, soft-cap, layer_scalar). The feed-forward step of a layer, with
+# r the residual after attention (all norms Gemma4RMSNorm: x * rsqrt(mean x^2 + eps) * w):
+#
+#   h1 = post_feedforward_layernorm_1(mlp(pre_feedforward_layernorm(r)))   dense, width intermediate_size
+#   router (on r itself, NOT a normed input):
+#        u = rmsnorm_noweight(r) * router.scale * hidden^-0.5 ;  z = router.proj u   (E,)
+#        p = softmax(z) over all E ; top_k_experts largest ; g = p[chosen] / sum(p[chosen])
+#        g_j *= router.per_expert_scale[chosen_j]       (after the renormalization: the
+#        weights then need not sum to 1)
+#   h2 = post_feedforward_layernorm_2( sum_j g_j expert_j(pre_feedforward_layernorm_2(r)) )
+#        expert_e(y) = down_proj[e] (act(gate) * up),  [gate | up] = gate_up_proj[e] y,
+#        gate_up_proj (E, 2 I, hidden), gate rows first (MixtralExperts chunk(2)); down_proj
+#        (E, hidden, I); act = hidden_activation (gelu tanh)
+#   x = r + post_feedforward_layernorm(h1 + h2)
+#
+# The issue text says "extra norms around both branches": the code has post_1 on the dense
+# branch, pre_2 and post_2 on the expert branch, then the usual post_feedforward_layernorm on
+# their sum. The router's input is the un-normed residual, as the issue says.
+
+import math  # noqa: E402
+
+import gemma4_reference as G  # noqa: E402
+
+
+def gemma4_text(config):
+    """(resolved text config, with enable_moe_block kept) for gemma4_reference's helpers."""
+    inner = dict(config["text_config"]) if "text_config" in config else dict(config)
+    moe = bool(inner.get("enable_moe_block"))
+    outer = dict(config)
+    if "text_config" in config:
+        outer["text_config"] = dict(inner, enable_moe_block=False)
+    else:
+        outer = dict(inner, enable_moe_block=False)
+    c = G.text_config(outer)  # gemma4_reference refuses enable_moe_block; the MoE step is ours
+    c["enable_moe_block"] = moe
+    return c
+
+
+def gemma4_route(c, w, layer, r):
+    """(indices (T, k), weights (T, k) after per_expert_scale, probs (T, E), logits) of the
+    Gemma 4 router on the residual r (T, hidden)."""
+    p = f"layers.{layer}.router."
+    H = c["hidden_size"]
+    u = G.rms_norm(r, None, c["rms_norm_eps"]) * w[p + "scale"] * H ** -0.5
+    z = u @ w[p + "proj.weight"].T
+    idx, g, probs = route(z, int(c["top_k_experts"]), renormalize=True)
+    g = g * w[p + "per_expert_scale"][idx]
+    return idx, g, probs, z
+
+
+def gemma4_experts(c, w, layer, y, idx, g):
+    """sum over each token's chosen experts of g * expert_e(y), fused gate_up_proj."""
+    act = G.ACTIVATIONS[c.get("hidden_activation") or "gelu_pytorch_tanh"]
+    gu = w[f"layers.{layer}.experts.gate_up_proj"]
+    dn = w[f"layers.{layer}.experts.down_proj"]
+    I = int(c["moe_intermediate_size"])
+    if gu.shape != (int(c["num_experts"]), 2 * I, c["hidden_size"]):
+        raise ValueError(f"gate_up_proj shape {gu.shape}")
+    out = np.zeros_like(y)
+    for e in range(gu.shape[0]):
+        rows, slot = np.nonzero(idx == e)
+        if len(rows) == 0:
+            continue
+        h = y[rows] @ gu[e].T
+        out[rows] += g[rows, slot][:, None] * ((act(h[:, :I]) * h[:, I:]) @ dn[e].T)
+    return out
+
+
+def gemma4_decoder_layer(c, w, layer, x, positions, shared_kv, pl, trace):
+    eps = c["rms_norm_eps"]
+    p = f"layers.{layer}."
+    nw = lambda name: w[p + name + ".weight"]  # noqa: E731
+    h = G.attention(c, w, layer, G.rms_norm(x, nw("input_layernorm"), eps), positions, shared_kv)
+    x = x + G.rms_norm(h, nw("post_attention_layernorm"), eps)
+    r = x
+    h = G.mlp(c, w, layer, G.rms_norm(r, nw("pre_feedforward_layernorm"), eps))
+    if c.get("enable_moe_block"):
+        h1 = G.rms_norm(h, nw("post_feedforward_layernorm_1"), eps)
+        idx, g, probs, z = gemma4_route(c, w, layer, r)
+        y = gemma4_experts(c, w, layer, G.rms_norm(r, nw("pre_feedforward_layernorm_2"), eps), idx, g)
+        h = h1 + G.rms_norm(y, nw("post_feedforward_layernorm_2"), eps)
+        if trace is not None:
+            trace.append({"layer": layer, "logits": z, "probs": probs, "experts": idx, "weights": g})
+    x = r + G.rms_norm(h, nw("post_feedforward_layernorm"), eps)
+    if pl is not None:
+        act = G.ACTIVATIONS[c.get("hidden_activation") or "gelu_pytorch_tanh"]
+        gg = act(G._linear(w, p + "per_layer_input_gate", x)) * pl[:, layer, :]
+        x = x + G.rms_norm(G._linear(w, p + "per_layer_projection", gg), nw("post_per_layer_input_norm"), eps)
+    scalar = w.get(p + "layer_scalar")
+    return x * (1.0 if scalar is None else float(np.asarray(scalar).reshape(-1)[0]))
+
+
+def gemma4_forward(config, tensors, tokens, trace=None):
+    """Logits (T, vocab) of Gemma 4 with or without enable_moe_block; trace as forward()."""
+    c = gemma4_text(config)
+    w = G.strip_prefix(tensors)
+    tokens = np.asarray(tokens)
+    e = w["embed_tokens.weight"][tokens] * G.round_to(math.sqrt(c["hidden_size"]), G.model_dtype(c))
+    pl = G.per_layer_inputs(c, w, tokens, e)
+    positions = np.arange(len(tokens))
+    shared_kv = {}
+    x = e
+    for i in range(c["num_hidden_layers"]):
+        x = gemma4_decoder_layer(c, w, i, x, positions, shared_kv, pl, trace)
+    x = G.rms_norm(x, w["norm.weight"], c["rms_norm_eps"])
+    head = w["embed_tokens.weight"] if c.get("tie_word_embeddings", True) or "lm_head.weight" not in w \
+        else w["lm_head.weight"]
+    return G.softcap(x @ head.T, c.get("final_logit_softcapping"))

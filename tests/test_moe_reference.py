@@ -9,7 +9,9 @@ degenerate; the sharded files read back to the tensors written.
 
 Run with: nice /usr/bin/python3 -m pytest tests/test_moe_reference.py -q (a few seconds).
 """
+import copy
 import json
+import math
 import os
 
 import numpy as np
@@ -306,3 +308,128 @@ def test_bf16_checkpoint_values_are_bf16_numbers(tmp_path):
     a = tensors["model.layers.0.block_sparse_moe.experts.0.w1.weight"].astype(np.float32)
     assert (a.view(np.uint32) & 0xFFFF == 0).all()
     assert np.abs(a).max() > 0
+
+
+# ----------------------------------------------------------------------------------
+# Gemma 4 26B-A4B
+# ----------------------------------------------------------------------------------
+
+import gemma4_reference as G4  # noqa: E402
+
+
+def small_g4(seed=0, **kw):
+    c = F.shrink_gemma4("gemma-4-26B-A4B", **kw)
+    return c, F.make_weights_gemma4(c, np.random.default_rng(seed))
+
+
+def test_gemma4_without_the_moe_block_is_gemma4_reference():
+    c, w = small_g4()
+    dense = copy.deepcopy(c)
+    dense["text_config"]["enable_moe_block"] = False
+    np.testing.assert_allclose(M.forward(dense, w, TOKENS[:20]), G4.forward(dense, w, TOKENS[:20]),
+                               rtol=1e-12, atol=1e-12)
+    assert not np.allclose(M.forward(c, w, TOKENS[:20]), G4.forward(dense, w, TOKENS[:20]))
+
+
+def test_gemma4_router_by_hand():
+    """One token: rmsnorm without weight of the raw residual, times scale and hidden^-0.5,
+    projection, softmax, top-k, renormalized, then times per_expert_scale."""
+    c, w = small_g4()
+    t = M.gemma4_text(c)
+    ws = G4.strip_prefix(w)
+    r = np.random.default_rng(8).normal(size=(1, t["hidden_size"])) * 7.0
+    idx, g, probs, z = M.gemma4_route(t, ws, 2, r)
+    H = t["hidden_size"]
+    u = r[0] / math.sqrt(np.mean(r[0] ** 2) + t["rms_norm_eps"]) * ws["layers.2.router.scale"] / math.sqrt(H)
+    zz = ws["layers.2.router.proj.weight"] @ u
+    np.testing.assert_allclose(z[0], zz, rtol=1e-12)
+    top = list(np.argsort(-zz)[:8])
+    assert idx[0].tolist() == top
+    p = np.exp(zz - zz.max())
+    p /= p.sum()
+    expect = p[top] / p[top].sum() * ws["layers.2.router.per_expert_scale"][top]
+    np.testing.assert_allclose(g[0], expect, rtol=1e-12)
+    assert abs(g[0].sum() - 1.0) > 1e-3  # per_expert_scale after the renormalization
+    ones = dict(ws, **{"layers.2.router.per_expert_scale": np.ones(t["num_experts"])})
+    np.testing.assert_allclose(M.gemma4_route(t, ones, 2, r)[1].sum(), 1.0, rtol=1e-14)
+
+
+def test_gemma4_router_reads_the_residual_scale_free():
+    """The router's weightless RMSNorm makes it blind to the residual's scale (it reads the
+    raw residual, not pre_feedforward_layernorm_2's output)."""
+    c, w = small_g4()
+    t, ws = M.gemma4_text(c), G4.strip_prefix(w)
+    r = np.random.default_rng(9).normal(size=(4, t["hidden_size"]))
+    a, b = M.gemma4_route(t, ws, 0, r), M.gemma4_route(t, ws, 0, 50.0 * r)
+    assert (a[0] == b[0]).all()
+    np.testing.assert_allclose(a[1], b[1], rtol=1e-4)  # eps 1e-6 against mean(r^2) 1 and 2500
+
+
+def test_gemma4_one_expert_is_a_geglu_with_gate_rows_first():
+    c, _ = small_g4()
+    t = M.gemma4_text(c)
+    t["num_experts"] = 1
+    I, H = t["moe_intermediate_size"], t["hidden_size"]
+    rng = np.random.default_rng(10)
+    gu, dn = rng.normal(size=(1, 2 * I, H)) / np.sqrt(H), rng.normal(size=(1, H, I)) / np.sqrt(I)
+    w = {"layers.0.experts.gate_up_proj": gu, "layers.0.experts.down_proj": dn}
+    y = rng.normal(size=(5, H))
+    out = M.gemma4_experts(t, w, 0, y, np.zeros((5, 1), int), np.ones((5, 1)))
+    dense = (G4.gelu_tanh(y @ gu[0, :I].T) * (y @ gu[0, I:].T)) @ dn[0].T
+    np.testing.assert_allclose(out, dense, rtol=1e-12)
+    swapped = (G4.gelu_tanh(y @ gu[0, I:].T) * (y @ gu[0, :I].T)) @ dn[0].T
+    assert not np.allclose(out, swapped)
+
+
+def test_gemma4_every_layer_is_sparse_and_causal():
+    c, w = small_g4()
+    assert M.sparse_layers(c) == [True] * 6
+    tr = []
+    a = M.forward(c, w, TOKENS[:20], trace=tr)
+    assert [d["layer"] for d in tr] == list(range(6))
+    np.testing.assert_allclose(a, M.forward(c, w, TOKENS[:20] + [9, 10])[:20], rtol=1e-11, atol=1e-12)
+
+
+def test_gemma4_shrunk_config_keeps_every_layer_kind_k_eq_v_and_routing():
+    real, c = F.REAL_CONFIGS["gemma-4-26B-A4B"]["text_config"], F.shrink_gemma4("gemma-4-26B-A4B")["text_config"]
+    assert set(c["layer_types"]) == {"sliding_attention", "full_attention"}
+    assert c["layer_types"][-1] == "full_attention"
+    assert c["attention_k_eq_v"] and c["enable_moe_block"]
+    assert c["top_k_experts"] == real["top_k_experts"] == 8 < c["num_experts"]
+    assert c["intermediate_size"] * real["moe_intermediate_size"] == real["intermediate_size"] * c["moe_intermediate_size"]
+    assert (real["num_experts"], real["moe_intermediate_size"], real["intermediate_size"],
+            real["hidden_size"], real["num_hidden_layers"]) == (128, 704, 2112, 2816, 30)
+    assert c["global_head_dim"] // c["head_dim"] == real["global_head_dim"] // real["head_dim"]
+    assert c["sliding_window"] < 20
+
+
+def test_gemma4_routing_of_the_fixture_is_not_degenerate():
+    c, w = small_g4(seed=43)
+    tr = []
+    M.forward(c, w, TOKENS, trace=tr)
+    for d in tr:
+        assert len({tuple(sorted(r)) for r in d["experts"].tolist()}) >= len(TOKENS) // 4
+        assert len(set(d["experts"].ravel().tolist())) >= 12
+        ps = np.sort(d["probs"], axis=-1)[:, ::-1]
+        assert (ps[:, 7] - ps[:, 8]).min() > 1e-9
+
+
+@pytest.mark.parametrize("dtype", ["F32", "BF16"])
+def test_gemma4_checkpoint_reads_back_sharded_with_published_names(tmp_path, dtype):
+    c, tensors = F.write_checkpoint_gemma4(str(tmp_path), dtype=dtype)
+    with open(tmp_path / "model.safetensors.index.json") as f:
+        wm = json.load(f)["weight_map"]
+    p = "model.language_model.layers.5."
+    for n in ("experts.gate_up_proj", "experts.down_proj", "router.proj.weight", "router.scale",
+              "router.per_expert_scale", "post_feedforward_layernorm_1.weight",
+              "pre_feedforward_layernorm_2.weight", "post_feedforward_layernorm_2.weight"):
+        assert p + n in wm, n
+    assert p + "self_attn.v_proj.weight" not in wm  # k = v on the full layer
+    cfg, back = hf_fixture.load_hf_checkpoint(str(tmp_path))
+    assert back[p + "experts.gate_up_proj"].shape == (16, 64, 96)
+    assert back[p + "experts.down_proj"].shape == (16, 96, 32)
+    assert set(back) == set(tensors) == set(wm)
+    for n in tensors:
+        assert np.array_equal(back[n], tensors[n]), n
+    lg = M.forward(cfg, back, TOKENS[:24])
+    assert lg.std() > 0.5
