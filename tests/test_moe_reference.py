@@ -433,3 +433,34 @@ def test_gemma4_checkpoint_reads_back_sharded_with_published_names(tmp_path, dty
         assert np.array_equal(back[n], tensors[n]), n
     lg = M.forward(cfg, back, TOKENS[:24])
     assert lg.std() > 0.5
+
+
+def test_gemma4_expert_branch_is_normed_after_the_sum():
+    """post_feedforward_layernorm_2 on the expert sum: scaling every expert's down_proj by 10
+    leaves the logits (with eps ~0); so does the dense branch's (post_feedforward_layernorm_1);
+    zeroing the experts does not."""
+    c, w = small_g4()
+    c["text_config"]["rms_norm_eps"] = 1e-15  # so that the norms are exactly scale-free
+    base = M.forward(c, w, TOKENS[:16])
+    w10 = {n: (a * 10 if n.endswith("experts.down_proj") else a) for n, a in w.items()}
+    np.testing.assert_allclose(M.forward(c, w10, TOKENS[:16]), base, rtol=1e-8, atol=1e-9)
+    wd = {n: (a * 10 if n.endswith("mlp.down_proj.weight") else a) for n, a in w.items()}
+    np.testing.assert_allclose(M.forward(c, wd, TOKENS[:16]), base, rtol=1e-8, atol=1e-9)  # post_1 likewise
+    w0 = {n: (a * 0 if n.endswith("experts.down_proj") else a) for n, a in w.items()}
+    assert not np.allclose(M.forward(c, w0, TOKENS[:16]), base)
+
+
+def test_gemma4_router_ignores_pre_feedforward_layernorm_2():
+    """The router reads the residual, not the experts' normed input: another
+    pre_feedforward_layernorm_2 weight changes the output but not the choice or weights."""
+    c, w = small_g4()
+    w2 = dict(w)
+    for n in w:
+        if n.endswith("pre_feedforward_layernorm_2.weight"):
+            w2[n] = w[n] * np.random.default_rng(11).uniform(0.2, 3.0, size=w[n].shape)
+    a, b = [], []
+    la = M.forward(c, w, TOKENS[:16], trace=a)
+    lb = M.forward(c, w2, TOKENS[:16], trace=b)
+    assert not np.allclose(la, lb)
+    assert (a[0]["experts"] == b[0]["experts"]).all()  # layer 0: the same residual in both
+    np.testing.assert_allclose(a[0]["weights"], b[0]["weights"], rtol=1e-12)
