@@ -335,3 +335,15 @@ def gemma4_forward(config, tensors, tokens, trace=None):
     head = w["embed_tokens.weight"] if c.get("tie_word_embeddings", True) or "lm_head.weight" not in w \
         else w["lm_head.weight"]
     return G.softcap(x @ head.T, c.get("final_logit_softcapping"))
+
+
+def routing_margin(trace):
+    """The smallest gap, over the traced layers and tokens, between the k-th and (k+1)-th
+    router probability: how far the choice is from a tie (a float32 runner can choose
+    differently from this float64 reference only when this is ~1e-7 or less)."""
+    gaps = []
+    for d in trace:
+        k = d["experts"].shape[1]
+        ps = np.sort(d["probs"], axis=-1)[:, ::-1]
+        gaps.append(float((ps[:, k - 1] - ps[:, k]).min()))
+    return min(gaps)

@@ -481,3 +481,31 @@ def test_checkpoint_with_tokenizer_has_the_real_vocabulary(tmp_path, name):
     with open(tmp_path / "tokenizer_config.json", encoding="utf-8") as f:
         tc = json.load(f)
     assert "[INST]" in tc["chat_template"] if "Instruct" in name else "<|im_start|>" in tc["chat_template"]
+
+
+def test_qwen3_moe_with_every_layer_dense_is_family_reference_qwen3():
+    c, w = small("Qwen3-30B-A3B", mlp_only_layers=[0, 1])
+    assert not any(M.sparse_layers(c))
+    dense = dict(c, model_type="qwen3")
+    np.testing.assert_allclose(M.forward(c, w, TOKENS[:20]), R.forward(dense, w, TOKENS[:20]), rtol=1e-12)
+
+
+@pytest.mark.parametrize("window", [None, 8])
+def test_mixtral_with_one_expert_is_family_reference_mistral(window):
+    c = dict(F.shrink("Mixtral-8x7B-v0.1", window=window), num_local_experts=1, num_experts_per_tok=1)
+    w = F.make_weights(c, np.random.default_rng(12))
+    dense = {n: a for n, a in w.items() if "block_sparse_moe" not in n}
+    for i in range(c["num_hidden_layers"]):
+        _, g, u, d = M.expert_names(c, i, 0)
+        p = f"model.layers.{i}.mlp."
+        dense[p + "gate_proj.weight"], dense[p + "up_proj.weight"], dense[p + "down_proj.weight"] = w[g], w[u], w[d]
+    np.testing.assert_allclose(M.forward(c, w, TOKENS[:20]),
+                               R.forward(dict(c, model_type="mistral"), dense, TOKENS[:20]), rtol=1e-12)
+
+
+def test_routing_margin_is_the_gap_at_the_k_th_choice():
+    probs = np.array([[0.5, 0.3, 0.15, 0.05], [0.4, 0.3, 0.3, 0.0]])  # row 2: a tie at k = 2
+    tr = [{"experts": np.zeros((2, 2), int), "probs": probs}]
+    assert M.routing_margin(tr) == pytest.approx(0.0)
+    tr = [{"experts": np.zeros((1, 2), int), "probs": probs[:1]}]
+    assert M.routing_margin(tr) == pytest.approx(0.15)
