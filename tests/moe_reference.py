@@ -339,11 +339,12 @@ def gemma4_forward(config, tensors, tokens, trace=None):
 
 def routing_margin(trace):
     """The smallest gap, over the traced layers and tokens, between the k-th and (k+1)-th
-    router probability: how far the choice is from a tie (a float32 runner can choose
-    differently from this float64 reference only when this is ~1e-7 or less)."""
+    router logit (the choice is made on the logits: softmax is monotone): how far the choice
+    is from a tie. A float32 runner, whose logits differ from this float64 reference by
+    ~1e-6 of their size, can choose differently only when the gap is about that small."""
     gaps = []
     for d in trace:
         k = d["experts"].shape[1]
-        ps = np.sort(d["probs"], axis=-1)[:, ::-1]
-        gaps.append(float((ps[:, k - 1] - ps[:, k]).min()))
+        zs = np.sort(d["logits"], axis=-1)[:, ::-1]
+        gaps.append(float((zs[:, k - 1] - zs[:, k]).min()))
     return min(gaps)
