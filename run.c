@@ -6423,7 +6423,7 @@ int main(int argc, char *argv[]) {
             rope_angles_of(c), head_size_of(c) / 2, rope_scaling_text(c), c->norm_eps);
     if (c->n_experts) { // a mixture of experts: what decoding reads of it
         double all, read = matrix_bytes_per_token(c, &all);
-        fprintf(stderr, "run: experts: %d of %d a token in %llu of %d layers (width %d); a token reads %.3g of %.3g GB "
+        fprintf(stderr, "run: experts: %d of %d a token in %llu of %d layers (width %d); a token reads %.4g of %.4g GB "
                 "of matrices\n", c->n_experts_used, c->n_experts, (unsigned long long)c->sparse_layers, c->n_layers,
                 c->expert_hidden, read / 1e9, all / 1e9);
     }
