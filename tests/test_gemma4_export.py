@@ -388,7 +388,9 @@ def test_chat_template_is_not_stored_for_gemma4(tmp_path):
 
 
 @pytest.mark.parametrize("change, words", [
-    ({"enable_moe_block": True}, "enable_moe_block"),
+    ({"enable_moe_block": True, "num_experts": None}, "num_experts null must be an integer >= 1"),
+    ({"enable_moe_block": True, "num_experts": 4, "top_k_experts": 5, "moe_intermediate_size": 8},
+     "top_k_experts 5 is above the 4 experts"),
     ({"vocab_size_per_layer_input": 1024}, "vocab_size_per_layer_input"),
     ({"use_bidirectional_attention": "all"}, "use_bidirectional_attention 'all'"),
     ({"attention_bias": True}, "attention_bias"),

@@ -166,7 +166,8 @@ def test_weight_type_unknown_or_disagreeing_with_the_size_is_refused(files, tmp_
 
 @pytest.mark.parametrize("offset, value, words", [
     (84, 7, "head_size 7"), (92, 1, "byte 92"), (96, 1, "tokenizer_offset 1 is not"),
-    (104, 7, "tokenizer_bytes is 7 but tokenizer_offset is 0"), (200, 1, "reserved header byte 200")])
+    (104, 7, "tokenizer_bytes is 7 but tokenizer_offset is 0"), (200, 1, "n_experts 1"),
+    (216, 1, "reserved header byte 216")])
 def test_version_2_fields_that_must_be_zero_are_checked(files, tmp_path, offset, value, words):
     assert_refused(bad_file(files, tmp_path, lambda d: struct.pack_into("<i", d, offset, value)), words)
 
