@@ -202,6 +202,10 @@ typedef struct {
     // where its pieces start in the layered tensors (docs/format.md: the layers' pieces back
     // to back), in rows of dim (q, kv, v, hidden) or in floats (heads, k_heads)
     uint64_t q_before, kv_before, v_before, hidden_before, heads_before, k_heads_before;
+    // its KV cache (place_kv_caches, for the context in use): the positions it holds
+    // (seq_len, or a sliding layer's ring) and where it starts, in floats
+    int cache_positions;
+    uint64_t cache_before;
 } LayerSpec;
 
 typedef struct {
@@ -255,6 +259,7 @@ typedef struct {
     // the layered tensors' totals over the layers (q_before etc. of a layer past the last)
     uint64_t q_rows, kv_rows, v_rows, hidden_rows, heads_floats, k_heads_floats;
     int max_head_size, max_q_dim, max_kv_dim, max_hidden; // the widest layer's, for the run state
+    int max_cache_positions; // the longest layer cache (place_kv_caches): a row of scores per token and head
 } Config;
 
 // A weight matrix as the file stores it: elements of `type`, row-major, from data
@@ -323,7 +328,7 @@ typedef struct {
     float *q;      // (block, dim) queries
     float *k;      // (block, kv_dim) keys, written into the cache
     float *v;      // (block, kv_dim) values, written into the cache
-    float *att;    // (block, n_heads, seq_len) attention scores
+    float *att;    // (block, n_heads, max_cache_positions) attention scores, by cache slot
     float *logits; // (block, vocab_size)
     float *scratch; // (block, max(dim, hidden_dim)) for matmul_tiled
     float *pl;      // (block, n_layers x P) Gemma 4's per-layer inputs; NULL without
@@ -332,9 +337,10 @@ typedef struct {
     float *q_pairs; // (n_heads, block, head_size) the same, packed for matmul_tile
     // the KV cache, each head's positions side by side: attention reads one head's
     // keys (and values) for positions 0..pos as one contiguous run, which the
-    // hardware prefetchers stream (a (pos, kv_dim) layout makes it a strided walk)
-    float *key_cache;   // (layer, n_kv_heads, seq_len, head_size)
-    float *value_cache; // (layer, n_kv_heads, seq_len, head_size)
+    // hardware prefetchers stream (a (pos, kv_dim) layout makes it a strided walk);
+    // a sliding layer's ring holds its window's positions (kv_positions_of)
+    float *key_cache;   // (layer, n_kv_heads, cache_positions, head_size)
+    float *value_cache; // (layer, n_kv_heads, cache_positions, head_size)
     // RoPE tables, computed once: cos/sin of pos * frequency(i) for each rotated pair
     float *rope_cos; // (seq_len, rope_angles)
     float *rope_sin; // (seq_len, rope_angles)
@@ -380,12 +386,49 @@ static Config rope_setting(const Config *c, int which) {
 }
 static int has_second_rope(const Config *c) { return c->rope2.rope_theta != 0.0f; }
 
-// Where position pos of key/value head kvh of layer l starts in the KV cache: layer
-// l's own cache, or the cache of the layer it shares (kv_source). The caches of the
-// layers that own one lie back to back, each (n_kv_heads, seq_len, head_size).
+// The positions layer l's own cache holds. A full-attention layer keeps the whole
+// context, seq_len. A sliding layer of window W (Mistral; Gemma 2's, 3's, 4's local
+// layers) never looks further back than W positions, so its cache is a ring:
+// position t lives in slot t mod R, and a new position overwrites the one R back.
+// R is not W: a block of B tokens (up to PREFILL_BLOCK) writes all its keys before
+// its first token attends, and that token, at pos0, still needs pos0 - W + 1; the
+// block's last write, pos0 + B - 1, overwrites pos0 + B - 1 - R, which must be older:
+//   pos0 + B - 1 - R < pos0 - W + 1   <=>   R >= W + B - 1,
+// so R = W + PREFILL_BLOCK - 1. A window that leaves R >= seq_len is the whole
+// context: such a layer keeps seq_len positions, as a full one.
+static int kv_positions_of(const Config *c, int l) {
+    int window = c->layer[l].window;
+    return window > 0 && window < c->seq_len - (PREFILL_BLOCK - 1) ? window + PREFILL_BLOCK - 1 : c->seq_len;
+}
+static int is_ring(const Config *c, int l) { return kv_positions_of(c, l) < c->seq_len; }
+
+// Lays out the KV cache for the context in use (c->seq_len): the caches of the
+// layers that own one (all but Gemma 4's KV-shared layers) back to back, each
+// (n_kv_heads, cache_positions, head_size). A shared layer reads its source's.
+// Returns the floats of one of the two caches (keys; the values' is the same).
+static uint64_t place_kv_caches(Config *c) {
+    uint64_t before = 0;
+    c->max_cache_positions = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        LayerSpec *ls = &c->layer[l], *src = &c->layer[ls->kv_source];
+        if (ls->kv_source == l) {
+            ls->cache_positions = kv_positions_of(c, l), ls->cache_before = before;
+            before += (uint64_t)ls->n_kv_heads * ls->head_size * ls->cache_positions;
+        } else {
+            ls->cache_positions = src->cache_positions, ls->cache_before = src->cache_before;
+        }
+        c->max_cache_positions = max_int(c->max_cache_positions, ls->cache_positions);
+    }
+    return before;
+}
+
+// Where position pos of key/value head kvh of layer l is in the KV cache: its slot
+// pos mod cache_positions (pos itself but on a sliding layer's ring) of layer l's
+// own cache, or of the cache of the layer it shares (kv_source).
 static size_t kv_cache_offset(const Config *c, int l, int kvh, int pos) {
-    const LayerSpec *ls = &c->layer[c->layer[l].kv_source];
-    return ls->kv_before * c->seq_len + ((size_t)kvh * c->seq_len + pos) * ls->head_size;
+    const LayerSpec *ls = &c->layer[l];
+    int positions = ls->cache_positions, slot = pos < positions ? pos : pos % positions;
+    return ls->cache_before + ((size_t)kvh * positions + slot) * ls->head_size;
 }
 
 // rope_angles = floor(p * head_size / 2): the number of rotary pairs that rotate.
@@ -618,7 +661,8 @@ static void read_order_layer_ends(void);
 // -m inspect's accumulators, in "Inspect": they only read q, k and the attention.
 static void inspect_record_chunks(InspectStats *st, const Transformer *t, int layer, const float *q, const float *k,
                                   int pos);
-static void inspect_record_attention(InspectStats *st, const Config *c, int layer, int h, const float *att, int pos);
+static void inspect_record_attention(InspectStats *st, const Config *c, int layer, int h, float bos, float current,
+                                     float previous, int pos);
 static void inspect_count_positions(InspectStats *st, int B, int pos0);
 
 // o = w * x / sqrt(mean(x^2) + eps)   (RMSNorm; the order of operations is llama2.c's)
@@ -774,13 +818,12 @@ static void attention_scores(float *att, const float *q, const float *keys, int 
     for (int tt = 0; tt < n; tt++) att[tt] = dot(q, keys + (size_t)tt * head_size, head_size);
 }
 
-// out = sum over the first n positions of att[t] * v_t, added one position at a time.
+// out += sum over the first n positions of att[t] * v_t, added one position at a time.
 static void attention_values(float *out, const float *att, const float *values, int n, int head_size) {
     if (use_fast_kernels) {
         attention_values_fast(out, att, values, n, head_size); // four values per pass over out
         return;
     }
-    memset(out, 0, head_size * sizeof(float));
     for (int tt = 0; tt < n; tt++)
         for (int i = 0; i < head_size; i++) out[i] += att[tt] * values[(size_t)tt * head_size + i];
 }
@@ -794,14 +837,54 @@ static int first_visible(const Config *c, int l, int pos) {
     return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
 }
 
+// The positions first .. last of a cache of P positions as runs of slots: position t
+// is in slot t mod P (P = seq_len: slot t). At most P positions wrap past the end of
+// a sliding layer's ring at most once, so they are two runs, slots start .. start+n[0]-1
+// and then 0 .. n[1]-1 (n[1] = 0 when they do not wrap, always on a full layer).
+typedef struct {
+    int start, n[2];
+} SlotRuns;
+
+static SlotRuns slot_runs(int first, int last, int P) {
+    SlotRuns r;
+    int count = last + 1 - first;
+    r.start = first < P ? first : first % P;
+    r.n[0] = r.start + count <= P ? count : P - r.start;
+    r.n[1] = count - r.n[0];
+    return r;
+}
+
+// The first slot of run i.
+static int run_start(const SlotRuns *r, int i) { return i == 0 ? r->start : 0; }
+
+// x = exp(x - max) / sum(exp(x - max)) over the slots of r, summed in position order
+// (run 0, then run 1): softmax() when there is one run.
+static void softmax_runs(float *x, const SlotRuns *r) {
+    float max_val = x[r->start];
+    for (int i = 0; i < 2; i++)
+        for (int j = run_start(r, i); j < run_start(r, i) + r->n[i]; j++)
+            if (x[j] > max_val) max_val = x[j];
+    float sum = 0.0f;
+    for (int i = 0; i < 2; i++)
+        for (int j = run_start(r, i); j < run_start(r, i) + r->n[i]; j++) {
+            x[j] = expf(x[j] - max_val);
+            sum += x[j];
+        }
+    for (int i = 0; i < 2; i++)
+        for (int j = run_start(r, i); j < run_start(r, i) + r->n[i]; j++) x[j] /= sum;
+}
+
 // Grouped-query causal attention of query head h for token b of a block, at position
 // pos in layer l. Key/value head h / group serves `group` query heads; the keys and
 // values are layer l's cache, or (Gemma 4's KV sharing) its kv_source's.
 //   score_t = q_h . k_t / sqrt(head_size),  t = first .. pos (first_visible)
 //   a = softmax(score)
 //   out_h = sum_t a_t v_t
-// With scores_ready, the products q_h . k_t are already in att (attention_fast
-// computes a whole block's at once).
+// Key t sits in slot t mod P of the cache (P = cache_positions: seq_len, or a sliding
+// layer's ring), and its score in the same slot of att: the slots of first .. pos are
+// one run, or two where they wrap past the ring's end (slot_runs); each loop below
+// walks the runs in position order. With scores_ready, the products q_h . k_t are
+// already in att (attention_fast computes a whole block's at once).
 static void attention_head(Transformer *t, int l, int b, int h, int pos, int scores_ready) {
     const Config *c = &t->config;
     RunState *s = &t->state;
@@ -809,27 +892,34 @@ static void attention_head(Transformer *t, int l, int b, int h, int pos, int sco
     int head_size = ls->head_size, group = c->n_heads / ls->n_kv_heads, q_dim = c->n_heads * head_size;
     size_t kv_offset = kv_cache_offset(c, l, h / group, 0);
     const float *q = s->q + (size_t)b * q_dim + h * head_size;
-    float *att = s->att + ((size_t)b * c->n_heads + h) * c->seq_len;
-    const float *keys = s->key_cache + kv_offset, *values = s->value_cache + kv_offset; // position t: + t * head_size
-    int first = first_visible(c, l, pos), n = pos + 1 - first;
-    if (!scores_ready) attention_scores(att + first, q, keys + (size_t)first * head_size, n, head_size);
-    if (c->attention_scale == 0.0f) { // the Llama block: 1 / sqrt(head_size)
-        float root = sqrtf(head_size);
-        for (int tt = first; tt <= pos; tt++) att[tt] /= root;
-    } else { // a model's own scale (Gemma 2, 3: query_pre_attn_scalar^-1/2)
-        for (int tt = first; tt <= pos; tt++) att[tt] *= c->attention_scale;
+    float *att = s->att + ((size_t)b * c->n_heads + h) * c->max_cache_positions;
+    const float *keys = s->key_cache + kv_offset, *values = s->value_cache + kv_offset; // slot j: + j * head_size
+    int first = first_visible(c, l, pos), P = ls->cache_positions;
+    SlotRuns runs = slot_runs(first, pos, P);
+    for (int i = 0; i < 2; i++) {
+        int j0 = run_start(&runs, i), n = runs.n[i];
+        if (!scores_ready) attention_scores(att + j0, q, keys + (size_t)j0 * head_size, n, head_size);
+        if (c->attention_scale == 0.0f) { // the Llama block: 1 / sqrt(head_size)
+            float root = sqrtf(head_size);
+            for (int j = j0; j < j0 + n; j++) att[j] /= root;
+        } else { // a model's own scale (Gemma 2, 3: query_pre_attn_scalar^-1/2)
+            for (int j = j0; j < j0 + n; j++) att[j] *= c->attention_scale;
+        }
+        if (c->attention_softcap != 0.0f) { // Gemma 2: score -> cap tanh(score / cap), |score| < cap
+            float cap = c->attention_softcap;
+            for (int j = j0; j < j0 + n; j++) att[j] = cap * tanhf(att[j] / cap);
+        }
     }
-    if (c->attention_softcap != 0.0f) { // Gemma 2: score -> cap tanh(score / cap), |score| < cap
-        float cap = c->attention_softcap;
-        for (int tt = first; tt <= pos; tt++) att[tt] = cap * tanhf(att[tt] / cap);
+    softmax_runs(att, &runs);
+    if (s->inspect) // the weights on BOS, the current and the previous position (0 out of the window)
+        inspect_record_attention(s->inspect, c, l, h, first == 0 ? att[0] : 0.0f, att[pos % P],
+                                 pos >= 1 && pos - 1 >= first ? att[(pos - 1) % P] : 0.0f, pos);
+    float *out = s->xb + (size_t)b * q_dim + h * head_size;
+    memset(out, 0, head_size * sizeof(float));
+    for (int i = 0; i < 2; i++) {
+        int j0 = run_start(&runs, i);
+        attention_values(out, att + j0, values + (size_t)j0 * head_size, runs.n[i], head_size);
     }
-    softmax(att + first, n);
-    if (s->inspect) {
-        if (first > 0) memset(att, 0, first * sizeof(float)); // the keys out of the window: weight 0
-        inspect_record_attention(s->inspect, c, l, h, att, pos);
-    }
-    attention_values(s->xb + (size_t)b * q_dim + h * head_size, att + first, values + (size_t)first * head_size, n,
-                     head_size);
 }
 
 // Attention of every head for the B tokens of a block at positions pos0 .. pos0+B-1.
@@ -1108,9 +1198,27 @@ static float *prefill(Transformer *t, const int *tokens, int n, int pos0) {
 // fresh key rounds once, so shifted keys differ from fresh ones by about 1e-6 of
 // their size; tests/test_rope.c checks it.)
 //
+// On a sliding layer's ring of R positions (window W), only what stays visible
+// moves: the next position, to + n, sees to + n - W + 1 .. to + n, so the last
+// min(n, W - 1) positions move, and the kept positions before `to` that it sees must
+// still be in the ring: written after from + n - R, the oldest position the ring
+// holds. When they are not (a long conversation has overwritten the system block's
+// slots), the keys are gone and the shift cannot be done by rotation.
+static int kv_cache_can_shift(const Config *c, int to, int from, int n) {
+    for (int l = 0; l < c->n_layers; l++) {
+        const LayerSpec *ls = &c->layer[l];
+        if (ls->cache_positions == c->seq_len) continue; // a full cache holds every position
+        int oldest_seen = to + n - ls->window + 1 > 0 ? to + n - ls->window + 1 : 0;
+        if (oldest_seen < to && oldest_seen < from + n - ls->cache_positions) return 0;
+    }
+    return 1;
+}
+
 // Moves positions from .. from+n-1 of every layer and head down to to .. to+n-1
-// (0 <= to < from).
-static void kv_cache_shift(Transformer *t, int to, int from, int n) {
+// (0 <= to < from; kv_cache_can_shift first). On a ring, the moved positions' slots
+// can be each other's, so they go through a copy. Returns -1 when that copy cannot
+// be allocated.
+static int kv_cache_shift(Transformer *t, int to, int from, int n) {
     const Config *c = &t->config;
     RunState *s = &t->state;
     int delta = from - to;
@@ -1126,21 +1234,41 @@ static void kv_cache_shift(Transformer *t, int to, int from, int n) {
             minus_sin_delta[which][i] = -sinf(angle);
         }
     }
+    size_t copy_floats = 0; // the most a ring moves: W - 1 positions of a head's keys and values
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->layer[l].cache_positions < c->seq_len)
+            copy_floats = copy_floats > 2 * (size_t)c->layer[l].window * c->layer[l].head_size
+                              ? copy_floats : 2 * (size_t)c->layer[l].window * c->layer[l].head_size;
+    float *copy = copy_floats ? malloc(copy_floats * sizeof(float)) : NULL;
+    if (copy_floats && !copy) return fail("out of memory shifting the KV cache");
     for (int l = 0; l < c->n_layers; l++) {
         // each layer's keys turn back by its own setting's angles; a NoPE layer's keys carry no
         // position; a layer that shares another's cache (Gemma 4) moves with it
         const LayerSpec *ls = &c->layer[l];
         int which = ls->rope, n_rotated = rotated[which], head_size = ls->head_size;
         if (ls->kv_source != l) continue;
+        int ring = ls->cache_positions < c->seq_len, moved = ring && n > ls->window - 1 ? ls->window - 1 : n;
         for (int kvh = 0; kvh < ls->n_kv_heads; kvh++) {
-            for (int j = 0; j < n; j++) {
+            // the full cache: position by position, upwards (a destination is never a later source);
+            // a ring: its last `moved` positions into the copy, then out to their new slots
+            for (int j = n - moved; j < n; j++) {
                 size_t src = kv_cache_offset(c, l, kvh, from + j), dst = kv_cache_offset(c, l, kvh, to + j);
-                memcpy(s->value_cache + dst, s->value_cache + src, head_size * sizeof(float));
-                memcpy(s->key_cache + dst, s->key_cache + src, head_size * sizeof(float));
-                rope_apply(s->key_cache + dst, 1, head_size, n_rotated, cos_delta[which], minus_sin_delta[which]);
+                float *key = ring ? copy + (size_t)(j - (n - moved)) * 2 * head_size : s->key_cache + dst;
+                float *value = ring ? key + head_size : s->value_cache + dst;
+                memcpy(value, s->value_cache + src, head_size * sizeof(float));
+                memcpy(key, s->key_cache + src, head_size * sizeof(float));
+                rope_apply(key, 1, head_size, n_rotated, cos_delta[which], minus_sin_delta[which]);
+            }
+            for (int j = n - moved; ring && j < n; j++) {
+                size_t dst = kv_cache_offset(c, l, kvh, to + j);
+                const float *key = copy + (size_t)(j - (n - moved)) * 2 * head_size;
+                memcpy(s->key_cache + dst, key, head_size * sizeof(float));
+                memcpy(s->value_cache + dst, key + head_size, head_size * sizeof(float));
             }
         }
     }
+    free(copy);
+    return 0;
 }
 
 // ----------------------------------------------------------------------------
@@ -1566,6 +1694,7 @@ static void place_layers(Config *c) {
     }
     c->q_rows = q, c->kv_rows = kv, c->v_rows = v, c->hidden_rows = hidden, c->heads_floats = heads;
     c->k_heads_floats = k_heads;
+    place_kv_caches(c); // for the file's seq_len; build_run_state again for the context in use
 }
 
 // ROPE version 2's tokenizer section (bytes 96..111): where it starts and how long
@@ -1877,20 +2006,52 @@ static float *alloc_floats(size_t n) { return alloc_floats_aligned(n, 64); }
 static float *alloc_floats_in_huge_pages(size_t n);
 
 // What build_run_state allocates, in floats: a fixed part (a block's activations and
-// logits) and a part per position of the context (the KV cache of every layer, a
-// block's scores, the RoPE tables), so that a context's needs are known before
-// anything is allocated.
+// logits, the rings of the sliding layers' caches) and a part per position of the
+// context (the caches of the full-attention layers, a block's scores, the RoPE
+// tables), so that a context's needs are known before anything is allocated. The
+// scores are a row per token and head as long as the longest layer cache: per
+// position while any layer keeps the whole context, else fixed (Mistral: every
+// layer slides).
+static int has_full_cache(const Config *c) {
+    for (int l = 0; l < c->n_layers; l++)
+        if (!is_ring(c, l)) return 1;
+    return 0;
+}
+
+static int longest_ring(const Config *c) {
+    int longest = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        if (is_ring(c, l)) longest = max_int(longest, kv_positions_of(c, l));
+    return longest;
+}
+
+// keys and values of the layers that own a cache (all but Gemma 4's KV-shared ones):
+// a sliding layer's ring (fixed), a full layer's per position
+static uint64_t kv_cache_fixed_floats(const Config *c) {
+    uint64_t floats = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->layer[l].kv_source == l && is_ring(c, l))
+            floats += 2ull * c->layer[l].n_kv_heads * c->layer[l].head_size * kv_positions_of(c, l);
+    return floats;
+}
+
+static uint64_t kv_cache_floats_per_position(const Config *c) {
+    uint64_t floats = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->layer[l].kv_source == l && !is_ring(c, l)) floats += 2ull * c->layer[l].n_kv_heads * c->layer[l].head_size;
+    return floats;
+}
+
 static uint64_t run_state_fixed_floats(const Config *c) {
     uint64_t B = PREFILL_BLOCK, dim = c->dim, hidden = c->max_hidden, kv_dim = c->max_kv_dim;
     uint64_t wide = max_int(dim, c->max_q_dim); // xb holds a normalized x and the heads' outputs
     uint64_t per_layer = (uint64_t)c->per_layer_dim * (c->n_layers + 1); // pl, plb (Gemma 4)
+    uint64_t scores = has_full_cache(c) ? 0 : B * c->n_heads * longest_ring(c);
     // x xb2, xb q q_head q_pairs, hb hb2, k v, logits, scratch, pl plb
     return B * (2 * dim + 4 * wide + 2 * hidden + 2 * kv_dim + (uint64_t)c->vocab_size +
-                max_int(max_int(hidden, wide), c->per_layer_dim) + per_layer);
+                max_int(max_int(hidden, wide), c->per_layer_dim) + per_layer) +
+           scores + kv_cache_fixed_floats(c);
 }
-
-// the layers that own a cache (all but Gemma 4's KV-shared ones): keys and values
-static uint64_t kv_cache_floats_per_position(const Config *c) { return 2ull * c->kv_rows; }
 
 // The width of a setting's cos and sin tables: its rotated pairs, and at least one
 // (a setting that rotates nothing still gets a table to point at).
@@ -1902,7 +2063,8 @@ static uint64_t run_state_floats_per_position(const Config *c) {
         Config second = rope_setting(c, LAYER_ROPE_SECOND);
         angles += rope_table_width(&second);
     }
-    return kv_cache_floats_per_position(c) + (uint64_t)PREFILL_BLOCK * c->n_heads + 2 * angles;
+    uint64_t scores = has_full_cache(c) ? (uint64_t)PREFILL_BLOCK * c->n_heads : 0;
+    return kv_cache_floats_per_position(c) + scores + 2 * angles;
 }
 
 // The smallest memory limit (a number in the file `file`) of a cgroup and its
@@ -1981,12 +2143,16 @@ static double gib(uint64_t bytes) { return bytes / (double)(1ull << 30); }
 static int check_context_fits(const Config *c) {
     uint64_t fixed = run_state_fixed_floats(c) * sizeof(float);
     uint64_t per_position = run_state_floats_per_position(c) * sizeof(float);
+    uint64_t kv_fixed = kv_cache_fixed_floats(c) * sizeof(float);
     uint64_t kv_per_position = kv_cache_floats_per_position(c) * sizeof(float);
-    uint64_t need = fixed + per_position * c->seq_len, kv = kv_per_position * c->seq_len;
+    uint64_t need = fixed + per_position * c->seq_len, kv = kv_fixed + kv_per_position * c->seq_len;
     const char *what;
     uint64_t memory = memory_limit(&what);
-    // the largest context under both limits (the memory's, when known)
-    uint64_t largest = MAX_KV_CACHE_BYTES / kv_per_position;
+    // the largest context under both limits (the memory's, when known); the sliding
+    // layers' rings do not grow with it
+    uint64_t largest = MAX_SEQ_LEN;
+    if (kv_per_position > 0)
+        largest = kv_fixed < MAX_KV_CACHE_BYTES ? (MAX_KV_CACHE_BYTES - kv_fixed) / kv_per_position : 0;
     if (memory > 0) {
         uint64_t in_memory = memory > fixed ? (memory - fixed) / per_position : 0;
         if (in_memory < largest) largest = in_memory;
@@ -2008,10 +2174,10 @@ static int check_context_fits(const Config *c) {
 // run_state_floats_per_position count these arrays: one added here is added there.
 // Call again (after free_run_state) when the rotary settings change, to rebuild the
 // tables.
-static int build_run_state(RunState *s, const Config *c) {
+static int build_run_state(RunState *s, Config *c) {
     memset(s, 0, sizeof(*s));
     size_t B = PREFILL_BLOCK, kv_dim = c->max_kv_dim;
-    size_t cache = (size_t)c->kv_rows * c->seq_len; // every layer's own cache, back to back
+    size_t cache = place_kv_caches(c); // every layer's own cache (a sliding layer's ring), back to back
     size_t angles = rope_table_width(c);
     size_t wide = max_int(c->dim, c->max_q_dim); // xb: a normalized x, then the heads' outputs
     s->x = alloc_floats(B * c->dim);
@@ -2022,7 +2188,7 @@ static int build_run_state(RunState *s, const Config *c) {
     s->q = alloc_floats(B * c->max_q_dim);
     s->k = alloc_floats(B * kv_dim);
     s->v = alloc_floats(B * kv_dim);
-    s->att = alloc_floats(B * c->n_heads * (size_t)c->seq_len);
+    s->att = alloc_floats(B * c->n_heads * (size_t)c->max_cache_positions);
     s->logits = alloc_floats(B * c->vocab_size);
     s->scratch = alloc_floats(B * max_int(max_int(c->max_hidden, wide), c->per_layer_dim));
     s->q_head = alloc_floats(B * c->max_q_dim);
@@ -3726,12 +3892,14 @@ static void inspect_record_chunks(InspectStats *st, const Transformer *t, int la
     }
 }
 
-static void inspect_record_attention(InspectStats *st, const Config *c, int layer, int h, const float *att, int pos) {
+// bos, current, previous: the weights of positions 0, pos and pos - 1
+static void inspect_record_attention(InspectStats *st, const Config *c, int layer, int h, float bos, float current,
+                                     float previous, int pos) {
     if (pos < 1) return; // position 0 can only attend to itself
     double *a = st->attn + ((size_t)layer * c->n_heads + h) * 3;
-    a[0] += att[0];       // BOS
-    a[1] += att[pos];     // current token
-    a[2] += att[pos - 1]; // previous token
+    a[0] += bos;
+    a[1] += current;
+    a[2] += previous;
 }
 
 // Counts the B positions of a block starting at pos0 (once per block, in layer 0).
@@ -4281,7 +4449,7 @@ static int shift_by_recompute(Transformer *t, const Tokenizer *tok, const ChatOp
 // 0..keep-1) and move everything from turn d's user text on down to position keep.
 static int shift_by_rotation(Transformer *t, Conversation *conv, int d) {
     int keep = conv->turns[0].user_start, from = conv->turns[d].user_start, n = conv->n_tokens - from;
-    kv_cache_shift(t, keep, from, n);
+    if (kv_cache_shift(t, keep, from, n) != 0) return -1;
     memmove(conv->tokens + keep, conv->tokens + from, n * sizeof(int));
     conv->n_tokens = keep + n;
     conv->turns[d].user_start = keep;
@@ -4296,20 +4464,26 @@ static int shift_by_rotation(Transformer *t, Conversation *conv, int d) {
 static int shift_context(Transformer *t, const Tokenizer *tok, const ChatOptions *opt, Conversation *conv,
                          int n_turn, int room) {
     int seq_len = t->config.seq_len, d, rotate = opt->shift == SHIFT_ROTATE;
-    for (d = 1; d < conv->n_turns; d++) {
-        int kept = kept_length(conv, tok, opt, rotate ? SHIFT_ROTATE : SHIFT_RECOMPUTE, d);
-        if (kept < 0 && rotate) { // the template could not be cut at a token boundary
-            fprintf(stderr, "run: cannot cut the cached turns at a token boundary; recomputing instead\n");
-            rotate = 0;
-            kept = kept_length(conv, tok, opt, SHIFT_RECOMPUTE, d);
+    for (;;) {
+        for (d = 1; d < conv->n_turns; d++) {
+            int kept = kept_length(conv, tok, opt, rotate ? SHIFT_ROTATE : SHIFT_RECOMPUTE, d);
+            if (kept < 0 && rotate) { // the template could not be cut at a token boundary
+                fprintf(stderr, "run: cannot cut the cached turns at a token boundary; recomputing instead\n");
+                rotate = 0;
+                kept = kept_length(conv, tok, opt, SHIFT_RECOMPUTE, d);
+            }
+            if (kept < 0) return -1;
+            if (kept + n_turn + room <= seq_len) break;
         }
-        if (kept < 0) return -1;
-        if (kept + n_turn + room <= seq_len) break;
-    }
-    if (d == conv->n_turns) { // drop them all
-        forget_turns(conv, d, conv->n_tokens);
-        conv->n_tokens = 0;
-        return d;
+        if (d == conv->n_turns) { // drop them all
+            forget_turns(conv, d, conv->n_tokens);
+            conv->n_tokens = 0;
+            return d;
+        }
+        int keep = conv->turns[0].user_start, from = conv->turns[d].user_start;
+        if (!rotate || kv_cache_can_shift(&t->config, keep, from, conv->n_tokens - from)) break;
+        fprintf(stderr, "run: a sliding layer's cache no longer holds the kept system block; recomputing instead\n");
+        rotate = 0; // and choose the turns to drop again, by the recomputed lengths
     }
     int result = rotate ? shift_by_rotation(t, conv, d) : shift_by_recompute(t, tok, opt, conv, d);
     return result == 0 ? d : -1;
@@ -5182,7 +5356,6 @@ static void attention_scores_fast(float *att, const float *q, const float *keys,
 // the same additions in the same order as one value at a time, with a quarter of the
 // loads and stores of out.
 static void attention_values_fast(float *out, const float *att, const float *values, int n, int head_size) {
-    memset(out, 0, head_size * sizeof(float));
     int tt = 0;
     for (; tt + 4 <= n; tt += 4) {
         const float *v0 = values + (size_t)tt * head_size, *v1 = v0 + head_size, *v2 = v1 + head_size,
@@ -5199,12 +5372,14 @@ static void attention_values_fast(float *out, const float *att, const float *val
 }
 
 // For a block of B > 1 tokens: head h's products q_b . k_t for all of them at once, a
-// matrix product Q_h K_h^T (tokens x positions) that runs on the prefill tile, the
+// matrix product Q_h K_h^T (tokens x cache slots) that runs on the prefill tile, the
 // cached keys of the head being the rows of a matrix (they are consecutive,
 // head_size apart). Each product is dot(k_t, q_b), exactly what attention_scores
-// computes for one token (the product is symmetric). Token b needs positions 0 ..
-// pos0 + b; a tile of tokens computes up to its last token's position, and the
-// products past a token's own position are never read.
+// computes for one token (the product is symmetric), into key t's slot. Token b
+// needs positions first_visible .. pos0 + b; a tile of tokens computes from its first
+// token's first visible position to its last token's position (one or two runs of
+// slots on a sliding layer's ring: at most W + TILE_TOKENS - 1 positions, fewer than
+// the ring holds), and the products outside a token's own window are never read.
 static void attention_block_scores(Transformer *t, int l, int h, int B, int pos0) {
     const Config *c = &t->config;
     RunState *s = &t->state;
@@ -5218,14 +5393,18 @@ static void attention_block_scores(Transformer *t, int l, int h, int B, int pos0
 #ifdef USE_AVX512
     pack_token_pairs(packed, q, B, head_size);
 #endif
-    // token b's scores are the row att + b * (n_heads * seq_len), as attention_head reads them
-    float *att = s->att + (size_t)h * c->seq_len;
-    int row_stride = c->n_heads * c->seq_len;
+    // token b's scores are the row att + b * (n_heads * max_cache_positions), as attention_head reads them
+    float *att = s->att + (size_t)h * c->max_cache_positions;
+    int row_stride = c->n_heads * c->max_cache_positions;
     for (int b = 0; b < B; b += TILE_TOKENS) {
-        int n_tokens = B - b < TILE_TOKENS ? B - b : TILE_TOKENS, n_keys = pos0 + b + n_tokens;
-        for (int i = 0; i < n_keys; i += TILE_ROWS)
-            matmul_tile(att, q, packed, f32_matrix(keys), head_size, row_stride, i,
-                        n_keys - i < TILE_ROWS ? n_keys - i : TILE_ROWS, b, n_tokens, NULL, 0);
+        int n_tokens = B - b < TILE_TOKENS ? B - b : TILE_TOKENS;
+        SlotRuns runs = slot_runs(first_visible(c, l, pos0 + b), pos0 + b + n_tokens - 1, c->layer[l].cache_positions);
+        for (int r = 0; r < 2; r++) {
+            int j0 = run_start(&runs, r), end = j0 + runs.n[r];
+            for (int i = j0; i < end; i += TILE_ROWS)
+                matmul_tile(att, q, packed, f32_matrix(keys), head_size, row_stride, i,
+                            end - i < TILE_ROWS ? end - i : TILE_ROWS, b, n_tokens, NULL, 0);
+        }
     }
 }
 
@@ -5246,7 +5425,8 @@ static void attention_for_head(Transformer *t, int l, int h, int B, int pos0) {
 
 static int attention_fast(Transformer *t, int l, int B, int pos0) {
     const Config *c = &t->config;
-    long work = (long)B * c->n_heads * (pos0 + B) * c->layer[l].head_size; // the scores' multiply-adds
+    int keys = pos0 + B < c->layer[l].cache_positions ? pos0 + B : c->layer[l].cache_positions; // at most a ring
+    long work = (long)B * c->n_heads * keys * c->layer[l].head_size; // the scores' multiply-adds
     if (B == 1) work *= DECODE_ATTENTION_WEIGHT;
     int h;
     if (!worth_a_parallel_region(work) || t->state.inspect) {
@@ -5375,7 +5555,7 @@ static void touch_run_state(Transformer *t, int n_positions) {
     float *arrays[] = {s->x, s->xb, s->xb2, s->q, s->q_head, s->q_pairs, s->k, s->v, s->hb, s->hb2, s->scratch, s->att,
                        s->logits, s->pl, s->plb};
     size_t lengths[] = {B * dim, B * wide, B * dim, B * q_dim, B * q_dim, B * q_dim, B * kv_dim, B * kv_dim, B * hidden,
-                        B * hidden, B * max_int(max_int(hidden, wide), P), B * c->n_heads * (size_t)c->seq_len,
+                        B * hidden, B * max_int(max_int(hidden, wide), P), B * c->n_heads * (size_t)c->max_cache_positions,
                         (size_t)c->vocab_size, B * c->n_layers * P, B * P}; // logits: the one row generation uses
     for (size_t i = 0; i < sizeof(arrays) / sizeof(arrays[0]); i++)
         if (arrays[i]) memset(arrays[i], 0, lengths[i] * sizeof(float));
@@ -5388,7 +5568,8 @@ static void touch_run_state(Transformer *t, int n_positions) {
     for (r = 0; r < n_runs; r++) {
         int l = r / max_kv_heads, kvh = r % max_kv_heads;
         if (c->layer[l].kv_source != l || kvh >= c->layer[l].n_kv_heads) continue;
-        size_t at = kv_cache_offset(c, l, kvh, 0), bytes = (size_t)n_positions * c->layer[l].head_size * sizeof(float);
+        int positions = n_positions < c->layer[l].cache_positions ? n_positions : c->layer[l].cache_positions; // a ring
+        size_t at = kv_cache_offset(c, l, kvh, 0), bytes = (size_t)positions * c->layer[l].head_size * sizeof(float);
         memset(s->key_cache + at, 0, bytes);
         memset(s->value_cache + at, 0, bytes);
     }

@@ -804,7 +804,7 @@ static void test_shifted_keys_equal_fresh_keys(const char *checkpoint, float fra
     for (int i = FROM; i < N; i++) kept[n_kept++] = tokens[i];
 
     prefill(&a, tokens, N, 0);
-    size_t cache_floats = (size_t)c->n_layers * c->n_kv_heads * c->seq_len * head_size_of(c);
+    size_t cache_floats = (size_t)c->n_kv_heads * c->layer[0].cache_positions * head_size_of(c); // layer 0's, first
     float *unshifted = malloc(cache_floats * sizeof(float));
     memcpy(unshifted, a.state.key_cache, cache_floats * sizeof(float));
     kv_cache_shift(&a, KEEP, FROM, N - FROM);
