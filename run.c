@@ -396,9 +396,10 @@ static int has_second_rope(const Config *c) { return c->rope2.rope_theta != 0.0f
 //   pos0 + B - 1 - R < pos0 - W + 1   <=>   R >= W + B - 1,
 // so R = W + PREFILL_BLOCK - 1. A window that leaves R >= seq_len is the whole
 // context: such a layer keeps seq_len positions, as a full one.
+static int kv_positions_of_window(int window) { return window + PREFILL_BLOCK - 1; }
 static int kv_positions_of(const Config *c, int l) {
     int window = c->layer[l].window;
-    return window > 0 && window < c->seq_len - (PREFILL_BLOCK - 1) ? window + PREFILL_BLOCK - 1 : c->seq_len;
+    return window > 0 && window < c->seq_len - (PREFILL_BLOCK - 1) ? kv_positions_of_window(window) : c->seq_len;
 }
 static int is_ring(const Config *c, int l) { return kv_positions_of(c, l) < c->seq_len; }
 
@@ -6155,6 +6156,21 @@ static const char *rope_scaling_text(const Config *c) {
 
 // After the context on the start-up line: where it came from, when not simply the
 // file's seq_len, e.g. " (-c; the file's 512)" or " (the file's 131072, capped: -c 131072 for all)".
+// The start-up line's KV cache: its size for the context in use and, where sliding
+// layers keep a ring (kv_positions_of), how many positions it holds.
+static const char *kv_cache_text(const Config *c) {
+    static char text[160];
+    uint64_t bytes = (kv_cache_fixed_floats(c) + kv_cache_floats_per_position(c) * c->seq_len) * sizeof(float);
+    int n = snprintf(text, sizeof(text), "KV cache %.1f MiB", bytes / (double)(1 << 20));
+    int window = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        if (is_ring(c, l) && c->layer[l].window > window) window = c->layer[l].window;
+    if (window > 0)
+        snprintf(text + n, sizeof(text) - n, " (sliding layers: window %d, a ring of %d positions)", window,
+                 kv_positions_of_window(window));
+    return text;
+}
+
 static const char *context_text(int from_flag, int file_seq_len) {
     static char text[96];
     text[0] = '\0';
@@ -6298,11 +6314,11 @@ int main(int argc, char *argv[]) {
     fputs_visible(checkpoint_path, stderr);
     fprintf(stderr,
             " (%s): dim %d, hidden %d, layers %d, heads %d/%d, vocab %d, context %d%s | rope theta %g%s, "
-            "fraction %g%s (%d of %d pairs rotate), scaling %s, eps %g\n",
+            "fraction %g%s (%d of %d pairs rotate), scaling %s, eps %g | %s\n",
             format_name(transformer.format, c), c->dim, c->hidden_dim, c->n_layers, c->n_heads,
             c->n_kv_heads, c->vocab_size, c->seq_len, context_text(context > 0, file_seq_len), c->rope_theta,
             rope_theta > 0 ? " (command line)" : "", c->rope_fraction, rope_fraction >= 0 ? " (command line)" : "",
-            rope_angles_of(c), head_size_of(c) / 2, rope_scaling_text(c), c->norm_eps);
+            rope_angles_of(c), head_size_of(c) / 2, rope_scaling_text(c), c->norm_eps, kv_cache_text(c));
     if (needs_run_state && build_run_state(&transformer.state, c) != 0) runtime_error();
     if (is_rope) {
         print_rope(c);
