@@ -386,43 +386,6 @@ static Config rope_setting(const Config *c, int which) {
 }
 static int has_second_rope(const Config *c) { return c->rope2.rope_theta != 0.0f; }
 
-// The positions layer l's own cache holds. A full-attention layer keeps the whole
-// context, seq_len. A sliding layer of window W (Mistral; Gemma 2's, 3's, 4's local
-// layers) never looks further back than W positions, so its cache is a ring:
-// position t lives in slot t mod R, and a new position overwrites the one R back.
-// R is not W: a block of B tokens (up to PREFILL_BLOCK) writes all its keys before
-// its first token attends, and that token, at pos0, still needs pos0 - W + 1; the
-// block's last write, pos0 + B - 1, overwrites pos0 + B - 1 - R, which must be older:
-//   pos0 + B - 1 - R < pos0 - W + 1   <=>   R >= W + B - 1,
-// so R = W + PREFILL_BLOCK - 1. A window that leaves R >= seq_len is the whole
-// context: such a layer keeps seq_len positions, as a full one.
-static int kv_positions_of_window(int window) { return window + PREFILL_BLOCK - 1; }
-static int kv_positions_of(const Config *c, int l) {
-    int window = c->layer[l].window;
-    return window > 0 && window < c->seq_len - (PREFILL_BLOCK - 1) ? kv_positions_of_window(window) : c->seq_len;
-}
-static int is_ring(const Config *c, int l) { return kv_positions_of(c, l) < c->seq_len; }
-
-// Lays out the KV cache for the context in use (c->seq_len): the caches of the
-// layers that own one (all but Gemma 4's KV-shared layers) back to back, each
-// (n_kv_heads, cache_positions, head_size). A shared layer reads its source's.
-// Returns the floats of one of the two caches (keys; the values' is the same).
-static uint64_t place_kv_caches(Config *c) {
-    uint64_t before = 0;
-    c->max_cache_positions = 0;
-    for (int l = 0; l < c->n_layers; l++) {
-        LayerSpec *ls = &c->layer[l], *src = &c->layer[ls->kv_source];
-        if (ls->kv_source == l) {
-            ls->cache_positions = kv_positions_of(c, l), ls->cache_before = before;
-            before += (uint64_t)ls->n_kv_heads * ls->head_size * ls->cache_positions;
-        } else {
-            ls->cache_positions = src->cache_positions, ls->cache_before = src->cache_before;
-        }
-        c->max_cache_positions = max_int(c->max_cache_positions, ls->cache_positions);
-    }
-    return before;
-}
-
 // Where position pos of key/value head kvh of layer l is in the KV cache: its slot
 // pos mod cache_positions (pos itself but on a sliding layer's ring) of layer l's
 // own cache, or of the cache of the layer it shares (kv_source).
@@ -840,39 +803,30 @@ static int first_visible(const Config *c, int l, int pos) {
 
 // The positions first .. last of a cache of P positions as runs of slots: position t
 // is in slot t mod P (P = seq_len: slot t). At most P positions wrap past the end of
-// a sliding layer's ring at most once, so they are two runs, slots start .. start+n[0]-1
-// and then 0 .. n[1]-1 (n[1] = 0 when they do not wrap, always on a full layer).
+// a sliding layer's ring at most once: slots start[0] .. start[0] + n[0] - 1, then
+// 0 .. n[1] - 1 (n[1] = 0 when they do not wrap, always on a full layer).
 typedef struct {
-    int start, n[2];
+    int start[2], n[2];
 } SlotRuns;
 
 static SlotRuns slot_runs(int first, int last, int P) {
-    SlotRuns r;
-    int count = last + 1 - first;
-    r.start = first < P ? first : first % P;
-    r.n[0] = r.start + count <= P ? count : P - r.start;
-    r.n[1] = count - r.n[0];
-    return r;
+    int start = first < P ? first : first % P, count = last + 1 - first, n0 = start + count <= P ? count : P - start;
+    return (SlotRuns){{start, 0}, {n0, count - n0}};
 }
-
-// The first slot of run i.
-static int run_start(const SlotRuns *r, int i) { return i == 0 ? r->start : 0; }
 
 // x = exp(x - max) / sum(exp(x - max)) over the slots of r, summed in position order
 // (run 0, then run 1): softmax() when there is one run.
 static void softmax_runs(float *x, const SlotRuns *r) {
-    float max_val = x[r->start];
+    float max_val = x[r->start[0]], sum = 0.0f;
     for (int i = 0; i < 2; i++)
-        for (int j = run_start(r, i); j < run_start(r, i) + r->n[i]; j++)
-            if (x[j] > max_val) max_val = x[j];
-    float sum = 0.0f;
+        for (int j = r->start[i]; j < r->start[i] + r->n[i]; j++) max_val = x[j] > max_val ? x[j] : max_val;
     for (int i = 0; i < 2; i++)
-        for (int j = run_start(r, i); j < run_start(r, i) + r->n[i]; j++) {
+        for (int j = r->start[i]; j < r->start[i] + r->n[i]; j++) {
             x[j] = expf(x[j] - max_val);
             sum += x[j];
         }
     for (int i = 0; i < 2; i++)
-        for (int j = run_start(r, i); j < run_start(r, i) + r->n[i]; j++) x[j] /= sum;
+        for (int j = r->start[i]; j < r->start[i] + r->n[i]; j++) x[j] /= sum;
 }
 
 // Grouped-query causal attention of query head h for token b of a block, at position
@@ -898,7 +852,7 @@ static void attention_head(Transformer *t, int l, int b, int h, int pos, int sco
     int first = first_visible(c, l, pos), P = ls->cache_positions;
     SlotRuns runs = slot_runs(first, pos, P);
     for (int i = 0; i < 2; i++) {
-        int j0 = run_start(&runs, i), n = runs.n[i];
+        int j0 = runs.start[i], n = runs.n[i];
         if (!scores_ready) attention_scores(att + j0, q, keys + (size_t)j0 * head_size, n, head_size);
         if (c->attention_scale == 0.0f) { // the Llama block: 1 / sqrt(head_size)
             float root = sqrtf(head_size);
@@ -917,10 +871,8 @@ static void attention_head(Transformer *t, int l, int b, int h, int pos, int sco
                                  pos >= 1 && pos - 1 >= first ? att[(pos - 1) % P] : 0.0f, pos);
     float *out = s->xb + (size_t)b * q_dim + h * head_size;
     memset(out, 0, head_size * sizeof(float));
-    for (int i = 0; i < 2; i++) {
-        int j0 = run_start(&runs, i);
-        attention_values(out, att + j0, values + (size_t)j0 * head_size, runs.n[i], head_size);
-    }
+    for (int i = 0; i < 2; i++) // out = sum_t a_t v_t, run by run (attention_values adds to out)
+        attention_values(out, att + runs.start[i], values + (size_t)runs.start[i] * head_size, runs.n[i], head_size);
 }
 
 // Attention of every head for the B tokens of a block at positions pos0 .. pos0+B-1.
@@ -1674,6 +1626,43 @@ static int parse_layer_table(const unsigned char *table, Config *c) {
         if (ls->rope == LAYER_ROPE_SECOND) c->rope2_head_size = ls->head_size;
     }
     return 0;
+}
+
+// The positions layer l's own cache holds. A full-attention layer keeps the whole
+// context, seq_len. A sliding layer of window W (Mistral; Gemma 2's, 3's, 4's local
+// layers) never looks further back than W positions, so its cache is a ring:
+// position t lives in slot t mod R, and a new position overwrites the one R back.
+// R is not W: a block of B tokens (up to PREFILL_BLOCK) writes all its keys before
+// its first token attends, and that token, at pos0, still needs pos0 - W + 1; the
+// block's last write, pos0 + B - 1, overwrites pos0 + B - 1 - R, which must be older:
+//   pos0 + B - 1 - R < pos0 - W + 1   <=>   R >= W + B - 1,
+// so R = W + PREFILL_BLOCK - 1. A window that leaves R >= seq_len is the whole
+// context: such a layer keeps seq_len positions, as a full one.
+static int kv_positions_of_window(int window) { return window + PREFILL_BLOCK - 1; }
+static int kv_positions_of(const Config *c, int l) {
+    int window = c->layer[l].window;
+    return window > 0 && window < c->seq_len - (PREFILL_BLOCK - 1) ? kv_positions_of_window(window) : c->seq_len;
+}
+static int is_ring(const Config *c, int l) { return kv_positions_of(c, l) < c->seq_len; }
+
+// Lays out the KV cache for the context in use (c->seq_len): the caches of the
+// layers that own one (all but Gemma 4's KV-shared layers) back to back, each
+// (n_kv_heads, cache_positions, head_size). A shared layer reads its source's.
+// Returns the floats of one of the two caches (keys; the values' is the same).
+static uint64_t place_kv_caches(Config *c) {
+    uint64_t before = 0;
+    c->max_cache_positions = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        LayerSpec *ls = &c->layer[l], *src = &c->layer[ls->kv_source];
+        if (ls->kv_source == l) {
+            ls->cache_positions = kv_positions_of(c, l), ls->cache_before = before;
+            before += (uint64_t)ls->n_kv_heads * ls->head_size * ls->cache_positions;
+        } else {
+            ls->cache_positions = src->cache_positions, ls->cache_before = src->cache_before;
+        }
+        c->max_cache_positions = max_int(c->max_cache_positions, ls->cache_positions);
+    }
+    return before;
 }
 
 // Where each layer's pieces start in the layered tensors (docs/format.md), and the
@@ -5401,7 +5390,7 @@ static void attention_block_scores(Transformer *t, int l, int h, int B, int pos0
         int n_tokens = B - b < TILE_TOKENS ? B - b : TILE_TOKENS;
         SlotRuns runs = slot_runs(first_visible(c, l, pos0 + b), pos0 + b + n_tokens - 1, c->layer[l].cache_positions);
         for (int r = 0; r < 2; r++) {
-            int j0 = run_start(&runs, r), end = j0 + runs.n[r];
+            int j0 = runs.start[r], end = j0 + runs.n[r];
             for (int i = j0; i < end; i += TILE_ROWS)
                 matmul_tile(att, q, packed, f32_matrix(keys), head_size, row_stride, i,
                             end - i < TILE_ROWS ? end - i : TILE_ROWS, b, n_tokens, NULL, 0);
