@@ -222,6 +222,10 @@ typedef struct {
     // to back), in rows of dim (q, kv, v, hidden) or in floats (heads, k_heads)
     uint64_t q_before, kv_before, v_before, hidden_before, heads_before, k_heads_before;
     uint64_t sparse_before; // the layers with experts before this one (their pieces in the expert tensors)
+    // its KV cache (place_kv_caches, for the context in use): the positions it holds
+    // (seq_len, or a sliding layer's ring) and where it starts, in floats
+    int cache_positions;
+    uint64_t cache_before;
 } LayerSpec;
 
 typedef struct {
@@ -281,6 +285,7 @@ typedef struct {
     uint64_t q_rows, kv_rows, v_rows, hidden_rows, heads_floats, k_heads_floats;
     uint64_t sparse_layers; // the layers with experts
     int max_head_size, max_q_dim, max_kv_dim, max_hidden; // the widest layer's, for the run state
+    int max_cache_positions; // the longest layer cache (place_kv_caches): a row of scores per token and head
 } Config;
 
 // A weight matrix as the file stores it: elements of `type`, row-major, from data
@@ -359,7 +364,7 @@ typedef struct {
     float *q;      // (block, dim) queries
     float *k;      // (block, kv_dim) keys, written into the cache
     float *v;      // (block, kv_dim) values, written into the cache
-    float *att;    // (block, n_heads, seq_len) attention scores
+    float *att;    // (block, n_heads, max_cache_positions) attention scores, by cache slot
     float *logits; // (block, vocab_size)
     float *scratch; // (block, max(dim, hidden_dim)) for matmul_tiled
     float *pl;      // (block, n_layers x P) Gemma 4's per-layer inputs; NULL without
@@ -375,9 +380,10 @@ typedef struct {
     float *q_pairs; // (n_heads, block, head_size) the same, packed for matmul_tile
     // the KV cache, each head's positions side by side: attention reads one head's
     // keys (and values) for positions 0..pos as one contiguous run, which the
-    // hardware prefetchers stream (a (pos, kv_dim) layout makes it a strided walk)
-    float *key_cache;   // (layer, n_kv_heads, seq_len, head_size)
-    float *value_cache; // (layer, n_kv_heads, seq_len, head_size)
+    // hardware prefetchers stream (a (pos, kv_dim) layout makes it a strided walk);
+    // a sliding layer's ring holds its window's positions (kv_positions_of)
+    float *key_cache;   // (layer, n_kv_heads, cache_positions, head_size)
+    float *value_cache; // (layer, n_kv_heads, cache_positions, head_size)
     // RoPE tables, computed once: cos/sin of pos * frequency(i) for each rotated pair
     float *rope_cos; // (seq_len, rope_angles)
     float *rope_sin; // (seq_len, rope_angles)
@@ -423,12 +429,13 @@ static Config rope_setting(const Config *c, int which) {
 }
 static int has_second_rope(const Config *c) { return c->rope2.rope_theta != 0.0f; }
 
-// Where position pos of key/value head kvh of layer l starts in the KV cache: layer
-// l's own cache, or the cache of the layer it shares (kv_source). The caches of the
-// layers that own one lie back to back, each (n_kv_heads, seq_len, head_size).
+// Where position pos of key/value head kvh of layer l is in the KV cache: its slot
+// pos mod cache_positions (pos itself but on a sliding layer's ring) of layer l's
+// own cache, or of the cache of the layer it shares (kv_source).
 static size_t kv_cache_offset(const Config *c, int l, int kvh, int pos) {
-    const LayerSpec *ls = &c->layer[c->layer[l].kv_source];
-    return ls->kv_before * c->seq_len + ((size_t)kvh * c->seq_len + pos) * ls->head_size;
+    const LayerSpec *ls = &c->layer[l];
+    int positions = ls->cache_positions, slot = pos < positions ? pos : pos % positions;
+    return ls->cache_before + ((size_t)kvh * positions + slot) * ls->head_size;
 }
 
 // rope_angles = floor(p * head_size / 2): the number of rotary pairs that rotate.
@@ -662,7 +669,8 @@ static void read_order_layer_ends(void);
 // -m inspect's accumulators, in "Inspect": they only read q, k and the attention.
 static void inspect_record_chunks(InspectStats *st, const Transformer *t, int layer, const float *q, const float *k,
                                   int pos);
-static void inspect_record_attention(InspectStats *st, const Config *c, int layer, int h, const float *att, int pos);
+static void inspect_record_attention(InspectStats *st, const Config *c, int layer, int h, float bos, float current,
+                                     float previous, int pos);
 static void inspect_count_positions(InspectStats *st, int B, int pos0);
 
 // o = w * x / sqrt(mean(x^2) + eps)   (RMSNorm; the order of operations is llama2.c's)
@@ -818,13 +826,12 @@ static void attention_scores(float *att, const float *q, const float *keys, int 
     for (int tt = 0; tt < n; tt++) att[tt] = dot(q, keys + (size_t)tt * head_size, head_size);
 }
 
-// out = sum over the first n positions of att[t] * v_t, added one position at a time.
+// out += sum over the first n positions of att[t] * v_t, added one position at a time.
 static void attention_values(float *out, const float *att, const float *values, int n, int head_size) {
     if (use_fast_kernels) {
         attention_values_fast(out, att, values, n, head_size); // four values per pass over out
         return;
     }
-    memset(out, 0, head_size * sizeof(float));
     for (int tt = 0; tt < n; tt++)
         for (int i = 0; i < head_size; i++) out[i] += att[tt] * values[(size_t)tt * head_size + i];
 }
@@ -838,14 +845,45 @@ static int first_visible(const Config *c, int l, int pos) {
     return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
 }
 
+// The positions first .. last of a cache of P positions as runs of slots: position t
+// is in slot t mod P (P = seq_len: slot t). At most P positions wrap past the end of
+// a sliding layer's ring at most once: slots start[0] .. start[0] + n[0] - 1, then
+// 0 .. n[1] - 1 (n[1] = 0 when they do not wrap, always on a full layer).
+typedef struct {
+    int start[2], n[2];
+} SlotRuns;
+
+static SlotRuns slot_runs(int first, int last, int P) {
+    int start = first < P ? first : first % P, count = last + 1 - first, n0 = start + count <= P ? count : P - start;
+    return (SlotRuns){{start, 0}, {n0, count - n0}};
+}
+
+// x = exp(x - max) / sum(exp(x - max)) over the slots of r, summed in position order
+// (run 0, then run 1): softmax() when there is one run.
+static void softmax_runs(float *x, const SlotRuns *r) {
+    float max_val = x[r->start[0]], sum = 0.0f;
+    for (int i = 0; i < 2; i++)
+        for (int j = r->start[i]; j < r->start[i] + r->n[i]; j++) max_val = x[j] > max_val ? x[j] : max_val;
+    for (int i = 0; i < 2; i++)
+        for (int j = r->start[i]; j < r->start[i] + r->n[i]; j++) {
+            x[j] = expf(x[j] - max_val);
+            sum += x[j];
+        }
+    for (int i = 0; i < 2; i++)
+        for (int j = r->start[i]; j < r->start[i] + r->n[i]; j++) x[j] /= sum;
+}
+
 // Grouped-query causal attention of query head h for token b of a block, at position
 // pos in layer l. Key/value head h / group serves `group` query heads; the keys and
 // values are layer l's cache, or (Gemma 4's KV sharing) its kv_source's.
 //   score_t = q_h . k_t / sqrt(head_size),  t = first .. pos (first_visible)
 //   a = softmax(score)
 //   out_h = sum_t a_t v_t
-// With scores_ready, the products q_h . k_t are already in att (attention_fast
-// computes a whole block's at once).
+// Key t sits in slot t mod P of the cache (P = cache_positions: seq_len, or a sliding
+// layer's ring), and its score in the same slot of att: the slots of first .. pos are
+// one run, or two where they wrap past the ring's end (slot_runs); each loop below
+// walks the runs in position order. With scores_ready, the products q_h . k_t are
+// already in att (attention_fast computes a whole block's at once).
 static void attention_head(Transformer *t, int l, int b, int h, int pos, int scores_ready) {
     const Config *c = &t->config;
     RunState *s = &t->state;
@@ -853,27 +891,32 @@ static void attention_head(Transformer *t, int l, int b, int h, int pos, int sco
     int head_size = ls->head_size, group = c->n_heads / ls->n_kv_heads, q_dim = c->n_heads * head_size;
     size_t kv_offset = kv_cache_offset(c, l, h / group, 0);
     const float *q = s->q + (size_t)b * q_dim + h * head_size;
-    float *att = s->att + ((size_t)b * c->n_heads + h) * c->seq_len;
-    const float *keys = s->key_cache + kv_offset, *values = s->value_cache + kv_offset; // position t: + t * head_size
-    int first = first_visible(c, l, pos), n = pos + 1 - first;
-    if (!scores_ready) attention_scores(att + first, q, keys + (size_t)first * head_size, n, head_size);
-    if (c->attention_scale == 0.0f) { // the Llama block: 1 / sqrt(head_size)
-        float root = sqrtf(head_size);
-        for (int tt = first; tt <= pos; tt++) att[tt] /= root;
-    } else { // a model's own scale (Gemma 2, 3: query_pre_attn_scalar^-1/2)
-        for (int tt = first; tt <= pos; tt++) att[tt] *= c->attention_scale;
+    float *att = s->att + ((size_t)b * c->n_heads + h) * c->max_cache_positions;
+    const float *keys = s->key_cache + kv_offset, *values = s->value_cache + kv_offset; // slot j: + j * head_size
+    int first = first_visible(c, l, pos), P = ls->cache_positions;
+    SlotRuns runs = slot_runs(first, pos, P);
+    for (int i = 0; i < 2; i++) {
+        int j0 = runs.start[i], n = runs.n[i];
+        if (!scores_ready) attention_scores(att + j0, q, keys + (size_t)j0 * head_size, n, head_size);
+        if (c->attention_scale == 0.0f) { // the Llama block: 1 / sqrt(head_size)
+            float root = sqrtf(head_size);
+            for (int j = j0; j < j0 + n; j++) att[j] /= root;
+        } else { // a model's own scale (Gemma 2, 3: query_pre_attn_scalar^-1/2)
+            for (int j = j0; j < j0 + n; j++) att[j] *= c->attention_scale;
+        }
+        if (c->attention_softcap != 0.0f) { // Gemma 2: score -> cap tanh(score / cap), |score| < cap
+            float cap = c->attention_softcap;
+            for (int j = j0; j < j0 + n; j++) att[j] = cap * tanhf(att[j] / cap);
+        }
     }
-    if (c->attention_softcap != 0.0f) { // Gemma 2: score -> cap tanh(score / cap), |score| < cap
-        float cap = c->attention_softcap;
-        for (int tt = first; tt <= pos; tt++) att[tt] = cap * tanhf(att[tt] / cap);
-    }
-    softmax(att + first, n);
-    if (s->inspect) {
-        if (first > 0) memset(att, 0, first * sizeof(float)); // the keys out of the window: weight 0
-        inspect_record_attention(s->inspect, c, l, h, att, pos);
-    }
-    attention_values(s->xb + (size_t)b * q_dim + h * head_size, att + first, values + (size_t)first * head_size, n,
-                     head_size);
+    softmax_runs(att, &runs);
+    if (s->inspect) // the weights on BOS, the current and the previous position (0 out of the window)
+        inspect_record_attention(s->inspect, c, l, h, first == 0 ? att[0] : 0.0f, att[pos % P],
+                                 pos >= 1 && pos - 1 >= first ? att[(pos - 1) % P] : 0.0f, pos);
+    float *out = s->xb + (size_t)b * q_dim + h * head_size;
+    memset(out, 0, head_size * sizeof(float));
+    for (int i = 0; i < 2; i++) // out = sum_t a_t v_t, run by run (attention_values adds to out)
+        attention_values(out, att + runs.start[i], values + (size_t)runs.start[i] * head_size, runs.n[i], head_size);
 }
 
 // Attention of every head for the B tokens of a block at positions pos0 .. pos0+B-1.
@@ -916,6 +959,203 @@ static void embedding_row(float *out, Matrix embedding, int token, int dim) {
     Matrix row = matrix_at(embedding, (size_t)token * dim);
     for (int j = 0; j < dim; j++) out[j] = widen(row.data, j, row.type);
 }
+
+// The families' additions to the feed-forward step, after prefill below: Gemma 4's
+// per-layer inputs, and the mixtures of experts.
+static void per_layer_inputs(Transformer *t, const int *tokens, int B);
+static void add_per_layer_input(Transformer *t, int l, int B);
+static void mixture_of_experts(Transformer *t, int l, int B, const float *in);
+static void experts_beside_feed_forward(Transformer *t, int l, int B);
+
+// Which logits forward_block computes: the classifier reads vocab_size x dim
+// weights, as much as all the layers of a small model, so a prompt's blocks skip it
+// but for the last token of the last block.
+typedef enum { LOGITS_LAST = 0, LOGITS_ALL = 1, LOGITS_NONE = 2 } LogitsWanted;
+
+// The forward pass for a block of B tokens at positions pos0 .. pos0+B-1 (B <=
+// PREFILL_BLOCK, pos0 + B <= seq_len). A decoding step is the case B = 1: read it
+// with B = 1 and every "for b" loop runs once. Fills the KV cache at those
+// positions. Returns the logits, one row of vocab_size per token (LOGITS_ALL), only
+// the last token's (LOGITS_LAST), or none (LOGITS_NONE: NULL).
+//
+// The Llama block is the spine: embed; per layer rmsnorm, q k v, RoPE, attention,
+// Wo, residual; rmsnorm, SwiGLU feed-forward, residual; final rmsnorm, classifier.
+// Every other family is a switch on it, read from the file's header:
+//   here                         embedding_multiplier (Gemma: x * sqrt(dim))
+//                                qkv_bias (Qwen2), qk_norm (Qwen3, Gemma 3, 4)
+//                                layer[l].rope: p-RoPE's rope_angles pairs (every model:
+//                                  all pairs for full RoPE; Gemma 4's full layers 64
+//                                  of 256), NoPE layers (SmolLM3), the second setting
+//                                  (Gemma 3's and 4's sliding layers)
+//                                post_norms (Gemma 2, 3, 4), activation GeGLU (Gemma)
+//                                final_softcap (Gemma 2, 4)
+//                                layer[l]'s head_size, n_kv_heads, hidden_dim (Gemma 4:
+//                                  each layer its own), kv_source (Gemma 4's KV
+//                                  sharing), values_are_keys (Gemma 4 31B: k = v),
+//                                  v_norm, per_layer_dim, layer_scalars (Gemma 4)
+//                                layer[l].experts: a mixture of experts for the
+//                                  feed-forward (Qwen3-MoE, Mixtral), or beside it
+//                                  (Gemma 4 26B-A4B); mixture_of_experts
+//   attention_head, one down     layer[l].window: sliding layers (Mistral, Phi-3,
+//                                  Gemma 2's, 3's and 4's local layers)
+//                                attention_scale (Gemma 2, 3; Gemma 4: 1)
+//                                attention_softcap (Gemma 2)
+//   export.py, before the file   Gemma 1-3's norm x * (1 + w): 1 + w is stored;
+//                                Phi-3's fused qkv and gate_up split in three and two;
+//                                Hugging Face's rotate_half pairs (i, i + d/2) permuted
+//                                  into adjacent pairs (2i, 2i+1) in Wq and Wk rows
+//                                  (and Wo's columns where the values are the keys);
+//                                GPT-NeoX's partial_rotary_factor f as p-RoPE with
+//                                  theta' = theta^(1/f)
+static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, LogitsWanted wanted) {
+    const Config *c = &t->config;
+    const TransformerWeights *w = &t->weights;
+    RunState *s = &t->state;
+    int dim = c->dim;
+    float eps = c->norm_eps;
+    int n_rotated[3] = {0, setting_angles(c, LAYER_ROPE_FIRST), setting_angles(c, LAYER_ROPE_SECOND)}; // per setting
+    const float *cos_tables[3] = {NULL, s->rope_cos, s->rope2_cos}, *sin_tables[3] = {NULL, s->rope_sin, s->rope2_sin};
+
+    // the token embeddings: x[b] = embedding[token b], widened to float32
+    for (int b = 0; b < B; b++) embedding_row(s->x + (size_t)b * dim, w->token_embedding, tokens[b], dim);
+    if (c->embedding_multiplier != 0.0f) // Gemma: x = embedding * sqrt(dim) (the file stores it as rounded)
+        for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] *= c->embedding_multiplier;
+    if (c->per_layer_dim) per_layer_inputs(t, tokens, B); // Gemma 4 E2B, E4B: each layer's slice, from x
+
+    for (int l = 0; l < c->n_layers; l++) {
+        if (B == 1) read_order_layer_begins(); // timing only ("Making it fast", 5): the same bits
+        // this layer's shape: all layers alike but in Gemma 4 (LayerSpec); q_dim is dim in
+        // the Llama block, wider in Qwen3 and Gemma 7B
+        const LayerSpec *ls = &c->layer[l];
+        int head_size = ls->head_size, n_kv_heads = ls->n_kv_heads, hidden = ls->hidden_dim;
+        int q_dim = c->n_heads * head_size, kv_dim = n_kv_heads * head_size;
+        int owns_cache = ls->kv_source == l; // Gemma 4's KV-shared layers compute no k, v
+
+        // attention rmsnorm: xb = rmsnorm(x)
+        for (int b = 0; b < B; b++)
+            rmsnorm(s->xb + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_att + (size_t)l * dim, dim, eps);
+
+        // q = Wq xb, k = Wk xb, v = Wv xb (Gemma 4: no k, v on a KV-shared layer; no Wv
+        // where the values are the keys, the raw key projection copied before k's norm)
+        Projection qkv[3] = {{s->q, matrix_at(w->wq, ls->q_before * dim), q_dim},
+                             {s->k, matrix_at(w->wk, ls->kv_before * dim), kv_dim},
+                             {s->v, matrix_at(w->wv, ls->v_before * dim), kv_dim}};
+        matmuls(s, s->xb, qkv, !owns_cache ? 1 : ls->values_are_keys ? 2 : 3, B, dim);
+        if (owns_cache && ls->values_are_keys) memcpy(s->v, s->k, (size_t)B * kv_dim * sizeof(float));
+        if (c->qkv_bias) { // Qwen2: q += bq, k += bk, v += bv
+            for (int b = 0; b < B; b++) {
+                float *q = s->q + (size_t)b * q_dim, *k = s->k + (size_t)b * kv_dim, *v = s->v + (size_t)b * kv_dim;
+                for (int i = 0; i < q_dim; i++) q[i] += w->bq[ls->q_before + i];
+                for (int i = 0; i < kv_dim; i++) k[i] += w->bk[ls->kv_before + i];
+                for (int i = 0; i < kv_dim; i++) v[i] += w->bv[ls->v_before + i];
+            }
+        }
+        if (c->qk_norm) { // Qwen3, Gemma 3, 4: each query and key head RMSNormed over its head_size values
+            const float *qn = w->q_norm + ls->heads_before, *kn = w->k_norm + ls->k_heads_before;
+            for (int b = 0; b < B; b++) {
+                for (int h = 0; h < c->n_heads; h++) {
+                    float *q = s->q + (size_t)b * q_dim + h * head_size;
+                    rmsnorm(q, q, qn, head_size, eps);
+                }
+                for (int h = 0; owns_cache && h < n_kv_heads; h++) {
+                    float *k = s->k + (size_t)b * kv_dim + h * head_size;
+                    rmsnorm(k, k, kn, head_size, eps);
+                }
+            }
+        }
+        if (c->v_norm && owns_cache) // Gemma 4: each value head RMSNormed, without a weight
+            for (size_t h = 0; h < (size_t)B * n_kv_heads; h++)
+                rmsnorm(s->v + h * head_size, s->v + h * head_size, NULL, head_size, eps);
+
+        // RoPE: rotate q and k by their position with the layer's setting. Only the
+        // first n_rotated = floor(p head_size / 2) pairs turn (p-RoPE; p = 1 is full
+        // RoPE, all head_size / 2), the rest keep their values; a NoPE layer (SmolLM3's
+        // every fourth) turns none. Then k, rotated, and v, never rotated, are cached:
+        // a cached key already holds R(pos) k, so no step rotates it again.
+        int rope = ls->rope;
+        for (int b = 0; b < B; b++) {
+            int pos = pos0 + b;
+            float *q = s->q + (size_t)b * q_dim, *k = s->k + (size_t)b * kv_dim, *v = s->v + (size_t)b * kv_dim;
+            if (s->inspect) inspect_record_chunks(s->inspect, t, l, q, k, pos); // -m inspect only
+            if (rope != LAYER_NOPE) {
+                const float *cos_pos = cos_tables[rope] + (size_t)pos * n_rotated[rope];
+                const float *sin_pos = sin_tables[rope] + (size_t)pos * n_rotated[rope];
+                rope_apply(q, c->n_heads, head_size, n_rotated[rope], cos_pos, sin_pos);
+                if (owns_cache) rope_apply(k, n_kv_heads, head_size, n_rotated[rope], cos_pos, sin_pos);
+            }
+            for (int kvh = 0; owns_cache && kvh < n_kv_heads; kvh++) {
+                size_t at = kv_cache_offset(c, l, kvh, pos);
+                memcpy(s->key_cache + at, k + kvh * head_size, head_size * sizeof(float));
+                memcpy(s->value_cache + at, v + kvh * head_size, head_size * sizeof(float));
+            }
+        }
+        if (s->inspect && l == 0) inspect_count_positions(s->inspect, B, pos0);
+
+        // multi-head attention: xb = attention(q, cached k, cached v)
+        attention(t, l, B, pos0);
+
+        // x = x + Wo xb (the residual connection); Gemma 2, 3, 4 normalize Wo xb first
+        matmul_tokens(s, s->xb2, s->xb, matrix_at(w->wo, (size_t)dim * ls->q_before), B, q_dim, dim);
+        if (c->post_norms)
+            for (int b = 0; b < B; b++)
+                rmsnorm(s->xb2 + (size_t)b * dim, s->xb2 + (size_t)b * dim, w->rms_post_att + (size_t)l * dim, dim, eps);
+        for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] += s->xb2[i];
+
+        // ffn rmsnorm: xb = rmsnorm(x)
+        for (int b = 0; b < B; b++)
+            rmsnorm(s->xb + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_ffn + (size_t)l * dim, dim, eps);
+
+        // the feed-forward: x = x + W2 (act(W1 xb) * (W3 xb)), act silu (SwiGLU) or the
+        // tanh GELU (GeGLU: Gemma); Gemma 2, 3, 4 normalize its output first. A layer
+        // with experts (Qwen3-MoE, Mixtral) passes each token through k of them instead;
+        // Gemma 4 26B-A4B's run beside the feed-forward.
+        if (ls->experts && c->routing != ROUTING_GEMMA4) {
+            mixture_of_experts(t, l, B, s->xb);
+        } else {
+            Projection w13[2] = {{s->hb, matrix_at(w->w1, ls->hidden_before * dim), hidden},
+                                 {s->hb2, matrix_at(w->w3, ls->hidden_before * dim), hidden}};
+            matmuls(s, s->xb, w13, 2, B, dim);
+            if (c->activation == ACTIVATION_GEGLU_TANH) geglu(s->hb, s->hb2, (long)B * hidden);
+            else swiglu(s->hb, s->hb2, (long)B * hidden);
+            matmul_tokens(s, s->xb2, s->hb, matrix_at(w->w2, (size_t)dim * ls->hidden_before), B, hidden, dim);
+            if (ls->experts) experts_beside_feed_forward(t, l, B); // Gemma 4 26B-A4B
+        }
+        if (c->post_norms)
+            for (int b = 0; b < B; b++)
+                rmsnorm(s->xb2 + (size_t)b * dim, s->xb2 + (size_t)b * dim, w->rms_post_ffn + (size_t)l * dim, dim, eps);
+        for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] += s->xb2[i];
+
+        if (c->per_layer_dim) add_per_layer_input(t, l, B); // Gemma 4 E2B, E4B: x += this layer's input
+        if (c->layer_scalars) // Gemma 4: the whole residual stream scaled by the layer's learned scalar
+            for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] *= w->layer_scalars[l];
+        if (B == 1) read_order_layer_ends();
+    }
+
+    // final rmsnorm and the classifier: logits = Wcls rmsnorm(x)
+    if (wanted == LOGITS_NONE) return NULL;
+    int first = wanted == LOGITS_ALL ? 0 : B - 1;
+    for (int b = first; b < B; b++) rmsnorm(s->x + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_final, dim, eps);
+    matmul_tokens(s, s->logits, s->x + (size_t)first * dim, w->wcls, B - first, dim, c->vocab_size);
+    if (c->final_softcap != 0.0f) softcap(s->logits, (long)(B - first) * c->vocab_size, c->final_softcap); // Gemma 2, 4
+    return s->logits;
+}
+
+// One token at position pos: the decoding step. Returns vocab_size logits.
+static float *forward(Transformer *t, int token, int pos) { return forward_block(t, &token, 1, pos, LOGITS_ALL); }
+
+// Runs tokens[0..n) at positions pos0.. through the model in blocks, filling the
+// KV cache. Returns the logits of the last token.
+static float *prefill(Transformer *t, const int *tokens, int n, int pos0) {
+    float *logits = NULL;
+    for (int i = 0; i < n; i += PREFILL_BLOCK) {
+        int len = n - i < PREFILL_BLOCK ? n - i : PREFILL_BLOCK;
+        logits = forward_block(t, tokens + i, len, pos0 + i, i + len < n ? LOGITS_NONE : LOGITS_LAST);
+    }
+    return logits;
+}
+
+// The families' additions to a layer, which forward_block calls: Gemma 4's per-layer
+// inputs (E2B, E4B), and the mixtures of experts (Qwen3-MoE, Mixtral, Gemma 4 26B-A4B).
 
 // Gemma 4 E2B, E4B's per-layer inputs (block flag 32): a second embedding gives each
 // token a slice of P values per layer, mixed with a projection of its embedding x:
@@ -1088,190 +1328,6 @@ static void experts_beside_feed_forward(Transformer *t, int l, int B) {
     }
 }
 
-// Which logits forward_block computes: the classifier reads vocab_size x dim
-// weights, as much as all the layers of a small model, so a prompt's blocks skip it
-// but for the last token of the last block.
-typedef enum { LOGITS_LAST = 0, LOGITS_ALL = 1, LOGITS_NONE = 2 } LogitsWanted;
-
-// The forward pass for a block of B tokens at positions pos0 .. pos0+B-1 (B <=
-// PREFILL_BLOCK, pos0 + B <= seq_len). A decoding step is the case B = 1: read it
-// with B = 1 and every "for b" loop runs once. Fills the KV cache at those
-// positions. Returns the logits, one row of vocab_size per token (LOGITS_ALL), only
-// the last token's (LOGITS_LAST), or none (LOGITS_NONE: NULL).
-//
-// The Llama block is the spine: embed; per layer rmsnorm, q k v, RoPE, attention,
-// Wo, residual; rmsnorm, SwiGLU feed-forward, residual; final rmsnorm, classifier.
-// Every other family is a switch on it, read from the file's header:
-//   here                         embedding_multiplier (Gemma: x * sqrt(dim))
-//                                qkv_bias (Qwen2), qk_norm (Qwen3, Gemma 3, 4)
-//                                layer[l].rope: p-RoPE's rope_angles pairs (every model:
-//                                  all pairs for full RoPE; Gemma 4's full layers 64
-//                                  of 256), NoPE layers (SmolLM3), the second setting
-//                                  (Gemma 3's and 4's sliding layers)
-//                                post_norms (Gemma 2, 3, 4), activation GeGLU (Gemma)
-//                                final_softcap (Gemma 2, 4)
-//                                layer[l]'s head_size, n_kv_heads, hidden_dim (Gemma 4:
-//                                  each layer its own), kv_source (Gemma 4's KV
-//                                  sharing), values_are_keys (Gemma 4 31B: k = v),
-//                                  v_norm, per_layer_dim, layer_scalars (Gemma 4)
-//   attention_head, one down     layer[l].window: sliding layers (Mistral, Phi-3,
-//                                  Gemma 2's, 3's and 4's local layers)
-//                                attention_scale (Gemma 2, 3; Gemma 4: 1)
-//                                attention_softcap (Gemma 2)
-//   export.py, before the file   Gemma 1-3's norm x * (1 + w): 1 + w is stored;
-//                                Phi-3's fused qkv and gate_up split in three and two;
-//                                Hugging Face's rotate_half pairs (i, i + d/2) permuted
-//                                  into adjacent pairs (2i, 2i+1) in Wq and Wk rows
-//                                  (and Wo's columns where the values are the keys);
-//                                GPT-NeoX's partial_rotary_factor f as p-RoPE with
-//                                  theta' = theta^(1/f)
-static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, LogitsWanted wanted) {
-    const Config *c = &t->config;
-    const TransformerWeights *w = &t->weights;
-    RunState *s = &t->state;
-    int dim = c->dim;
-    float eps = c->norm_eps;
-    int n_rotated[3] = {0, setting_angles(c, LAYER_ROPE_FIRST), setting_angles(c, LAYER_ROPE_SECOND)}; // per setting
-    const float *cos_tables[3] = {NULL, s->rope_cos, s->rope2_cos}, *sin_tables[3] = {NULL, s->rope_sin, s->rope2_sin};
-
-    // the token embeddings: x[b] = embedding[token b], widened to float32
-    for (int b = 0; b < B; b++) embedding_row(s->x + (size_t)b * dim, w->token_embedding, tokens[b], dim);
-    if (c->embedding_multiplier != 0.0f) // Gemma: x = embedding * sqrt(dim) (the file stores it as rounded)
-        for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] *= c->embedding_multiplier;
-    if (c->per_layer_dim) per_layer_inputs(t, tokens, B); // Gemma 4 E2B, E4B: each layer's slice, from x
-
-    for (int l = 0; l < c->n_layers; l++) {
-        if (B == 1) read_order_layer_begins(); // timing only ("Making it fast", 5): the same bits
-        // this layer's shape: all layers alike but in Gemma 4 (LayerSpec); q_dim is dim in
-        // the Llama block, wider in Qwen3 and Gemma 7B
-        const LayerSpec *ls = &c->layer[l];
-        int head_size = ls->head_size, n_kv_heads = ls->n_kv_heads, hidden = ls->hidden_dim;
-        int q_dim = c->n_heads * head_size, kv_dim = n_kv_heads * head_size;
-        int owns_cache = ls->kv_source == l; // Gemma 4's KV-shared layers compute no k, v
-
-        // attention rmsnorm: xb = rmsnorm(x)
-        for (int b = 0; b < B; b++)
-            rmsnorm(s->xb + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_att + (size_t)l * dim, dim, eps);
-
-        // q = Wq xb, k = Wk xb, v = Wv xb (Gemma 4: no k, v on a KV-shared layer; no Wv
-        // where the values are the keys, the raw key projection copied before k's norm)
-        Projection qkv[3] = {{s->q, matrix_at(w->wq, ls->q_before * dim), q_dim},
-                             {s->k, matrix_at(w->wk, ls->kv_before * dim), kv_dim},
-                             {s->v, matrix_at(w->wv, ls->v_before * dim), kv_dim}};
-        matmuls(s, s->xb, qkv, !owns_cache ? 1 : ls->values_are_keys ? 2 : 3, B, dim);
-        if (owns_cache && ls->values_are_keys) memcpy(s->v, s->k, (size_t)B * kv_dim * sizeof(float));
-        if (c->qkv_bias) { // Qwen2: q += bq, k += bk, v += bv
-            for (int b = 0; b < B; b++) {
-                float *q = s->q + (size_t)b * q_dim, *k = s->k + (size_t)b * kv_dim, *v = s->v + (size_t)b * kv_dim;
-                for (int i = 0; i < q_dim; i++) q[i] += w->bq[ls->q_before + i];
-                for (int i = 0; i < kv_dim; i++) k[i] += w->bk[ls->kv_before + i];
-                for (int i = 0; i < kv_dim; i++) v[i] += w->bv[ls->v_before + i];
-            }
-        }
-        if (c->qk_norm) { // Qwen3, Gemma 3, 4: each query and key head RMSNormed over its head_size values
-            const float *qn = w->q_norm + ls->heads_before, *kn = w->k_norm + ls->k_heads_before;
-            for (int b = 0; b < B; b++) {
-                for (int h = 0; h < c->n_heads; h++) {
-                    float *q = s->q + (size_t)b * q_dim + h * head_size;
-                    rmsnorm(q, q, qn, head_size, eps);
-                }
-                for (int h = 0; owns_cache && h < n_kv_heads; h++) {
-                    float *k = s->k + (size_t)b * kv_dim + h * head_size;
-                    rmsnorm(k, k, kn, head_size, eps);
-                }
-            }
-        }
-        if (c->v_norm && owns_cache) // Gemma 4: each value head RMSNormed, without a weight
-            for (size_t h = 0; h < (size_t)B * n_kv_heads; h++)
-                rmsnorm(s->v + h * head_size, s->v + h * head_size, NULL, head_size, eps);
-
-        // RoPE: rotate q and k by their position with the layer's setting. Only the
-        // first n_rotated = floor(p head_size / 2) pairs turn (p-RoPE; p = 1 is full
-        // RoPE, all head_size / 2), the rest keep their values; a NoPE layer (SmolLM3's
-        // every fourth) turns none. Then k, rotated, and v, never rotated, are cached:
-        // a cached key already holds R(pos) k, so no step rotates it again.
-        int rope = ls->rope;
-        for (int b = 0; b < B; b++) {
-            int pos = pos0 + b;
-            float *q = s->q + (size_t)b * q_dim, *k = s->k + (size_t)b * kv_dim, *v = s->v + (size_t)b * kv_dim;
-            if (s->inspect) inspect_record_chunks(s->inspect, t, l, q, k, pos); // -m inspect only
-            if (rope != LAYER_NOPE) {
-                const float *cos_pos = cos_tables[rope] + (size_t)pos * n_rotated[rope];
-                const float *sin_pos = sin_tables[rope] + (size_t)pos * n_rotated[rope];
-                rope_apply(q, c->n_heads, head_size, n_rotated[rope], cos_pos, sin_pos);
-                if (owns_cache) rope_apply(k, n_kv_heads, head_size, n_rotated[rope], cos_pos, sin_pos);
-            }
-            for (int kvh = 0; owns_cache && kvh < n_kv_heads; kvh++) {
-                size_t at = kv_cache_offset(c, l, kvh, pos);
-                memcpy(s->key_cache + at, k + kvh * head_size, head_size * sizeof(float));
-                memcpy(s->value_cache + at, v + kvh * head_size, head_size * sizeof(float));
-            }
-        }
-        if (s->inspect && l == 0) inspect_count_positions(s->inspect, B, pos0);
-
-        // multi-head attention: xb = attention(q, cached k, cached v)
-        attention(t, l, B, pos0);
-
-        // x = x + Wo xb (the residual connection); Gemma 2, 3, 4 normalize Wo xb first
-        matmul_tokens(s, s->xb2, s->xb, matrix_at(w->wo, (size_t)dim * ls->q_before), B, q_dim, dim);
-        if (c->post_norms)
-            for (int b = 0; b < B; b++)
-                rmsnorm(s->xb2 + (size_t)b * dim, s->xb2 + (size_t)b * dim, w->rms_post_att + (size_t)l * dim, dim, eps);
-        for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] += s->xb2[i];
-
-        // ffn rmsnorm: xb = rmsnorm(x)
-        for (int b = 0; b < B; b++)
-            rmsnorm(s->xb + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_ffn + (size_t)l * dim, dim, eps);
-
-        // the feed-forward: x = x + W2 (act(W1 xb) * (W3 xb)), act silu (SwiGLU) or the
-        // tanh GELU (GeGLU: Gemma); Gemma 2, 3, 4 normalize its output first. A layer
-        // with experts (Qwen3-MoE, Mixtral) passes each token through k of them instead;
-        // Gemma 4 26B-A4B's run beside the feed-forward.
-        if (ls->experts && c->routing != ROUTING_GEMMA4) {
-            mixture_of_experts(t, l, B, s->xb);
-        } else {
-            Projection w13[2] = {{s->hb, matrix_at(w->w1, ls->hidden_before * dim), hidden},
-                                 {s->hb2, matrix_at(w->w3, ls->hidden_before * dim), hidden}};
-            matmuls(s, s->xb, w13, 2, B, dim);
-            if (c->activation == ACTIVATION_GEGLU_TANH) geglu(s->hb, s->hb2, (long)B * hidden);
-            else swiglu(s->hb, s->hb2, (long)B * hidden);
-            matmul_tokens(s, s->xb2, s->hb, matrix_at(w->w2, (size_t)dim * ls->hidden_before), B, hidden, dim);
-            if (ls->experts) experts_beside_feed_forward(t, l, B); // Gemma 4 26B-A4B
-        }
-        if (c->post_norms)
-            for (int b = 0; b < B; b++)
-                rmsnorm(s->xb2 + (size_t)b * dim, s->xb2 + (size_t)b * dim, w->rms_post_ffn + (size_t)l * dim, dim, eps);
-        for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] += s->xb2[i];
-
-        if (c->per_layer_dim) add_per_layer_input(t, l, B); // Gemma 4 E2B, E4B: x += this layer's input
-        if (c->layer_scalars) // Gemma 4: the whole residual stream scaled by the layer's learned scalar
-            for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] *= w->layer_scalars[l];
-        if (B == 1) read_order_layer_ends();
-    }
-
-    // final rmsnorm and the classifier: logits = Wcls rmsnorm(x)
-    if (wanted == LOGITS_NONE) return NULL;
-    int first = wanted == LOGITS_ALL ? 0 : B - 1;
-    for (int b = first; b < B; b++) rmsnorm(s->x + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_final, dim, eps);
-    matmul_tokens(s, s->logits, s->x + (size_t)first * dim, w->wcls, B - first, dim, c->vocab_size);
-    if (c->final_softcap != 0.0f) softcap(s->logits, (long)(B - first) * c->vocab_size, c->final_softcap); // Gemma 2, 4
-    return s->logits;
-}
-
-// One token at position pos: the decoding step. Returns vocab_size logits.
-static float *forward(Transformer *t, int token, int pos) { return forward_block(t, &token, 1, pos, LOGITS_ALL); }
-
-// Runs tokens[0..n) at positions pos0.. through the model in blocks, filling the
-// KV cache. Returns the logits of the last token.
-static float *prefill(Transformer *t, const int *tokens, int n, int pos0) {
-    float *logits = NULL;
-    for (int i = 0; i < n; i += PREFILL_BLOCK) {
-        int len = n - i < PREFILL_BLOCK ? n - i : PREFILL_BLOCK;
-        logits = forward_block(t, tokens + i, len, pos0 + i, i + len < n ? LOGITS_NONE : LOGITS_LAST);
-    }
-    return logits;
-}
-
 // ----------------------------------------------------------------------------
 // Shifting the KV cache: RoPE's relative property at work
 //
@@ -1288,9 +1344,27 @@ static float *prefill(Transformer *t, const int *tokens, int n, int pos0) {
 // fresh key rounds once, so shifted keys differ from fresh ones by about 1e-6 of
 // their size; tests/test_rope.c checks it.)
 //
+// On a sliding layer's ring of R positions (window W), only what stays visible
+// moves: the next position, to + n, sees to + n - W + 1 .. to + n, so the last
+// min(n, W - 1) positions move, and the kept positions before `to` that it sees must
+// still be in the ring: written after from + n - R, the oldest position the ring
+// holds. When they are not (a long conversation has overwritten the system block's
+// slots), the keys are gone and the shift cannot be done by rotation.
+static int kv_cache_can_shift(const Config *c, int to, int from, int n) {
+    for (int l = 0; l < c->n_layers; l++) {
+        const LayerSpec *ls = &c->layer[l];
+        if (ls->cache_positions == c->seq_len) continue; // a full cache holds every position
+        int oldest_seen = to + n - ls->window + 1 > 0 ? to + n - ls->window + 1 : 0;
+        if (oldest_seen < to && oldest_seen < from + n - ls->cache_positions) return 0;
+    }
+    return 1;
+}
+
 // Moves positions from .. from+n-1 of every layer and head down to to .. to+n-1
-// (0 <= to < from).
-static void kv_cache_shift(Transformer *t, int to, int from, int n) {
+// (0 <= to < from; kv_cache_can_shift first). On a ring, the moved positions' slots
+// can be each other's, so they go through a copy. Returns -1 when that copy cannot
+// be allocated.
+static int kv_cache_shift(Transformer *t, int to, int from, int n) {
     const Config *c = &t->config;
     RunState *s = &t->state;
     int delta = from - to;
@@ -1306,21 +1380,41 @@ static void kv_cache_shift(Transformer *t, int to, int from, int n) {
             minus_sin_delta[which][i] = -sinf(angle);
         }
     }
+    size_t copy_floats = 0; // the most a ring moves: W - 1 positions of a head's keys and values
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->layer[l].cache_positions < c->seq_len)
+            copy_floats = copy_floats > 2 * (size_t)c->layer[l].window * c->layer[l].head_size
+                              ? copy_floats : 2 * (size_t)c->layer[l].window * c->layer[l].head_size;
+    float *copy = copy_floats ? malloc(copy_floats * sizeof(float)) : NULL;
+    if (copy_floats && !copy) return fail("out of memory shifting the KV cache");
     for (int l = 0; l < c->n_layers; l++) {
         // each layer's keys turn back by its own setting's angles; a NoPE layer's keys carry no
         // position; a layer that shares another's cache (Gemma 4) moves with it
         const LayerSpec *ls = &c->layer[l];
         int which = ls->rope, n_rotated = rotated[which], head_size = ls->head_size;
         if (ls->kv_source != l) continue;
+        int ring = ls->cache_positions < c->seq_len, moved = ring && n > ls->window - 1 ? ls->window - 1 : n;
         for (int kvh = 0; kvh < ls->n_kv_heads; kvh++) {
-            for (int j = 0; j < n; j++) {
+            // the full cache: position by position, upwards (a destination is never a later source);
+            // a ring: its last `moved` positions into the copy, then out to their new slots
+            for (int j = n - moved; j < n; j++) {
                 size_t src = kv_cache_offset(c, l, kvh, from + j), dst = kv_cache_offset(c, l, kvh, to + j);
-                memcpy(s->value_cache + dst, s->value_cache + src, head_size * sizeof(float));
-                memcpy(s->key_cache + dst, s->key_cache + src, head_size * sizeof(float));
-                rope_apply(s->key_cache + dst, 1, head_size, n_rotated, cos_delta[which], minus_sin_delta[which]);
+                float *key = ring ? copy + (size_t)(j - (n - moved)) * 2 * head_size : s->key_cache + dst;
+                float *value = ring ? key + head_size : s->value_cache + dst;
+                memcpy(value, s->value_cache + src, head_size * sizeof(float));
+                memcpy(key, s->key_cache + src, head_size * sizeof(float));
+                rope_apply(key, 1, head_size, n_rotated, cos_delta[which], minus_sin_delta[which]);
+            }
+            for (int j = n - moved; ring && j < n; j++) {
+                size_t dst = kv_cache_offset(c, l, kvh, to + j);
+                const float *key = copy + (size_t)(j - (n - moved)) * 2 * head_size;
+                memcpy(s->key_cache + dst, key, head_size * sizeof(float));
+                memcpy(s->value_cache + dst, key + head_size, head_size * sizeof(float));
             }
         }
     }
+    free(copy);
+    return 0;
 }
 
 // ----------------------------------------------------------------------------
@@ -1765,6 +1859,43 @@ static int parse_layer_table(const unsigned char *table, Config *c) {
     return 0;
 }
 
+// The positions layer l's own cache holds. A full-attention layer keeps the whole
+// context, seq_len. A sliding layer of window W (Mistral; Gemma 2's, 3's, 4's local
+// layers) never looks further back than W positions, so its cache is a ring:
+// position t lives in slot t mod R, and a new position overwrites the one R back.
+// R is not W: a block of B tokens (up to PREFILL_BLOCK) writes all its keys before
+// its first token attends, and that token, at pos0, still needs pos0 - W + 1; the
+// block's last write, pos0 + B - 1, overwrites pos0 + B - 1 - R, which must be older:
+//   pos0 + B - 1 - R < pos0 - W + 1   <=>   R >= W + B - 1,
+// so R = W + PREFILL_BLOCK - 1. A window that leaves R >= seq_len is the whole
+// context: such a layer keeps seq_len positions, as a full one.
+static int kv_positions_of_window(int window) { return window + PREFILL_BLOCK - 1; }
+static int kv_positions_of(const Config *c, int l) {
+    int window = c->layer[l].window;
+    return window > 0 && window < c->seq_len - (PREFILL_BLOCK - 1) ? kv_positions_of_window(window) : c->seq_len;
+}
+static int is_ring(const Config *c, int l) { return kv_positions_of(c, l) < c->seq_len; }
+
+// Lays out the KV cache for the context in use (c->seq_len): the caches of the
+// layers that own one (all but Gemma 4's KV-shared layers) back to back, each
+// (n_kv_heads, cache_positions, head_size). A shared layer reads its source's.
+// Returns the floats of one of the two caches (keys; the values' is the same).
+static uint64_t place_kv_caches(Config *c) {
+    uint64_t before = 0;
+    c->max_cache_positions = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        LayerSpec *ls = &c->layer[l], *src = &c->layer[ls->kv_source];
+        if (ls->kv_source == l) {
+            ls->cache_positions = kv_positions_of(c, l), ls->cache_before = before;
+            before += (uint64_t)ls->n_kv_heads * ls->head_size * ls->cache_positions;
+        } else {
+            ls->cache_positions = src->cache_positions, ls->cache_before = src->cache_before;
+        }
+        c->max_cache_positions = max_int(c->max_cache_positions, ls->cache_positions);
+    }
+    return before;
+}
+
 // Where each layer's pieces start in the layered tensors (docs/format.md), and the
 // totals: a layer's q rows in wq, bq and wo; its own cache's rows in wk, bk (and the
 // KV cache); its v rows in wv, bv; its hidden rows in w1, w2, w3; its head in
@@ -1786,6 +1917,7 @@ static void place_layers(Config *c) {
     }
     c->q_rows = q, c->kv_rows = kv, c->v_rows = v, c->hidden_rows = hidden, c->heads_floats = heads;
     c->k_heads_floats = k_heads, c->sparse_layers = sparse;
+    place_kv_caches(c); // for the file's seq_len; build_run_state again for the context in use
 }
 
 // ROPE version 2's tokenizer section (bytes 96..111): where it starts and how long
@@ -2125,22 +2257,54 @@ static float *alloc_floats(size_t n) { return alloc_floats_aligned(n, 64); }
 static float *alloc_floats_in_huge_pages(size_t n);
 
 // What build_run_state allocates, in floats: a fixed part (a block's activations and
-// logits) and a part per position of the context (the KV cache of every layer, a
-// block's scores, the RoPE tables), so that a context's needs are known before
-// anything is allocated.
+// logits, the rings of the sliding layers' caches) and a part per position of the
+// context (the caches of the full-attention layers, a block's scores, the RoPE
+// tables), so that a context's needs are known before anything is allocated. The
+// scores are a row per token and head as long as the longest layer cache: per
+// position while any layer keeps the whole context, else fixed (Mistral: every
+// layer slides).
+static int has_full_cache(const Config *c) {
+    for (int l = 0; l < c->n_layers; l++)
+        if (!is_ring(c, l)) return 1;
+    return 0;
+}
+
+static int longest_ring(const Config *c) {
+    int longest = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        if (is_ring(c, l)) longest = max_int(longest, kv_positions_of(c, l));
+    return longest;
+}
+
+// keys and values of the layers that own a cache (all but Gemma 4's KV-shared ones):
+// a sliding layer's ring (fixed), a full layer's per position
+static uint64_t kv_cache_fixed_floats(const Config *c) {
+    uint64_t floats = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->layer[l].kv_source == l && is_ring(c, l))
+            floats += 2ull * c->layer[l].n_kv_heads * c->layer[l].head_size * kv_positions_of(c, l);
+    return floats;
+}
+
+static uint64_t kv_cache_floats_per_position(const Config *c) {
+    uint64_t floats = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->layer[l].kv_source == l && !is_ring(c, l)) floats += 2ull * c->layer[l].n_kv_heads * c->layer[l].head_size;
+    return floats;
+}
+
 static uint64_t run_state_fixed_floats(const Config *c) {
     uint64_t B = PREFILL_BLOCK, dim = c->dim, hidden = c->max_hidden, kv_dim = c->max_kv_dim;
     uint64_t wide = max_int(dim, c->max_q_dim); // xb holds a normalized x and the heads' outputs
     uint64_t per_layer = (uint64_t)c->per_layer_dim * (c->n_layers + 1); // pl, plb (Gemma 4)
+    uint64_t scores = has_full_cache(c) ? 0 : B * c->n_heads * longest_ring(c);
     // router_logits, chosen and chosen_weight, expert_out, expert_x expert_in dense_out (experts only)
     uint64_t experts = c->n_experts ? c->n_experts + 2ull * c->n_experts_used * (1 + dim) + 3 * dim : 0;
     // x xb2, xb q q_head q_pairs, hb hb2, k v, logits, scratch, pl plb, the experts'
     return B * (2 * dim + 4 * wide + 2 * hidden + 2 * kv_dim + (uint64_t)c->vocab_size +
-                max_int(max_int(hidden, wide), c->per_layer_dim) + per_layer + experts);
+                max_int(max_int(hidden, wide), c->per_layer_dim) + per_layer + experts) +
+           scores + kv_cache_fixed_floats(c);
 }
-
-// the layers that own a cache (all but Gemma 4's KV-shared ones): keys and values
-static uint64_t kv_cache_floats_per_position(const Config *c) { return 2ull * c->kv_rows; }
 
 // The width of a setting's cos and sin tables: its rotated pairs, and at least one
 // (a setting that rotates nothing still gets a table to point at).
@@ -2152,7 +2316,8 @@ static uint64_t run_state_floats_per_position(const Config *c) {
         Config second = rope_setting(c, LAYER_ROPE_SECOND);
         angles += rope_table_width(&second);
     }
-    return kv_cache_floats_per_position(c) + (uint64_t)PREFILL_BLOCK * c->n_heads + 2 * angles;
+    uint64_t scores = has_full_cache(c) ? (uint64_t)PREFILL_BLOCK * c->n_heads : 0;
+    return kv_cache_floats_per_position(c) + scores + 2 * angles;
 }
 
 // The smallest memory limit (a number in the file `file`) of a cgroup and its
@@ -2231,12 +2396,16 @@ static double gib(uint64_t bytes) { return bytes / (double)(1ull << 30); }
 static int check_context_fits(const Config *c) {
     uint64_t fixed = run_state_fixed_floats(c) * sizeof(float);
     uint64_t per_position = run_state_floats_per_position(c) * sizeof(float);
+    uint64_t kv_fixed = kv_cache_fixed_floats(c) * sizeof(float);
     uint64_t kv_per_position = kv_cache_floats_per_position(c) * sizeof(float);
-    uint64_t need = fixed + per_position * c->seq_len, kv = kv_per_position * c->seq_len;
+    uint64_t need = fixed + per_position * c->seq_len, kv = kv_fixed + kv_per_position * c->seq_len;
     const char *what;
     uint64_t memory = memory_limit(&what);
-    // the largest context under both limits (the memory's, when known)
-    uint64_t largest = MAX_KV_CACHE_BYTES / kv_per_position;
+    // the largest context under both limits (the memory's, when known); the sliding
+    // layers' rings do not grow with it
+    uint64_t largest = MAX_SEQ_LEN;
+    if (kv_per_position > 0)
+        largest = kv_fixed < MAX_KV_CACHE_BYTES ? (MAX_KV_CACHE_BYTES - kv_fixed) / kv_per_position : 0;
     if (memory > 0) {
         uint64_t in_memory = memory > fixed ? (memory - fixed) / per_position : 0;
         if (in_memory < largest) largest = in_memory;
@@ -2258,10 +2427,10 @@ static int check_context_fits(const Config *c) {
 // run_state_floats_per_position count these arrays: one added here is added there.
 // Call again (after free_run_state) when the rotary settings change, to rebuild the
 // tables.
-static int build_run_state(RunState *s, const Config *c) {
+static int build_run_state(RunState *s, Config *c) {
     memset(s, 0, sizeof(*s));
     size_t B = PREFILL_BLOCK, kv_dim = c->max_kv_dim;
-    size_t cache = (size_t)c->kv_rows * c->seq_len; // every layer's own cache, back to back
+    size_t cache = place_kv_caches(c); // every layer's own cache (a sliding layer's ring), back to back
     size_t angles = rope_table_width(c);
     size_t wide = max_int(c->dim, c->max_q_dim); // xb: a normalized x, then the heads' outputs
     s->x = alloc_floats(B * c->dim);
@@ -2272,7 +2441,7 @@ static int build_run_state(RunState *s, const Config *c) {
     s->q = alloc_floats(B * c->max_q_dim);
     s->k = alloc_floats(B * kv_dim);
     s->v = alloc_floats(B * kv_dim);
-    s->att = alloc_floats(B * c->n_heads * (size_t)c->seq_len);
+    s->att = alloc_floats(B * c->n_heads * (size_t)c->max_cache_positions);
     s->logits = alloc_floats(B * c->vocab_size);
     s->scratch = alloc_floats(B * max_int(max_int(c->max_hidden, wide), c->per_layer_dim));
     s->q_head = alloc_floats(B * c->max_q_dim);
@@ -3991,12 +4160,14 @@ static void inspect_record_chunks(InspectStats *st, const Transformer *t, int la
     }
 }
 
-static void inspect_record_attention(InspectStats *st, const Config *c, int layer, int h, const float *att, int pos) {
+// bos, current, previous: the weights of positions 0, pos and pos - 1
+static void inspect_record_attention(InspectStats *st, const Config *c, int layer, int h, float bos, float current,
+                                     float previous, int pos) {
     if (pos < 1) return; // position 0 can only attend to itself
     double *a = st->attn + ((size_t)layer * c->n_heads + h) * 3;
-    a[0] += att[0];       // BOS
-    a[1] += att[pos];     // current token
-    a[2] += att[pos - 1]; // previous token
+    a[0] += bos;
+    a[1] += current;
+    a[2] += previous;
 }
 
 // Counts the B positions of a block starting at pos0 (once per block, in layer 0).
@@ -4546,7 +4717,7 @@ static int shift_by_recompute(Transformer *t, const Tokenizer *tok, const ChatOp
 // 0..keep-1) and move everything from turn d's user text on down to position keep.
 static int shift_by_rotation(Transformer *t, Conversation *conv, int d) {
     int keep = conv->turns[0].user_start, from = conv->turns[d].user_start, n = conv->n_tokens - from;
-    kv_cache_shift(t, keep, from, n);
+    if (kv_cache_shift(t, keep, from, n) != 0) return -1;
     memmove(conv->tokens + keep, conv->tokens + from, n * sizeof(int));
     conv->n_tokens = keep + n;
     conv->turns[d].user_start = keep;
@@ -4561,20 +4732,26 @@ static int shift_by_rotation(Transformer *t, Conversation *conv, int d) {
 static int shift_context(Transformer *t, const Tokenizer *tok, const ChatOptions *opt, Conversation *conv,
                          int n_turn, int room) {
     int seq_len = t->config.seq_len, d, rotate = opt->shift == SHIFT_ROTATE;
-    for (d = 1; d < conv->n_turns; d++) {
-        int kept = kept_length(conv, tok, opt, rotate ? SHIFT_ROTATE : SHIFT_RECOMPUTE, d);
-        if (kept < 0 && rotate) { // the template could not be cut at a token boundary
-            fprintf(stderr, "run: cannot cut the cached turns at a token boundary; recomputing instead\n");
-            rotate = 0;
-            kept = kept_length(conv, tok, opt, SHIFT_RECOMPUTE, d);
+    for (;;) {
+        for (d = 1; d < conv->n_turns; d++) {
+            int kept = kept_length(conv, tok, opt, rotate ? SHIFT_ROTATE : SHIFT_RECOMPUTE, d);
+            if (kept < 0 && rotate) { // the template could not be cut at a token boundary
+                fprintf(stderr, "run: cannot cut the cached turns at a token boundary; recomputing instead\n");
+                rotate = 0;
+                kept = kept_length(conv, tok, opt, SHIFT_RECOMPUTE, d);
+            }
+            if (kept < 0) return -1;
+            if (kept + n_turn + room <= seq_len) break;
         }
-        if (kept < 0) return -1;
-        if (kept + n_turn + room <= seq_len) break;
-    }
-    if (d == conv->n_turns) { // drop them all
-        forget_turns(conv, d, conv->n_tokens);
-        conv->n_tokens = 0;
-        return d;
+        if (d == conv->n_turns) { // drop them all
+            forget_turns(conv, d, conv->n_tokens);
+            conv->n_tokens = 0;
+            return d;
+        }
+        int keep = conv->turns[0].user_start, from = conv->turns[d].user_start;
+        if (!rotate || kv_cache_can_shift(&t->config, keep, from, conv->n_tokens - from)) break;
+        fprintf(stderr, "run: a sliding layer's cache no longer holds the kept system block; recomputing instead\n");
+        rotate = 0; // and choose the turns to drop again, by the recomputed lengths
     }
     int result = rotate ? shift_by_rotation(t, conv, d) : shift_by_recompute(t, tok, opt, conv, d);
     return result == 0 ? d : -1;
@@ -5447,7 +5624,6 @@ static void attention_scores_fast(float *att, const float *q, const float *keys,
 // the same additions in the same order as one value at a time, with a quarter of the
 // loads and stores of out.
 static void attention_values_fast(float *out, const float *att, const float *values, int n, int head_size) {
-    memset(out, 0, head_size * sizeof(float));
     int tt = 0;
     for (; tt + 4 <= n; tt += 4) {
         const float *v0 = values + (size_t)tt * head_size, *v1 = v0 + head_size, *v2 = v1 + head_size,
@@ -5464,12 +5640,14 @@ static void attention_values_fast(float *out, const float *att, const float *val
 }
 
 // For a block of B > 1 tokens: head h's products q_b . k_t for all of them at once, a
-// matrix product Q_h K_h^T (tokens x positions) that runs on the prefill tile, the
+// matrix product Q_h K_h^T (tokens x cache slots) that runs on the prefill tile, the
 // cached keys of the head being the rows of a matrix (they are consecutive,
 // head_size apart). Each product is dot(k_t, q_b), exactly what attention_scores
-// computes for one token (the product is symmetric). Token b needs positions 0 ..
-// pos0 + b; a tile of tokens computes up to its last token's position, and the
-// products past a token's own position are never read.
+// computes for one token (the product is symmetric), into key t's slot. Token b
+// needs positions first_visible .. pos0 + b; a tile of tokens computes from its first
+// token's first visible position to its last token's position (one or two runs of
+// slots on a sliding layer's ring: at most W + TILE_TOKENS - 1 positions, fewer than
+// the ring holds), and the products outside a token's own window are never read.
 static void attention_block_scores(Transformer *t, int l, int h, int B, int pos0) {
     const Config *c = &t->config;
     RunState *s = &t->state;
@@ -5483,14 +5661,18 @@ static void attention_block_scores(Transformer *t, int l, int h, int B, int pos0
 #ifdef USE_AVX512
     pack_token_pairs(packed, q, B, head_size);
 #endif
-    // token b's scores are the row att + b * (n_heads * seq_len), as attention_head reads them
-    float *att = s->att + (size_t)h * c->seq_len;
-    int row_stride = c->n_heads * c->seq_len;
+    // token b's scores are the row att + b * (n_heads * max_cache_positions), as attention_head reads them
+    float *att = s->att + (size_t)h * c->max_cache_positions;
+    int row_stride = c->n_heads * c->max_cache_positions;
     for (int b = 0; b < B; b += TILE_TOKENS) {
-        int n_tokens = B - b < TILE_TOKENS ? B - b : TILE_TOKENS, n_keys = pos0 + b + n_tokens;
-        for (int i = 0; i < n_keys; i += TILE_ROWS)
-            matmul_tile(att, q, packed, f32_matrix(keys), head_size, row_stride, i,
-                        n_keys - i < TILE_ROWS ? n_keys - i : TILE_ROWS, b, n_tokens, NULL, 0);
+        int n_tokens = B - b < TILE_TOKENS ? B - b : TILE_TOKENS;
+        SlotRuns runs = slot_runs(first_visible(c, l, pos0 + b), pos0 + b + n_tokens - 1, c->layer[l].cache_positions);
+        for (int r = 0; r < 2; r++) {
+            int j0 = runs.start[r], end = j0 + runs.n[r];
+            for (int i = j0; i < end; i += TILE_ROWS)
+                matmul_tile(att, q, packed, f32_matrix(keys), head_size, row_stride, i,
+                            end - i < TILE_ROWS ? end - i : TILE_ROWS, b, n_tokens, NULL, 0);
+        }
     }
 }
 
@@ -5511,7 +5693,8 @@ static void attention_for_head(Transformer *t, int l, int h, int B, int pos0) {
 
 static int attention_fast(Transformer *t, int l, int B, int pos0) {
     const Config *c = &t->config;
-    long work = (long)B * c->n_heads * (pos0 + B) * c->layer[l].head_size; // the scores' multiply-adds
+    int keys = pos0 + B < c->layer[l].cache_positions ? pos0 + B : c->layer[l].cache_positions; // at most a ring
+    long work = (long)B * c->n_heads * keys * c->layer[l].head_size; // the scores' multiply-adds
     if (B == 1) work *= DECODE_ATTENTION_WEIGHT;
     int h;
     if (!worth_a_parallel_region(work) || t->state.inspect) {
@@ -5663,7 +5846,7 @@ static void touch_run_state(Transformer *t, int n_positions) {
     float *arrays[] = {s->x, s->xb, s->xb2, s->q, s->q_head, s->q_pairs, s->k, s->v, s->hb, s->hb2, s->scratch, s->att,
                        s->logits, s->pl, s->plb};
     size_t lengths[] = {B * dim, B * wide, B * dim, B * q_dim, B * q_dim, B * q_dim, B * kv_dim, B * kv_dim, B * hidden,
-                        B * hidden, B * max_int(max_int(hidden, wide), P), B * c->n_heads * (size_t)c->seq_len,
+                        B * hidden, B * max_int(max_int(hidden, wide), P), B * c->n_heads * (size_t)c->max_cache_positions,
                         (size_t)c->vocab_size, B * c->n_layers * P, B * P}; // logits: the one row generation uses
     for (size_t i = 0; i < sizeof(arrays) / sizeof(arrays[0]); i++)
         if (arrays[i]) memset(arrays[i], 0, lengths[i] * sizeof(float));
@@ -5676,7 +5859,8 @@ static void touch_run_state(Transformer *t, int n_positions) {
     for (r = 0; r < n_runs; r++) {
         int l = r / max_kv_heads, kvh = r % max_kv_heads;
         if (c->layer[l].kv_source != l || kvh >= c->layer[l].n_kv_heads) continue;
-        size_t at = kv_cache_offset(c, l, kvh, 0), bytes = (size_t)n_positions * c->layer[l].head_size * sizeof(float);
+        int positions = n_positions < c->layer[l].cache_positions ? n_positions : c->layer[l].cache_positions; // a ring
+        size_t at = kv_cache_offset(c, l, kvh, 0), bytes = (size_t)positions * c->layer[l].head_size * sizeof(float);
         memset(s->key_cache + at, 0, bytes);
         memset(s->value_cache + at, 0, bytes);
     }
@@ -6273,6 +6457,21 @@ static const char *rope_scaling_text(const Config *c) {
 
 // After the context on the start-up line: where it came from, when not simply the
 // file's seq_len, e.g. " (-c; the file's 512)" or " (the file's 131072, capped: -c 131072 for all)".
+// The start-up line's KV cache: its size for the context in use and, where sliding
+// layers keep a ring (kv_positions_of), how many positions it holds.
+static const char *kv_cache_text(const Config *c) {
+    static char text[160];
+    uint64_t bytes = (kv_cache_fixed_floats(c) + kv_cache_floats_per_position(c) * c->seq_len) * sizeof(float);
+    int n = snprintf(text, sizeof(text), "KV cache %.1f MiB", bytes / (double)(1 << 20));
+    int window = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        if (is_ring(c, l) && c->layer[l].window > window) window = c->layer[l].window;
+    if (window > 0)
+        snprintf(text + n, sizeof(text) - n, " (sliding layers: window %d, a ring of %d positions)", window,
+                 kv_positions_of_window(window));
+    return text;
+}
+
 static const char *context_text(int from_flag, int file_seq_len) {
     static char text[96];
     text[0] = '\0';
@@ -6416,11 +6615,11 @@ int main(int argc, char *argv[]) {
     fputs_visible(checkpoint_path, stderr);
     fprintf(stderr,
             " (%s): dim %d, hidden %d, layers %d, heads %d/%d, vocab %d, context %d%s | rope theta %g%s, "
-            "fraction %g%s (%d of %d pairs rotate), scaling %s, eps %g\n",
+            "fraction %g%s (%d of %d pairs rotate), scaling %s, eps %g | %s\n",
             format_name(transformer.format, c), c->dim, c->hidden_dim, c->n_layers, c->n_heads,
             c->n_kv_heads, c->vocab_size, c->seq_len, context_text(context > 0, file_seq_len), c->rope_theta,
             rope_theta > 0 ? " (command line)" : "", c->rope_fraction, rope_fraction >= 0 ? " (command line)" : "",
-            rope_angles_of(c), head_size_of(c) / 2, rope_scaling_text(c), c->norm_eps);
+            rope_angles_of(c), head_size_of(c) / 2, rope_scaling_text(c), c->norm_eps, kv_cache_text(c));
     if (c->n_experts) { // a mixture of experts: what decoding reads of it
         double all, read = matrix_bytes_per_token(c, &all);
         fprintf(stderr, "run: experts: %d of %d a token in %llu of %d layers (width %d); a token reads %.4g of %.4g GB "

@@ -21,6 +21,21 @@ STORIES = MODELS / "stories260K.bin"
 STORIES_V1 = MODELS / "stories260K_v1.bin"
 TOK512 = MODELS / "tok512.bin"
 LLAMA_TOKENIZER = MODELS / "tokenizer.bin"
+PREFILL_BLOCK = 128  # run.c's block of prompt tokens
+# 422 tokens with tok512: longer than a shrunk window (8) plus a prefill block, the ring a
+# sliding layer's cache holds (run.c's kv_positions_of: W + PREFILL_BLOCK - 1 positions),
+# three times over, so that its slots wrap inside a block and across blocks
+LONG_TEXT = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the park "
+             "with her friends. One day, she saw a big red ball. She ran to get it, but a dog got there first. "
+             "The dog was happy and wagged its tail. Lily laughed and said, \"Can I play too?\" The dog barked "
+             "and pushed the ball to her. They played all day until the sun went down. Then Lily went home to "
+             "her mom, who gave her a warm bowl of soup. Lily told her mom about the dog and the ball. Her mom "
+             "smiled and said, \"You made a new friend today.\" The next morning, Lily went back to the park. "
+             "The dog was there again, waiting by the big tree. It had a stick in its mouth. Lily threw the "
+             "stick far away, and the dog ran after it. A little boy named Tom came to watch. He asked if he "
+             "could throw the stick too. Lily said yes, and the three of them played together. When it started "
+             "to rain, they all ran under the slide and laughed. Tom said it was the best day ever. Lily "
+             "agreed, and the dog barked as if it agreed too.")
 
 
 def run(*args, input=None, timeout=120, binary=None, env=None):

@@ -10,9 +10,10 @@ import time
 import numpy as np
 import pytest
 
+import family_fixtures
 import hf_fixture
 import reference
-from conftest import LLAMA_TOKENIZER, MODELS, ROOT, RUN_BIN, STORIES, TOK512, run
+from conftest import LLAMA_TOKENIZER, MODELS, ROOT, RUN_BIN, STORIES, TOK512, export, run
 
 STORY_CHAT = [STORIES, "-z", TOK512, "-m", "chat", "-t", 0]
 
@@ -265,3 +266,39 @@ def test_terminal_session_shows_prompts_streams_and_ctrl_d_exits_0(tmp_path):
         assert status.read_text().strip() == "0"
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+
+
+# --- a model whose sliding layers keep a ring -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ring_chat_model(tmp_path_factory):
+    """Mistral's shape with a window of 13: at -c 160 every layer's cache is a ring of
+    13 + 127 = 140 positions, which a session wraps turn after turn."""
+    d = tmp_path_factory.mktemp("ring_chat") / "mistral"
+    family_fixtures.write_checkpoint(d, "Mistral-7B-v0.1", "F32", seed=7, window=13)
+    out = d.parent / "mistral.bin"
+    export(d, out)
+    return out
+
+
+def test_sliding_layer_rings_carry_a_chat_across_turns_and_shifts(ring_chat_model):
+    # recompute: the cache carried from turn to turn (each turn's prefill writes on into the
+    # rings) gives the replies of --no-cache, which runs each turn's whole context afresh
+    flags = ("-c", 160, "--shift", "recompute")
+    r, events = run_session(ring_chat_model, *flags)
+    assert b"ring of 140 positions" in r.stderr
+    assert sum(e[0] == "dropped" for e in events) >= 2
+    fresh = run(ring_chat_model, "-z", TOK512, "-m", "chat", "-t", 0, "-n", REPLY_LIMIT, "-y", SYSTEM, "--no-cache",
+                *flags, input="".join(u + "\n" for u in USERS))
+    assert fresh.returncode == 0, fresh.stderr
+    assert fresh.stdout == r.stdout
+    # rotate: the rings' visible positions moved and turned; the replies before the first
+    # shift are recompute's, and every turn gets one
+    rotated, rotate_events = run_session(ring_chat_model, "-c", 160, "--shift", "rotate")
+    assert sum(e[0] == "dropped" for e in rotate_events) >= 2
+    assert b"error" not in rotated.stderr
+    first_shift = [e[0] for e in rotate_events].index("dropped")
+    replies_before = sum(e[0] == "reply" for e in rotate_events[:first_shift])
+    assert rotated.stdout.splitlines()[:replies_before] == r.stdout.splitlines()[:replies_before]
+    assert len(rotated.stdout.splitlines()) == len(USERS)

@@ -21,7 +21,7 @@ import pytest
 import family_fixtures
 import family_reference
 import hf_fixture
-from conftest import TOK512, export, greedy_ids, run, tokens_of
+from conftest import LONG_TEXT, PREFILL_BLOCK, TOK512, export, greedy_ids, run, tokens_of
 
 # the families this branch supports, by the fixture of the model the issue names
 MODELS = ["Qwen2.5-0.5B", "Qwen3-0.6B", "SmolLM3-3B", "Mistral-7B-v0.1", "Gemma-2B", "Gemma-2-2B", "Gemma-3-270M",
@@ -62,6 +62,37 @@ def test_perplexity_matches_the_family_reference(exported):
     nll = float(re.search(rb"nll: (\S+)", r.stdout).group(1))
     expected = family_reference.nll(family_reference.forward(config, tensors, tokens, context_of(config)), tokens)
     assert abs(nll - expected) <= 1e-4 * abs(expected), (nll, expected)
+
+
+# the families with sliding layers: every layer (Mistral, Phi-3 with a window), the local ones
+# (Gemma 2's every other, Gemma 3's five of six)
+SLIDING = ["Mistral-7B-v0.1", "Gemma-2-2B", "Gemma-3-1B", "Phi-3-mini-4k"]
+
+
+@pytest.mark.parametrize("name", SLIDING)
+def test_sliding_layers_past_their_ring_match_the_family_reference(tmp_path, name):
+    """A sliding layer's cache holds W + PREFILL_BLOCK - 1 positions, a ring: a text of several
+    rings (ppl: the prefill blocks, wrapping inside and across them) and greedy decoding from a
+    prompt longer than the ring (decode steps on a wrapped ring) give the reference's numbers."""
+    d = tmp_path / name
+    family_fixtures.write_checkpoint(d, name, "F32", seed=5)
+    config, tensors = hf_fixture.load_hf_checkpoint(d)
+    model = tmp_path / f"{name}.bin"
+    export(d, model)
+    assert any(family_reference.layer_windows(config)), "the fixture has no sliding layer"
+    tokens = tokens_of(model, LONG_TEXT)
+    assert len(tokens) > 3 * (WINDOW + PREFILL_BLOCK)
+    r = run(model, "-z", TOK512, "-m", "ppl", "-p", LONG_TEXT)
+    assert r.returncode == 0, r.stderr
+    nll = float(re.search(rb"nll: (\S+)", r.stdout).group(1))
+    expected = family_reference.nll(family_reference.forward(config, tensors, tokens, context_of(config)), tokens)
+    assert abs(nll - expected) <= 1e-4 * abs(expected), (nll, expected)
+    prompt_text = LONG_TEXT[:700]
+    prompt = tokens_of(model, prompt_text)
+    assert len(prompt) > WINDOW + PREFILL_BLOCK
+    generated = greedy_ids(model, prompt_text, len(prompt) + 12)
+    assert len(generated) >= 12
+    assert generated == family_reference.greedy(config, tensors, prompt, len(generated), context_of(config))
 
 
 def test_greedy_tokens_match_the_family_reference(exported):

@@ -22,7 +22,7 @@ import pytest
 
 import gemma4_fixtures as F
 import gemma4_reference as g4
-from conftest import TOK512, export, greedy_ids, run, tokens_of
+from conftest import LONG_TEXT, PREFILL_BLOCK, TOK512, export, greedy_ids, run, tokens_of
 
 MODELS = ["gemma-4-E2B-it", "gemma-4-E4B", "gemma-4-31B"]
 # 40-odd tokens with tok512: longer than the fixtures' windows (8)
@@ -314,6 +314,24 @@ def test_greedy_tokens_match_the_reference(exported):
     assert generated == g4.greedy(config, tensors, prompt, len(generated))
 
 
+def test_sliding_layers_past_their_ring_match_the_reference(exported):
+    """A sliding layer's cache holds W + PREFILL_BLOCK - 1 positions, a ring (KV-shared layers
+    read their source's): a text of several rings through the prefill blocks, and decoding from
+    a prompt longer than the ring, give the reference's nll and tokens."""
+    config, tensors, model, _ = exported
+    tokens = tokens_of(model, LONG_TEXT)
+    assert len(tokens) > 3 * (WINDOW + PREFILL_BLOCK)
+    expected = g4.nll(g4.forward(config, tensors, tokens), tokens)
+    nll = ppl_of(model, LONG_TEXT)
+    assert abs(nll - expected) <= 1e-4 * abs(expected), (nll, expected)
+    prompt_text = LONG_TEXT[:700]
+    prompt = tokens_of(model, prompt_text)
+    assert len(prompt) > WINDOW + PREFILL_BLOCK
+    generated = greedy_ids(model, prompt_text, len(prompt) + 12)
+    assert len(generated) >= 12
+    assert generated == g4.greedy(config, tensors, prompt, len(generated))
+
+
 def test_text_only_checkpoint_exports_and_matches(tmp_path):
     """gemma4_text (Gemma4ForCausalLM): the weights under model., no note about towers."""
     name = "gemma-4-E2B-it"
@@ -434,13 +452,14 @@ def run_with(model, env, *args):
 def test_plain_loops_and_threads_give_the_same_bytes(exported, tmp_path):
     """Gemma 4's switches in the fast paths (per-layer head sizes in the attention tiles, the
     shared caches, the per-layer inputs' matmuls) compute what the plain loops compute, bit for
-    bit, at 1 and 2 threads: a seeded story and the ppl CSV, a prompt crossing the windows."""
+    bit, at 1 and 2 threads: a seeded story and the ppl CSV, a text crossing the windows and the
+    sliding layers' rings."""
     model = exported[2]
     outs = set()
     for env in ({"OMP_NUM_THREADS": "1"}, {"OMP_NUM_THREADS": "2"}, {"RUN_PLAIN": "1", "OMP_NUM_THREADS": "2"}):
         csv = tmp_path / "nll.csv"
-        story = run_with(model, env, "-z", TOK512, "-t", "0.9", "-s", "7", "-n", "120", "-p", TEXT[:60])
-        run_with(model, env, "-z", TOK512, "-m", "ppl", "-p", TEXT, "--csv", csv)
+        story = run_with(model, env, "-z", TOK512, "-t", "0.9", "-s", "7", "-n", "300", "-p", TEXT[:60])
+        run_with(model, env, "-z", TOK512, "-m", "ppl", "-p", LONG_TEXT, "--csv", csv)  # past the rings
         outs.add((story, csv.read_bytes()))
     assert len(outs) == 1
 

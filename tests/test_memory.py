@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RUN_BIN, RUN_PREFIX, TOK512, run
+import family_fixtures
+from conftest import LONG_TEXT, RUN_BIN, RUN_PREFIX, TOK512, export, run, tokens_of
 from ropefile import write_random_checkpoint
 
 SANITIZED = "san" in Path(RUN_BIN).name  # sanitizers reserve terabytes of address space: no RLIMIT_AS
@@ -211,3 +212,49 @@ def test_rope_and_tokenize_allocate_no_kv_cache(models, mode, context):
     if mode == "tokenize":
         assert r.stdout == run(models["deep"], "-z", TOK512, "-m", "tokenize", "-p", "Once upon a time", "-c",
                                "16").stdout
+
+
+# Mistral's shape where the KV cache is what is big: 16 layers, every one sliding with a window
+# of 64, four key/value heads of 128 (64 KiB of keys and values a position, 512 MiB for 8192
+# positions) on a residual stream of 64 (weights of 10 MB)
+@pytest.fixture(scope="module")
+def mistral_ring(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ring") / "mistral"
+    config = family_fixtures.shrink("Mistral-7B-v0.1", window=64, max_len=32768)
+    config.update(num_hidden_layers=16, num_attention_heads=4, num_key_value_heads=4, head_dim=128, hidden_size=64,
+                  intermediate_size=160)
+    family_fixtures.write_checkpoint(d, "Mistral-7B-v0.1", config=config, seed=2)
+    out = d.parent / "mistral_ring.bin"
+    export(d, out)
+    return out, 2 * 16 * 4 * 128 * 4  # the file, its KV cache bytes per position without the ring
+
+
+@pytest.mark.skipif(SANITIZED, reason="ASan's allocator maps and counts large blocks its own way: resident memory is not the program's")
+def test_sliding_layers_kv_cache_does_not_grow_with_the_context(tmp_path, mistral_ring):
+    # Every layer slides (window 64): its cache is a ring of 64 + 127 positions, so filling a
+    # context of 8192 positions (ppl's windows are the context) takes what filling 2048 does.
+    # A cache of every position would grow by 6144 x 64 KiB = 384 MiB; the RoPE tables grow
+    # by 6144 x 64 pairs x 8 bytes = 3 MiB.
+    model, kv_per_position = mistral_ring
+    text = (LONG_TEXT + " ") * 22  # over 8192 tokens
+    peaks, runs = {}, {}
+    for context in (2048, 8192):
+        runs[context], peaks[context] = run_limited(model, "-z", TOK512, "-m", "ppl", "-p", text, "-c", context)
+        assert runs[context].returncode == 0, runs[context].stderr.decode()
+        windows = -(-len(tokens_of(model, text)[1:]) // (context - 1))  # each fills the context
+        assert f"windows: {windows}" in runs[context].stdout.decode(), runs[context].stdout
+    grown = peaks[8192] - peaks[2048]
+    assert grown < 24 << 20, f"grew {grown >> 20} MiB; a cache of every position grows by " \
+                             f"{kv_per_position * 6144 >> 20} MiB"
+    for r in runs.values():
+        assert "KV cache 11.9 MiB (sliding layers: window 64, a ring of 191 positions)" in r.stderr.decode()
+
+
+def test_a_long_context_of_sliding_layers_is_sized_by_their_rings(mistral_ring):
+    # -c 131072: the rings (12 MiB) and the RoPE tables (64 MiB), not a 8 GiB cache of every
+    # position, which this machine's check would refuse or run's 64 GiB bound would not
+    model, _ = mistral_ring
+    r = run(model, "-z", TOK512, "-t", "0", "-n", "4", "-p", "Once", "-c", "131072")
+    assert r.returncode == 0, r.stderr
+    assert "context 131072 (-c; the file's 32768)" in r.stderr.decode()
+    assert "KV cache 11.9 MiB (sliding layers: window 64, a ring of 191 positions)" in r.stderr.decode()

@@ -6,7 +6,8 @@ import subprocess
 
 import pytest
 
-from conftest import RUN_BIN, RUN_PREFIX, STORIES, TOK512
+import family_fixtures
+from conftest import LONG_TEXT, RUN_BIN, RUN_PREFIX, STORIES, TOK512, export
 from ropefile import as_16bit, random_weights, write_checkpoint
 
 STORY = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "
@@ -69,6 +70,30 @@ def test_plain_loops_give_the_same_perplexity_csv_on_a_bf16_model(tmp_path, bf16
 @pytest.mark.parametrize("threads", [1, 2])
 def test_plain_loops_generate_the_same_tokens_on_a_bf16_model(bf16_model, threads):
     same_output(bf16_model, "-z", TOK512, "-t", "0.9", "-s", "3", "-n", "300", "-p", STORY[:200],
+                threads=threads)
+
+
+@pytest.fixture(scope="module", params=["Mistral-7B-v0.1", "Gemma-3-1B"])
+def ring_model(request, tmp_path_factory):
+    """A model whose sliding layers (every layer: Mistral; five of six: Gemma 3) keep their
+    cache in a ring of W + 127 positions, W = 13: odd, so that the ring's wrap falls anywhere
+    in a prefill block and in the score tiles."""
+    d = tmp_path_factory.mktemp("ring") / request.param
+    family_fixtures.write_checkpoint(d, request.param, "F32", seed=11, window=13)
+    out = d.parent / f"{request.param}.bin"
+    export(d, out)
+    return out
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_plain_loops_give_the_same_bytes_on_sliding_layers_past_their_ring(tmp_path, ring_model, threads):
+    # ppl: 422 tokens in prefill blocks, the rings wrapping inside them; generation: 400
+    # positions decoded one at a time after a prompt longer than a ring
+    csv = tmp_path / "nll.csv"
+    out, table = same_output(ring_model, "-z", TOK512, "-m", "ppl", "-p", LONG_TEXT, "--csv", csv,
+                             threads=threads, csv=csv)
+    assert len(table.splitlines()) > 400
+    same_output(ring_model, "-z", TOK512, "-t", "0.9", "-s", "5", "-n", "400", "-p", LONG_TEXT[:600],
                 threads=threads)
 
 

@@ -89,3 +89,13 @@ def test_run_c_line_references_name_their_line(page):
              f" (defined at run.c:{where_defined(lines, name)})" if int(n) <= len(lines) else f"run.c:{n}: past the end"
              for name, n in references if not names_line(lines, int(n), name)]
     assert not wrong, "\n".join(wrong)
+
+
+def test_a_learner_reaches_the_forward_pass_within_run_cs_first_1000_lines():
+    # the forward pass (its section, then forward_block) before the loading machinery, as
+    # llama2.c's run.c has it
+    lines = (ROOT / "run.c").read_text().split("\n")
+    section = next(i for i, line in enumerate(lines, 1) if line.startswith("// The forward pass:"))
+    loading = next(i for i, line in enumerate(lines, 1) if line.startswith("// Loading a checkpoint"))
+    forward_block = next(i for i, line in enumerate(lines, 1) if line.startswith("static float *forward_block("))
+    assert section <= 1000 and section < forward_block < loading, (section, forward_block, loading)

@@ -545,6 +545,7 @@ static void test_every_read_order_equals_plain_matmul(void) {
 enum { VARIANT_FLOATS = 1024 };
 static float variant_bias[3][VARIANT_FLOATS], variant_qk_norm[2][VARIANT_FLOATS];
 static int variant_layer0 = LAYER_NOPE; // layer 0's rotary choice (the shift tests vary it)
+static int variant_window0 = 0;          // layer 0's window (the ring tests slide it)
 
 static int make_variant(Transformer *t) {
     Config *c = &t->config;
@@ -569,7 +570,7 @@ static int make_variant(Transformer *t) {
     c->rope2.rope_theta = 500.0f, c->rope2.rope_fraction = 0.5f, c->rope2.rope_factor = 1.0f;
     c->rope2.rope_original_len = c->seq_len;
     c->layer_table_bytes = 8ull * c->n_layers; // (as loaded from a table: -m rope and inspect print it)
-    int ropes[4] = {variant_layer0, LAYER_ROPE_SECOND, LAYER_ROPE_FIRST, LAYER_NOPE}, windows[4] = {0, 7, 0, 5};
+    int ropes[4] = {variant_layer0, LAYER_ROPE_SECOND, LAYER_ROPE_FIRST, LAYER_NOPE}, windows[4] = {variant_window0, 7, 0, 5};
     for (int l = 0; l < c->n_layers; l++) c->layer[l].rope = ropes[l % 4], c->layer[l].window = windows[l % 4];
     return 0;
 }
@@ -804,7 +805,7 @@ static void test_shifted_keys_equal_fresh_keys(const char *checkpoint, float fra
     for (int i = FROM; i < N; i++) kept[n_kept++] = tokens[i];
 
     prefill(&a, tokens, N, 0);
-    size_t cache_floats = (size_t)c->n_layers * c->n_kv_heads * c->seq_len * head_size_of(c);
+    size_t cache_floats = (size_t)c->n_kv_heads * c->layer[0].cache_positions * head_size_of(c); // layer 0's, first
     float *unshifted = malloc(cache_floats * sizeof(float));
     memcpy(unshifted, a.state.key_cache, cache_floats * sizeof(float));
     kv_cache_shift(&a, KEEP, FROM, N - FROM);
@@ -827,6 +828,49 @@ static void test_shifted_keys_equal_fresh_keys(const char *checkpoint, float fra
     else
         check(key_error <= 1e-5 && value_error == 0 && unrotated_error > 1e-2, name, detail);
     free(unshifted);
+    free_transformer(&a);
+    free_transformer(&b);
+}
+
+// --shift rotate on a sliding layer's ring: layer 0 of the variant slides (window 9,
+// a ring of 9 + 127 = 136 of the 512 positions) and rotates by the first setting.
+// Positions from .. N-1 move down to keep ..; only the positions the next token sees
+// (the last W - 1 of the kept ones) must hold the keys and values of a fresh run over
+// the kept tokens: moved (their slots overlap, the ring wraps), and, when the moved
+// tail is short, the kept head's own. When the head's slots were overwritten since
+// (the run went on for more than PREFILL_BLOCK positions past them),
+// kv_cache_can_shift refuses.
+static void test_ring_shift_keeps_the_visible_keys(const char *checkpoint, int N, int keep, int from, int can,
+                                                   const char *name) {
+    variant_layer0 = LAYER_ROPE_FIRST, variant_window0 = 9, use_variant = 1;
+    Transformer a, b;
+    int failed = load_model(&a, checkpoint) || load_model(&b, checkpoint);
+    variant_layer0 = LAYER_NOPE, variant_window0 = 0, use_variant = 0;
+    if (failed) {
+        check(0, name, error_message);
+        return;
+    }
+    const Config *c = &a.config;
+    int tokens[512], kept[512], n_kept = 0, W = c->layer[0].window;
+    for (int i = 0; i < N; i++) tokens[i] = 3 + (i * 7919 + 13) % (c->vocab_size - 3);
+    for (int i = 0; i < keep; i++) kept[n_kept++] = tokens[i];
+    for (int i = from; i < N; i++) kept[n_kept++] = tokens[i];
+    prefill(&a, tokens, N, 0);
+    int ok = c->layer[0].cache_positions == 136 && kv_cache_can_shift(c, keep, from, N - from) == can;
+    char detail[160];
+    snprintf(detail, sizeof(detail), "layer 0 holds %d positions, kv_cache_can_shift %d (expected 136, %d)",
+             c->layer[0].cache_positions, !can, can);
+    if (ok && can) {
+        kv_cache_shift(&a, keep, from, N - from);
+        prefill(&b, kept, n_kept, 0);
+        int lo = n_kept - W + 1 > 0 ? n_kept - W + 1 : 0; // what position n_kept sees, but itself
+        double key_error = layer0_cache_error(c, a.state.key_cache, b.state.key_cache, lo, n_kept);
+        double value_error = layer0_cache_error(c, a.state.value_cache, b.state.value_cache, lo, n_kept);
+        snprintf(detail, sizeof(detail), "positions %d..%d: key error %.3g, value error %.3g", lo, n_kept - 1,
+                 key_error, value_error);
+        ok = key_error <= 1e-5 && value_error == 0;
+    }
+    check(ok, name, detail);
     free_transformer(&a);
     free_transformer(&b);
 }
@@ -1324,7 +1368,20 @@ int main(int argc, char **argv) {
         test_shifted_keys_equal_fresh_keys(argv[1], 0, ROPE_SCALING_NONE,
                                            "variant_shifted_keys_equal_fresh_keys_in_layer_0_second_setting");
         variant_layer0 = LAYER_NOPE;
+        variant_window0 = 9; // layer 0 slides too: every sliding layer a ring that wraps
+        test_block_forward_equals_token_forward(argv[1]);
+        test_fast_forward_equals_plain_forward(argv[1]);
+        variant_window0 = 0;
         use_variant = 0;
+        test_ring_shift_keeps_the_visible_keys(argv[1], 500, 12, 300, 1, "ring_shift_moves_the_visible_keys_rotated");
+        // a move of 133 = 136 - 3 positions: each destination the slot of a source 3 positions on,
+        // still to move
+        test_ring_shift_keeps_the_visible_keys(argv[1], 500, 12, 145, 1,
+                                               "ring_shift_onto_overlapping_slots_moves_the_visible_keys");
+        test_ring_shift_keeps_the_visible_keys(argv[1], 140, 12, 135, 1,
+                                               "ring_shift_of_a_short_tail_keeps_the_visible_head");
+        test_ring_shift_keeps_the_visible_keys(argv[1], 305, 12, 300, 0,
+                                               "ring_shift_refused_when_the_visible_head_was_overwritten");
     }
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed != 0;
