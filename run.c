@@ -157,14 +157,24 @@ static const char *rope_scaling_names[] = {"none", "linear", "ntk", "yarn", "lla
 // How the matrices and the token embedding are stored (the ROPE header's
 // weight_type): float32, or a 16-bit type that widens to float32 exactly. bf16 is
 // the top half of a float32 (8 exponent bits, 7 fraction bits); f16 is IEEE half
-// precision (5 exponent bits, 10 fraction bits). The norms are always float32, and
-// all arithmetic is float32: a 16-bit file computes what the float32 file holding
-// its widened weights computes, from half the bytes.
-typedef enum { WEIGHT_F32 = 0, WEIGHT_BF16 = 1, WEIGHT_F16 = 2 } WeightType;
-static const char *weight_type_names[] = {"f32", "bf16", "f16"};
-#define N_WEIGHT_TYPES 3
+// precision (5 exponent bits, 10 fraction bits). Q8_0 is GGUF's 8-bit block: each
+// run of 32 weights along a row is 34 bytes, a scale d (f16) then 32 int8 values q,
+// and the weight is d * q, exact in float32 (11 significant bits times 8). The norms
+// are always float32, and all arithmetic is float32: a 16-bit or Q8_0 file computes
+// what the float32 file holding its widened weights computes, from fewer bytes.
+typedef enum { WEIGHT_F32 = 0, WEIGHT_BF16 = 1, WEIGHT_F16 = 2, WEIGHT_Q8_0 = 3 } WeightType;
+static const char *weight_type_names[] = {"f32", "bf16", "f16", "q8_0"};
+#define N_WEIGHT_TYPES 4
+#define Q8_0_BLOCK 32       // weights in a Q8_0 block
+#define Q8_0_BLOCK_BYTES 34 // its f16 scale and 32 int8 values
 
-static size_t weight_type_bytes(WeightType type) { return type == WEIGHT_F32 ? 4 : 2; }
+// The bytes before element i of weights stored as `type`. A Q8_0 matrix is only ever
+// entered at the start of a row, a multiple of 32 (every row length is, check_q8_0_rows):
+// i / 32 whole blocks (i % 32 is added only to aim prefetch hints inside a block).
+static uint64_t weight_bytes(WeightType type, uint64_t i) {
+    if (type == WEIGHT_Q8_0) return i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES + i % Q8_0_BLOCK;
+    return i * (type == WEIGHT_F32 ? 4 : 2);
+}
 
 // The feed-forward's gate (ROPE version 2's activation field): SwiGLU, silu(gate) * up
 // (Llama, Mistral, Qwen, SmolLM3, Phi), or GeGLU with the tanh GELU, gelu(gate) * up
@@ -265,7 +275,7 @@ typedef struct {
 } Matrix;
 
 static Matrix matrix_at(Matrix m, size_t i) {
-    return (Matrix){(const char *)m.data + i * weight_type_bytes(m.type), m.type};
+    return (Matrix){(const char *)m.data + weight_bytes(m.type, i), m.type};
 }
 static Matrix f32_matrix(const float *p) { return (Matrix){p, WEIGHT_F32}; }
 
@@ -707,10 +717,20 @@ static inline float f16_to_f32(uint16_t h) {
     return bits_to_f32(sign | (e - 15 + 127) << 23 | (f & 0x3ff) << 13);
 }
 
+// Element i of a Q8_0 row: d * q, d the f16 scale of block i / 32 and q its int8 value
+// i % 32. The product is exact (d has 11 significant bits, q at most 8).
+static inline float q8_0_weight(const void *data, size_t i) {
+    const unsigned char *block = (const unsigned char *)data + i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
+    uint16_t d;
+    memcpy(&d, block, sizeof(d));
+    return f16_to_f32(d) * (float)(int8_t)block[2 + i % Q8_0_BLOCK];
+}
+
 // Element i of weights stored as `type`, widened to float32.
 static inline float widen(const void *data, size_t i, WeightType type) {
     if (type == WEIGHT_BF16) return bf16_to_f32(((const uint16_t *)data)[i]);
     if (type == WEIGHT_F16) return f16_to_f32(((const uint16_t *)data)[i]);
+    if (type == WEIGHT_Q8_0) return q8_0_weight(data, i);
     return ((const float *)data)[i];
 }
 
@@ -1399,7 +1419,7 @@ static int parse_header_v2(const unsigned char *data, Config *c) {
     if (head_size != 0 && (head_size < 2 || head_size > MAX_DIM || head_size % 2 != 0))
         return fail("head_size %d must be 0 (dim / n_heads) or even, in [2, %d]", head_size, MAX_DIM);
     if (weight_type < 0 || weight_type >= N_WEIGHT_TYPES)
-        return fail("weight_type %d is not a type this program knows (0 f32, 1 bf16, 2 f16)", weight_type);
+        return fail("weight_type %d is not a type this program knows (0 f32, 1 bf16, 2 f16, 3 q8_0)", weight_type);
     if (reserved != 0) return fail("reserved header field at byte 92 is %d, not 0", reserved);
     c->head_size = head_size;
     c->weight_type = (WeightType)weight_type;
@@ -1710,7 +1730,10 @@ static const float *next_vector(TensorLayout *t, uint64_t elements) {
 }
 // the embedding and the matrices: of the file's weight type
 static Matrix next_matrix(TensorLayout *t, uint64_t elements) {
-    return (Matrix){(const void *)(t->base + next_tensor(t, elements, weight_type_bytes(t->type))), t->type};
+    t->at = round_up(t->at, t->alignment);
+    uint64_t start = t->at;
+    t->at += weight_bytes(t->type, elements);
+    return (Matrix){(const void *)(t->base + start), t->type};
 }
 
 // Points the weights into the file mapped at base (0: computes only the layout),
@@ -1776,6 +1799,58 @@ static int open_regular_file(const char *path, const char *what, size_t *size);
 static char *read_whole_file(const char *path, const char *what, size_t *size);
 static int check_tokenizer_start(const char *path, int vocab_size);
 
+// A Q8_0 file's rows: every matrix's row length a whole number of blocks (GGUF's Q8_0
+// has no partial block): dim (the rows of wq, wk, wv, w1, w3, the embedding and the
+// classifier), each layer's q_dim (wo) and hidden_dim (w2), and P (the per-layer
+// inputs' gate, output and embedding rows).
+static int check_q8_0_rows(const Config *c) {
+    if (c->weight_type != WEIGHT_Q8_0) return 0;
+    if (c->dim % Q8_0_BLOCK) return fail("q8_0 weights need dim a multiple of 32, not %d", c->dim);
+    if (c->per_layer_dim % Q8_0_BLOCK)
+        return fail("q8_0 weights need per_layer_input_dim a multiple of 32, not %d", c->per_layer_dim);
+    for (int l = 0; l < c->n_layers; l++) {
+        int q_dim = c->n_heads * c->layer[l].head_size, hidden = c->layer[l].hidden_dim;
+        if (q_dim % Q8_0_BLOCK || hidden % Q8_0_BLOCK)
+            return fail("q8_0 weights need rows of a multiple of 32; layer %d has q_dim %d and hidden_dim %d", l,
+                        q_dim, hidden);
+    }
+    return 0;
+}
+
+// A Q8_0 matrix's scales: each a finite f16 (exponent bits not all ones), so that
+// every weight d * q is a number.
+static int check_q8_0_scales(Matrix m, uint64_t elements, const char *name) {
+    if (m.type != WEIGHT_Q8_0) return 0;
+    const unsigned char *block = m.data;
+    for (uint64_t b = 0; b < elements / Q8_0_BLOCK; b++, block += Q8_0_BLOCK_BYTES) {
+        uint16_t d;
+        memcpy(&d, block, sizeof(d));
+        if ((d & 0x7c00) == 0x7c00)
+            return fail("%s: the scale of q8_0 block %llu is %g; scales must be finite", name, (unsigned long long)b,
+                        f16_to_f32(d));
+    }
+    return 0;
+}
+
+// Every Q8_0 matrix's scales (check_q8_0_scales).
+static int check_weights_scales(const TransformerWeights *w, const Config *c) {
+    uint64_t dim = c->dim, vocab = c->vocab_size, LP = (uint64_t)c->n_layers * c->per_layer_dim;
+    struct {
+        Matrix m;
+        uint64_t elements;
+        const char *name;
+    } matrices[] = {{w->token_embedding, vocab * dim, "token_embedding"}, {w->wq, c->q_rows * dim, "wq"},
+                    {w->wk, c->kv_rows * dim, "wk"}, {w->wv, c->v_rows * dim, "wv"}, {w->wo, dim * c->q_rows, "wo"},
+                    {w->w1, c->hidden_rows * dim, "w1"}, {w->w2, dim * c->hidden_rows, "w2"},
+                    {w->w3, c->hidden_rows * dim, "w3"}, {w->wcls, c->shared_classifier ? 0 : vocab * dim, "wcls"},
+                    {w->per_layer_embedding, vocab * LP, "per_layer_embedding"},
+                    {w->per_layer_in, LP * dim, "per_layer_in"}, {w->per_layer_gate, LP * dim, "per_layer_gate"},
+                    {w->per_layer_out, dim * LP, "per_layer_out"}};
+    for (size_t i = 0; i < sizeof(matrices) / sizeof(matrices[0]); i++)
+        if (check_q8_0_scales(matrices[i].m, matrices[i].elements, matrices[i].name) != 0) return -1;
+    return 0;
+}
+
 // Longrope's factors, from the mapped file, into the config: finite and > 0, and the
 // angles they give finite.
 static int use_longrope_factors(Config *c, const float *factors) {
@@ -1807,6 +1882,10 @@ static int load_checkpoint(Transformer *t, const char *path) {
         munmap(mapped, size);
         return fail_in("checkpoint %s", path);
     }
+    if (check_q8_0_rows(&t->config) != 0) { // with the header's shapes (the layer table's: below)
+        munmap(mapped, size);
+        return fail_in("checkpoint %s", path);
+    }
     if (expected != size) {
         munmap(mapped, size);
         if (t->config.version == 2)
@@ -1817,14 +1896,16 @@ static int load_checkpoint(Transformer *t, const char *path) {
                     path, size, (unsigned long long)expected);
     }
     if (t->config.layer_table_bytes == 8ull * t->config.n_layers &&
-        parse_layer_table((const unsigned char *)mapped + t->config.layer_table_offset, &t->config) != 0) {
+        (parse_layer_table((const unsigned char *)mapped + t->config.layer_table_offset, &t->config) != 0 ||
+         check_q8_0_rows(&t->config) != 0)) {
         munmap(mapped, size);
         return fail_in("checkpoint %s", path);
     }
     t->mapped = mapped;
     t->file_size = size;
     map_weights(&t->weights, &t->config, t->format, (uintptr_t)mapped, offset);
-    if (t->weights.rope_factors && use_longrope_factors(&t->config, t->weights.rope_factors) != 0) {
+    if (check_weights_scales(&t->weights, &t->config) != 0 ||
+        (t->weights.rope_factors && use_longrope_factors(&t->config, t->weights.rope_factors) != 0)) {
         munmap(mapped, size);
         memset(t, 0, sizeof(*t));
         return fail_in("checkpoint %s", path);
@@ -4610,11 +4691,40 @@ static inline Lanes lanes_load_f16(const uint16_t *p) {
 }
 #endif
 
+// Q8_0: eight of a block's int8 values (i a multiple of 8, so they lie in one block),
+// sign-extended to 32 bits, converted to float32 (exact), each multiplied by the
+// block's scale d widened from f16: d * q exactly, as q8_0_weight computes it.
+#if defined(USE_AVX2)
+static inline Lanes lanes_load_q8_0(const void *data, size_t i) {
+    const unsigned char *block = (const unsigned char *)data + i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
+    uint16_t h;
+    memcpy(&h, block, sizeof(h));
+#if defined(__F16C__)
+    float d = _cvtsh_ss(h);
+#else
+    float d = f16_to_f32(h);
+#endif
+    __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(block + 2 + i % Q8_0_BLOCK)));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(d));
+}
+#elif defined(USE_NEON)
+static inline Lanes lanes_load_q8_0(const void *data, size_t i) {
+    const unsigned char *block = (const unsigned char *)data + i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
+    uint16_t h;
+    memcpy(&h, block, sizeof(h));
+    float d = vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0);
+    int16x8_t q = vmovl_s8(vld1_s8((const int8_t *)block + 2 + i % Q8_0_BLOCK));
+    return (Lanes){vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(q))), d),
+                   vmulq_n_f32(vcvtq_f32_s32(vmovl_high_s16(q)), d)};
+}
+#endif
+
 #ifdef USE_SIMD
 // Eight weights of `type` from element i of data on, as float32 lanes.
 static inline Lanes lanes_load_weights(const void *data, size_t i, WeightType type) {
     if (type == WEIGHT_BF16) return lanes_load_bf16((const uint16_t *)data + i);
     if (type == WEIGHT_F16) return lanes_load_f16((const uint16_t *)data + i);
+    if (type == WEIGHT_Q8_0) return lanes_load_q8_0(data, i);
     return lanes_load((const float *)data + i);
 }
 
@@ -4642,6 +4752,7 @@ static float dot_simd(const float *a, const float *b, int n) { return dot_lanes(
 static float dot_weights_simd(Matrix w, const float *x, int n) {
     if (w.type == WEIGHT_BF16) return dot_lanes(w.data, WEIGHT_BF16, x, n);
     if (w.type == WEIGHT_F16) return dot_lanes(w.data, WEIGHT_F16, x, n);
+    if (w.type == WEIGHT_Q8_0) return dot_lanes(w.data, WEIGHT_Q8_0, x, n);
     return dot_lanes(w.data, WEIGHT_F32, x, n);
 }
 #endif
@@ -4674,13 +4785,13 @@ static inline void prefetch_ahead(const void *p, size_t ahead) {
 static inline __attribute__((always_inline)) void dot_rows4_lanes(float *out, const void *w, WeightType type,
                                                                    const float *x, int n, size_t gap, int prefetch) {
     size_t wr[4] = {0, gap * n, 2 * gap * n, 3 * gap * n}; // where each row starts, in weights
-    size_t bytes = weight_type_bytes(type);
     float acc[4][DOT_LANES];
     Lanes lanes[4] = {lanes_zero(), lanes_zero(), lanes_zero(), lanes_zero()};
     int j = 0;
     for (; j + 2 * DOT_LANES <= n; j += 2 * DOT_LANES) {
         if (prefetch)
-            for (int r = 0; r < 4; r++) prefetch_ahead((const char *)w + (wr[r] + j) * bytes, PREFETCH_AHEAD_BYTES);
+            for (int r = 0; r < 4; r++)
+                prefetch_ahead((const char *)w + weight_bytes(type, wr[r] + j), PREFETCH_AHEAD_BYTES);
         for (int h = j; h < j + 2 * DOT_LANES; h += DOT_LANES) {
             Lanes xv = lanes_load(x + h);
             for (int r = 0; r < 4; r++) lanes[r] = lanes_fma(lanes_load_weights(w, wr[r] + h, type), xv, lanes[r]);
@@ -4706,6 +4817,7 @@ static void dot_rows4(float *out, Matrix w, const float *x, int n, size_t gap, i
 #ifdef USE_SIMD
     if (w.type == WEIGHT_BF16) dot_rows4_lanes(out, w.data, WEIGHT_BF16, x, n, gap, prefetch);
     else if (w.type == WEIGHT_F16) dot_rows4_lanes(out, w.data, WEIGHT_F16, x, n, gap, prefetch);
+    else if (w.type == WEIGHT_Q8_0) dot_rows4_lanes(out, w.data, WEIGHT_Q8_0, x, n, gap, prefetch);
     else dot_rows4_lanes(out, w.data, WEIGHT_F32, x, n, gap, prefetch);
 #else
     (void)prefetch; // the plain build leaves prefetching to the hardware
@@ -5105,6 +5217,8 @@ static void matmul_tile(float *xout, const float *x, const float *packed, Matrix
         matmul_tile_of(xout, x, packed, w.data, WEIGHT_BF16, n, d, i0, n_rows, b0, n_tokens, prefetch, prefetch_lines);
     else if (w.type == WEIGHT_F16)
         matmul_tile_of(xout, x, packed, w.data, WEIGHT_F16, n, d, i0, n_rows, b0, n_tokens, prefetch, prefetch_lines);
+    else if (w.type == WEIGHT_Q8_0)
+        matmul_tile_of(xout, x, packed, w.data, WEIGHT_Q8_0, n, d, i0, n_rows, b0, n_tokens, prefetch, prefetch_lines);
     else
         matmul_tile_of(xout, x, packed, w.data, WEIGHT_F32, n, d, i0, n_rows, b0, n_tokens, prefetch, prefetch_lines);
 }
@@ -5118,7 +5232,6 @@ static void matmul_tile(float *xout, const float *x, const float *packed, Matrix
 // of the next are requested into L2, a share per token tile, spread over the steps
 // of the loop.
 static void matmul_tiled(float *xout, const float *x, Matrix w, int B, int n, int d, float *scratch) {
-    size_t bytes = weight_type_bytes(w.type);
     int token_tiles = (B + TILE_TOKENS - 1) / TILE_TOKENS;
 #pragma omp parallel
     {
@@ -5134,8 +5247,8 @@ static void matmul_tiled(float *xout, const float *x, Matrix w, int B, int n, in
         for (i = 0; i < d; i += TILE_ROWS) {
             int rows = d - i < TILE_ROWS ? d - i : TILE_ROWS;
             int next = i + rows, next_rows = d - next < TILE_ROWS ? d - next : TILE_ROWS;
-            const char *next_w = (const char *)w.data + (size_t)next * n * bytes;
-            long next_lines = next < d ? ((long)next_rows * n * (long)bytes + 63) / 64 : 0;
+            const char *next_w = (const char *)w.data + weight_bytes(w.type, (uint64_t)next * n);
+            long next_lines = next < d ? ((long)weight_bytes(w.type, (uint64_t)next_rows * n) + 63) / 64 : 0;
             for (int t = 0; t < token_tiles; t++) {
                 long first = next_lines * t / token_tiles, last = next_lines * (t + 1) / token_tiles;
                 int b = t * TILE_TOKENS;
@@ -5456,7 +5569,7 @@ static void start_read_order_trial(const Config *c, int forced) {
     double layers = (double)c->dim * (2.0 * c->q_rows + c->kv_rows + c->v_rows + 3.0 * c->hidden_rows);
     ReadOrderTrial *trial = &read_order_trial;
     memset(trial, 0, sizeof(*trial));
-    trial->matrix_bytes = (layers + (double)c->vocab_size * c->dim) * weight_type_bytes(c->weight_type);
+    trial->matrix_bytes = (double)weight_bytes(c->weight_type, (uint64_t)(layers + (double)c->vocab_size * c->dim));
     if (forced >= 0) {
         read_order = (ReadOrder)forced;
         trial->state = TRIAL_FORCED;
@@ -5938,7 +6051,7 @@ static char *read_text_file(const char *path) {
 }
 
 static const char *format_name(CheckpointFormat f, const Config *c) {
-    static const char *rope_v2[] = {"ROPE v2 f32", "ROPE v2 bf16", "ROPE v2 f16"}; // by weight_type
+    static const char *rope_v2[] = {"ROPE v2 f32", "ROPE v2 bf16", "ROPE v2 f16", "ROPE v2 q8_0"}; // by weight_type
     if (f == FORMAT_ROPE && c->version == 2) return rope_v2[c->weight_type];
     return f == FORMAT_ROPE ? "ROPE v1" : f == FORMAT_LLAMA2C_V1 ? "llama2.c v1" : "llama2.c legacy";
 }
