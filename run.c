@@ -1411,6 +1411,24 @@ static int check_block_option(const char *name, float value) {
     return 0;
 }
 
+// A Q8_0 file's rows: every matrix's row length a whole number of blocks (GGUF's Q8_0
+// has no partial block): dim (the rows of wq, wk, wv, w1, w3, the embedding and the
+// classifier), each layer's q_dim (wo) and hidden_dim (w2), and P (the per-layer
+// inputs' gate, output and embedding rows).
+static int check_q8_0_rows(const Config *c) {
+    if (c->weight_type != WEIGHT_Q8_0) return 0;
+    if (c->dim % Q8_0_BLOCK) return fail("q8_0 weights need dim a multiple of 32, not %d", c->dim);
+    if (c->per_layer_dim % Q8_0_BLOCK)
+        return fail("q8_0 weights need per_layer_input_dim a multiple of 32, not %d", c->per_layer_dim);
+    for (int l = 0; l < c->n_layers; l++) {
+        int q_dim = c->n_heads * c->layer[l].head_size, hidden = c->layer[l].hidden_dim;
+        if (q_dim % Q8_0_BLOCK || hidden % Q8_0_BLOCK)
+            return fail("q8_0 weights need rows of a multiple of 32; layer %d has q_dim %d and hidden_dim %d", l,
+                        q_dim, hidden);
+    }
+    return 0;
+}
+
 // ROPE version 2's fields (bytes 84..95 and 112..191; docs/format.md): head_size,
 // weight_type, a reserved int32; the block options; the per-layer table's place; the
 // second RoPE setting. (Bytes 96..111, the tokenizer section's, are checked by the caller.)
@@ -1698,6 +1716,7 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
         return -1;
     if (c->rope2_head_size && check_every_rope_angles(c) != 0) return -1; // the second over its own head size
     place_layers(c);
+    if (check_q8_0_rows(c) != 0) return -1;
     *data_offset = *format == FORMAT_LLAMA2C_LEGACY ? LEGACY_HEADER_BYTES : HEADER_BYTES;
     TransformerWeights unused;
     *expected_size = map_weights(&unused, c, *format, 0, *data_offset); // where the last tensor ends
@@ -1799,24 +1818,6 @@ static int open_regular_file(const char *path, const char *what, size_t *size);
 static char *read_whole_file(const char *path, const char *what, size_t *size);
 static int check_tokenizer_start(const char *path, int vocab_size);
 
-// A Q8_0 file's rows: every matrix's row length a whole number of blocks (GGUF's Q8_0
-// has no partial block): dim (the rows of wq, wk, wv, w1, w3, the embedding and the
-// classifier), each layer's q_dim (wo) and hidden_dim (w2), and P (the per-layer
-// inputs' gate, output and embedding rows).
-static int check_q8_0_rows(const Config *c) {
-    if (c->weight_type != WEIGHT_Q8_0) return 0;
-    if (c->dim % Q8_0_BLOCK) return fail("q8_0 weights need dim a multiple of 32, not %d", c->dim);
-    if (c->per_layer_dim % Q8_0_BLOCK)
-        return fail("q8_0 weights need per_layer_input_dim a multiple of 32, not %d", c->per_layer_dim);
-    for (int l = 0; l < c->n_layers; l++) {
-        int q_dim = c->n_heads * c->layer[l].head_size, hidden = c->layer[l].hidden_dim;
-        if (q_dim % Q8_0_BLOCK || hidden % Q8_0_BLOCK)
-            return fail("q8_0 weights need rows of a multiple of 32; layer %d has q_dim %d and hidden_dim %d", l,
-                        q_dim, hidden);
-    }
-    return 0;
-}
-
 // A Q8_0 matrix's scales: each a finite f16 (exponent bits not all ones), so that
 // every weight d * q is a number.
 static int check_q8_0_scales(Matrix m, uint64_t elements, const char *name) {
@@ -1882,10 +1883,6 @@ static int load_checkpoint(Transformer *t, const char *path) {
         munmap(mapped, size);
         return fail_in("checkpoint %s", path);
     }
-    if (check_q8_0_rows(&t->config) != 0) { // with the header's shapes (the layer table's: below)
-        munmap(mapped, size);
-        return fail_in("checkpoint %s", path);
-    }
     if (expected != size) {
         munmap(mapped, size);
         if (t->config.version == 2)
@@ -1896,8 +1893,7 @@ static int load_checkpoint(Transformer *t, const char *path) {
                     path, size, (unsigned long long)expected);
     }
     if (t->config.layer_table_bytes == 8ull * t->config.n_layers &&
-        (parse_layer_table((const unsigned char *)mapped + t->config.layer_table_offset, &t->config) != 0 ||
-         check_q8_0_rows(&t->config) != 0)) {
+        parse_layer_table((const unsigned char *)mapped + t->config.layer_table_offset, &t->config) != 0) {
         munmap(mapped, size);
         return fail_in("checkpoint %s", path);
     }

@@ -158,7 +158,7 @@ def assert_refused(path, *words):
         assert w in lines[0], lines[0]
 
 
-@pytest.mark.parametrize("code, words", [(3, "weight_type 3 is not a type"), (-1, "weight_type -1 is not a type"),
+@pytest.mark.parametrize("code, words", [(4, "weight_type 4 is not a type"), (-1, "weight_type -1 is not a type"),
                                           (0, "weight_type f32) implies")])
 def test_weight_type_unknown_or_disagreeing_with_the_size_is_refused(files, tmp_path, code, words):
     assert_refused(bad_file(files, tmp_path, lambda d: struct.pack_into("<i", d, 88, code)), words)
