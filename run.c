@@ -4687,31 +4687,42 @@ static inline Lanes lanes_load_f16(const uint16_t *p) {
 }
 #endif
 
-// Q8_0: eight of a block's int8 values (i a multiple of 8, so they lie in one block),
-// sign-extended to 32 bits, converted to float32 (exact), each multiplied by the
-// block's scale d widened from f16: d * q exactly, as q8_0_weight computes it.
+// Q8_0: a block's scale d, widened from f16 and copied into every lane
+// (lanes_q8_0_scale); then eight of its int8 values, sign-extended to 32 bits,
+// converted to float32 (exact), each multiplied by d (lanes_q8_0_values): d * q
+// exactly, as q8_0_weight computes it.
 #if defined(USE_AVX2)
-static inline Lanes lanes_load_q8_0(const void *data, size_t i) {
-    const unsigned char *block = (const unsigned char *)data + i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
+static inline Lanes lanes_q8_0_scale(const unsigned char *block) {
     uint16_t h;
     memcpy(&h, block, sizeof(h));
 #if defined(__F16C__)
-    float d = _cvtsh_ss(h);
+    return _mm256_set1_ps(_cvtsh_ss(h));
 #else
-    float d = f16_to_f32(h);
+    return _mm256_set1_ps(f16_to_f32(h));
 #endif
-    __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(block + 2 + i % Q8_0_BLOCK)));
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(d));
+}
+static inline Lanes lanes_q8_0_values(const unsigned char *q, Lanes d) {
+    __m256i wide = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(wide), d);
 }
 #elif defined(USE_NEON)
-static inline Lanes lanes_load_q8_0(const void *data, size_t i) {
-    const unsigned char *block = (const unsigned char *)data + i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
+static inline Lanes lanes_q8_0_scale(const unsigned char *block) {
     uint16_t h;
     memcpy(&h, block, sizeof(h));
-    float d = vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0);
-    int16x8_t q = vmovl_s8(vld1_s8((const int8_t *)block + 2 + i % Q8_0_BLOCK));
-    return (Lanes){vmulq_n_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(q))), d),
-                   vmulq_n_f32(vcvtq_f32_s32(vmovl_high_s16(q)), d)};
+    float32x4_t d = vdupq_n_f32(vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0));
+    return (Lanes){d, d};
+}
+static inline Lanes lanes_q8_0_values(const unsigned char *q, Lanes d) {
+    int16x8_t wide = vmovl_s8(vld1_s8((const int8_t *)q));
+    return (Lanes){vmulq_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(wide))), d.lo),
+                   vmulq_f32(vcvtq_f32_s32(vmovl_high_s16(wide)), d.hi)};
+}
+#endif
+#ifdef USE_SIMD
+// The eight weights from element i on (a multiple of 8, so they lie in one block).
+static inline Lanes lanes_load_q8_0(const void *data, size_t i) {
+    const unsigned char *block = (const unsigned char *)data + i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
+    return lanes_q8_0_values(block + 2 + i % Q8_0_BLOCK, lanes_q8_0_scale(block));
 }
 #endif
 
@@ -4778,6 +4789,30 @@ static inline void prefetch_ahead(const void *p, size_t ahead) {
 // more reads in flight than the hardware prefetchers do (a 16-bit row's line holds
 // two steps, and is asked for twice: a hint for a line already coming costs little).
 #ifdef USE_SIMD
+// Q8_0 rows (n a multiple of 32): a block of each row per step, four vectors, each
+// row's scale widened and copied into the lanes once a block rather than once a
+// vector; each row's multiply-adds are dot()'s, in its order (a block's vectors are
+// j, j + 8, j + 16, j + 24). With `prefetch`, each block first asks for each row's
+// line PREFETCH_AHEAD_BYTES further on.
+static void dot_rows4_q8_0(float *out, const void *w, const float *x, int n, size_t gap, int prefetch) {
+    const unsigned char *row[4];
+    for (int r = 0; r < 4; r++) row[r] = (const unsigned char *)w + weight_bytes(WEIGHT_Q8_0, r * gap * n);
+    Lanes lanes[4] = {lanes_zero(), lanes_zero(), lanes_zero(), lanes_zero()};
+    for (int j = 0; j < n; j += Q8_0_BLOCK) {
+        size_t at = (size_t)j / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
+        if (prefetch)
+            for (int r = 0; r < 4; r++) prefetch_ahead(row[r] + at, PREFETCH_AHEAD_BYTES);
+        Lanes d[4];
+        for (int r = 0; r < 4; r++) d[r] = lanes_q8_0_scale(row[r] + at);
+        for (int h = 0; h < Q8_0_BLOCK; h += DOT_LANES) {
+            Lanes xv = lanes_load(x + j + h);
+            for (int r = 0; r < 4; r++)
+                lanes[r] = lanes_fma(lanes_q8_0_values(row[r] + at + 2 + h, d[r]), xv, lanes[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++) out[r * gap] = lanes_sum(lanes[r]);
+}
+
 static inline __attribute__((always_inline)) void dot_rows4_lanes(float *out, const void *w, WeightType type,
                                                                    const float *x, int n, size_t gap, int prefetch) {
     size_t wr[4] = {0, gap * n, 2 * gap * n, 3 * gap * n}; // where each row starts, in weights
@@ -4813,7 +4848,7 @@ static void dot_rows4(float *out, Matrix w, const float *x, int n, size_t gap, i
 #ifdef USE_SIMD
     if (w.type == WEIGHT_BF16) dot_rows4_lanes(out, w.data, WEIGHT_BF16, x, n, gap, prefetch);
     else if (w.type == WEIGHT_F16) dot_rows4_lanes(out, w.data, WEIGHT_F16, x, n, gap, prefetch);
-    else if (w.type == WEIGHT_Q8_0) dot_rows4_lanes(out, w.data, WEIGHT_Q8_0, x, n, gap, prefetch);
+    else if (w.type == WEIGHT_Q8_0) dot_rows4_q8_0(out, w.data, x, n, gap, prefetch);
     else dot_rows4_lanes(out, w.data, WEIGHT_F32, x, n, gap, prefetch);
 #else
     (void)prefetch; // the plain build leaves prefetching to the hardware
