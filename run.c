@@ -5152,9 +5152,9 @@ static inline __attribute__((always_inline)) void matmul_tile_of(float *xout, co
                                                                   int n_rows, int b0, int n_tokens,
                                                                   const char *prefetch, int prefetch_lines) {
     float acc[TILE_ROWS][TILE_TOKENS][DOT_LANES];
-    size_t wr[TILE_ROWS]; // where each row starts, in weights
+    size_t wr[TILE_ROWS]; // where each row starts, in weights from w (the tile's first row, row i0)
     const float *xb[TILE_TOKENS];
-    for (int r = 0; r < TILE_ROWS; r++) wr[r] = (size_t)(i0 + (r < n_rows ? r : n_rows - 1)) * n;
+    for (int r = 0; r < TILE_ROWS; r++) wr[r] = (size_t)(r < n_rows ? r : n_rows - 1) * n;
     for (int b = 0; b < TILE_TOKENS; b++) xb[b] = x + (size_t)(b0 + (b < n_tokens ? b : n_tokens - 1)) * n;
     int j = 0;
 #if defined(USE_AVX512)
@@ -5242,6 +5242,7 @@ static inline __attribute__((always_inline)) void matmul_tile_of(float *xout, co
         }
 }
 
+// w: the tile's rows, from row i0 of the matrix on
 static void matmul_tile(float *xout, const float *x, const float *packed, Matrix w, int n, int d, int i0, int n_rows,
                         int b0, int n_tokens, const char *prefetch, int prefetch_lines) {
     if (w.type == WEIGHT_BF16)
@@ -5254,6 +5255,16 @@ static void matmul_tile(float *xout, const float *x, const float *packed, Matrix
         matmul_tile_of(xout, x, packed, w.data, WEIGHT_F32, n, d, i0, n_rows, b0, n_tokens, prefetch, prefetch_lines);
 }
 
+// out = the first `rows` rows of w (n weights each) widened to float32, eight at a
+// time as the kernels load them.
+static void widen_rows(float *out, Matrix w, int n, int rows) {
+    size_t count = (size_t)rows * n, i = 0;
+#ifdef USE_SIMD
+    for (; i + DOT_LANES <= count; i += DOT_LANES) lanes_store(out + i, lanes_load_weights(w.data, i, w.type));
+#endif
+    for (; i < count; i++) out[i] = widen(w.data, i, w.type);
+}
+
 // matmul_tokens() for a block. scratch: room for B * n floats, B rounded up to a
 // multiple of TILE_TOKENS (the AVX-512 path packs the tokens there). Each thread
 // takes eight row tiles at a time (dynamic scheduling, so that a core slowed by the
@@ -5261,11 +5272,16 @@ static void matmul_tile(float *xout, const float *x, const float *packed, Matrix
 // of the block. A row tile's weights come from memory during its first token tile,
 // and the arithmetic waits for them; so while one row tile is at work, the weights
 // of the next are requested into L2, a share per token tile, spread over the steps
-// of the loop.
+// of the loop. A Q8_0 row tile is widened once, into float32 rows of the thread's
+// own (the values widen() gives), and every token tile reads those: the widening
+// (a conversion and a multiply per weight) is done once a row tile rather than once
+// for each of its token tiles. If that memory cannot be had, the tiles widen the
+// blocks themselves (the same bits, more slowly).
 static void matmul_tiled(float *xout, const float *x, Matrix w, int B, int n, int d, float *scratch) {
     int token_tiles = (B + TILE_TOKENS - 1) / TILE_TOKENS;
 #pragma omp parallel
     {
+        float *widened = w.type == WEIGHT_Q8_0 ? malloc(sizeof(float) * TILE_ROWS * n) : NULL;
 #ifdef USE_AVX512
         // the threads pack the token pairs together, and wait for each other at the
         // end of this loop
@@ -5280,13 +5296,19 @@ static void matmul_tiled(float *xout, const float *x, Matrix w, int B, int n, in
             int next = i + rows, next_rows = d - next < TILE_ROWS ? d - next : TILE_ROWS;
             const char *next_w = (const char *)w.data + weight_bytes(w.type, (uint64_t)next * n);
             long next_lines = next < d ? ((long)weight_bytes(w.type, (uint64_t)next_rows * n) + 63) / 64 : 0;
+            Matrix tile = matrix_at(w, (size_t)i * n);
+            if (widened) {
+                widen_rows(widened, tile, n, rows);
+                tile = f32_matrix(widened);
+            }
             for (int t = 0; t < token_tiles; t++) {
                 long first = next_lines * t / token_tiles, last = next_lines * (t + 1) / token_tiles;
                 int b = t * TILE_TOKENS;
-                matmul_tile(xout, x, scratch, w, n, d, i, rows, b, B - b < TILE_TOKENS ? B - b : TILE_TOKENS,
+                matmul_tile(xout, x, scratch, tile, n, d, i, rows, b, B - b < TILE_TOKENS ? B - b : TILE_TOKENS,
                             next_w + first * 64, (int)(last - first));
             }
         }
+        free(widened);
     }
 }
 
@@ -5368,7 +5390,7 @@ static void attention_block_scores(Transformer *t, int l, int h, int B, int pos0
     for (int b = 0; b < B; b += TILE_TOKENS) {
         int n_tokens = B - b < TILE_TOKENS ? B - b : TILE_TOKENS, n_keys = pos0 + b + n_tokens;
         for (int i = 0; i < n_keys; i += TILE_ROWS)
-            matmul_tile(att, q, packed, f32_matrix(keys), head_size, row_stride, i,
+            matmul_tile(att, q, packed, f32_matrix(keys + (size_t)i * head_size), head_size, row_stride, i,
                         n_keys - i < TILE_ROWS ? n_keys - i : TILE_ROWS, b, n_tokens, NULL, 0);
     }
 }
