@@ -25,9 +25,11 @@ Weight types. The matrices and the token embedding keep the type the source stor
 them in: a Hugging Face model in BF16 gives a bf16 file, one in F16 an f16 file (ROPE
 version 2: half the bytes, and run.c computes in float32 what the float32 file of the
 widened weights computes); F32 sources, llama2.c files and --legacy give float32
-(version 1, as before). --dtype f32|bf16|f16 chooses: widening is exact; narrowing
+(version 1, as before). --dtype f32|bf16|f16|q8_0 chooses: widening is exact; narrowing
 (f32 to bf16 or f16, or between the 16-bit types) rounds to nearest even, is said on
-stderr, and a value that would overflow the narrower type is refused. The norms are
+stderr, and a value that would overflow the narrower type is refused. q8_0 is GGUF's
+8-bit block (32 weights: an f16 scale and 32 int8), quantized as llama.cpp's
+quantize_row_q8_0_ref does; every row length must be a multiple of 32. The norms are
 always float32.
 
 RoPE scaling. A Hugging Face config's rope_scaling (transformers 4.x) or
@@ -83,7 +85,7 @@ except ImportError:
 ROPE_MAGIC = 0x45504F52  # the bytes "ROPE", read as a little-endian uint32
 ROPE_VERSION = 1  # float32 weights
 ROPE_VERSION_2 = 2  # a weight_type field, tensors at multiples of 64 bytes, the tokenizer section
-WEIGHT_TYPES = ["f32", "bf16", "f16"]  # the header's weight_type codes 0, 1, 2
+WEIGHT_TYPES = ["f32", "bf16", "f16", "q8_0"]  # the header's weight_type codes 0, 1, 2, 3
 TENSOR_ALIGNMENT = 64  # version 2: every tensor starts at a multiple of this from the file's start
 # the tensors stored in the weight type (the norms are always float32)
 MATRIX_TENSORS = {"token_embedding", "wq", "wk", "wv", "wo", "w1", "w2", "w3", "wcls",
@@ -586,6 +588,19 @@ def gemma4_shapes(c):
     return shapes
 
 
+def check_q8_0_rows(c):
+    """Refuse q8_0 for a model with a matrix row that is not whole 32-weight blocks (as run does):
+    GGUF's Q8_0 has no partial block, and a file holds one weight type."""
+    rows = {"dim": c.dim, "per_layer_input_dim": c.per_layer_dim or 0, "expert_hidden": c.expert_hidden or 0}
+    for l, s in enumerate(layer_shapes(c)):
+        rows[f"layer {l}'s q_dim"] = c.n_heads * s.head_size
+        rows[f"layer {l}'s hidden_dim"] = s.hidden_dim
+    for what, n in rows.items():
+        if n % Q8_0_BLOCK:
+            raise ExportError(f"--dtype q8_0 needs every row a multiple of {Q8_0_BLOCK} weights, and {what} is {n} "
+                              "(export it as --dtype bf16 or f32)")
+
+
 def tensor_shapes(c):
     """[(name, shape)] of every tensor of a ROPE file, in file order (docs/format.md). A layered
     tensor is (n_layers, rows[, cols]) when the layers are alike; with per-layer records that give
@@ -687,10 +702,13 @@ def map_aligned(path, c, weight_type):
     layout, end, _ = rope_layout(c, weight_type, ROPE_VERSION_2)
     tensors = {}
     for name, shape, kind, at in layout:
-        storage = np.dtype(NUMPY_STORAGE[kind])
-        nbytes = math.prod(shape) * storage.itemsize
-        if at + nbytes <= len(data):
-            tensors[name] = data[at:at + nbytes].view(storage).reshape(shape)
+        nbytes = tensor_bytes(kind, math.prod(shape))
+        if at + nbytes > len(data):
+            continue
+        if kind == "q8_0":  # read back as its dequantized weights (exact in float32)
+            tensors[name] = dequantize_q8_0(data[at:at + nbytes]).reshape(shape)
+        else:
+            tensors[name] = data[at:at + nbytes].view(np.dtype(NUMPY_STORAGE[kind])).reshape(shape)
     return tensors, end
 
 
@@ -710,7 +728,7 @@ def read_rope(path, data):
         if head_size != 0 or reserved != 0:
             raise ExportError(f"{path}: head_size {head_size} and the reserved field {reserved} must be 0")
         if not 0 <= type_code < len(WEIGHT_TYPES):
-            raise ExportError(f"{path}: weight_type {type_code} is not one of 0 f32, 1 bf16, 2 f16")
+            raise ExportError(f"{path}: weight_type {type_code} is not one of 0 f32, 1 bf16, 2 f16, 3 q8_0")
         weight_type = WEIGHT_TYPES[type_code]
         check_padding(path, data, ROPE_HEADER.size + ROPE_V2_FIELDS.size)
     else:
@@ -932,6 +950,61 @@ SAFETENSORS_TYPES = {"F32": "f32", "BF16": "bf16", "F16": "f16"}
 NUMPY_STORAGE = {"f32": "<f4", "bf16": "<u2", "f16": "<f2"}
 LARGEST_FINITE = {"bf16": 3.3895313892515355e38, "f16": 65504.0}
 
+# Q8_0 (GGUF's block, byte for byte): each run of 32 weights along a row is 34 bytes, a
+# scale d stored as f16, then 32 int8 q; the weight is d * q (exact in float32).
+Q8_0_BLOCK = 32
+Q8_0_STORAGE = np.dtype([("d", "<f2"), ("qs", "i1", (Q8_0_BLOCK,))])  # 34 bytes, unpadded
+
+
+def tensor_bytes(kind, elements):
+    """The bytes of `elements` weights stored as kind (a Q8_0 tensor: whole blocks)."""
+    if kind == "q8_0":
+        return elements // Q8_0_BLOCK * Q8_0_STORAGE.itemsize
+    return elements * np.dtype(NUMPY_STORAGE[kind]).itemsize
+
+
+def quantize_q8_0(wide):
+    """float32 weights (a whole number of blocks) as Q8_0 blocks, as llama.cpp's
+    quantize_row_q8_0_ref computes them: amax = max |w| of the block, d = amax / 127 and
+    id = 1 / d (0 when d is 0) in float32, d stored as f16 (nearest even), q = roundf(w * id)
+    (the float32 product, rounded half away from zero) with the unrounded d."""
+    x = np.ascontiguousarray(wide, dtype=np.float32).reshape(-1, Q8_0_BLOCK)
+    amax = np.abs(x).max(axis=1)
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    product = (x * inv[:, None]).astype(np.float64)  # float32 products, then exact in float64
+    blocks = np.empty(len(x), Q8_0_STORAGE)
+    with np.errstate(over="ignore"):
+        blocks["d"] = d.astype(np.float16)
+    blocks["qs"] = np.sign(product) * np.floor(np.abs(product) + 0.5)  # roundf: |q| <= 127
+    return blocks
+
+
+def dequantize_q8_0(data):
+    """Q8_0 blocks (bytes or a structured array) as their float32 weights d * q, exactly."""
+    blocks = np.asarray(data).view(Q8_0_STORAGE)
+    return (blocks["d"].astype(np.float32)[:, None] * blocks["qs"].astype(np.float32)).reshape(-1)
+
+
+class Q8Stats:
+    """What a Q8_0 export says on stderr: the largest change of a weight relative to its
+    block's largest magnitude, and where."""
+    def __init__(self):
+        self.worst, self.where = 0.0, ""
+
+    def add(self, wide, blocks, name):
+        x = np.asarray(wide, dtype=np.float32).reshape(-1, Q8_0_BLOCK)
+        change = np.abs(dequantize_q8_0(blocks).reshape(-1, Q8_0_BLOCK) - x)
+        amax = np.abs(x).max(axis=1, keepdims=True)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rel = np.where(amax > 0, change / amax, 0.0)
+        if rel.size and rel.max() > self.worst:
+            self.worst, self.where = float(rel.max()), name
+
+
+Q8_STATS = Q8Stats()
+
 
 def weight_type_of(array):
     """"f32", "bf16" or "f16": how an array holds its weights."""
@@ -963,6 +1036,16 @@ def convert_weights(array, target, name):
     wide = widen(np.asarray(array))
     if target == "f32":
         return wide
+    if target == "q8_0":
+        if wide.size % Q8_0_BLOCK:  # check_q8_0_rows refuses such a model before writing
+            raise ExportError(f"tensor {name}: {wide.size} weights are not whole 32-weight q8_0 blocks")
+        largest = np.abs(wide).max() if wide.size else 0
+        if largest / 127 > LARGEST_FINITE["f16"]:
+            raise ExportError(f"tensor {name}: the weight {largest:g} needs a q8_0 scale past f16's largest "
+                              f"{LARGEST_FINITE['f16']:g}; export it as --dtype f32 or bf16")
+        blocks = quantize_q8_0(wide)
+        Q8_STATS.add(wide, blocks, name)
+        return blocks
     out = narrow(wide, target)
     overflow = np.isinf(widen(out)) & np.isfinite(wide)
     if overflow.any():
@@ -2150,7 +2233,8 @@ def write_tensor(f, pieces, progress, weight_type="f32", name=""):
             array = np.asarray(array, dtype=np.float32)
         check_finite(array, getattr(piece, "source", name))
         array = convert_weights(array, weight_type, name)
-        data = memoryview(np.ascontiguousarray(array, dtype=NUMPY_STORAGE[weight_type])).cast("B")
+        storage = Q8_0_STORAGE if weight_type == "q8_0" else NUMPY_STORAGE[weight_type]
+        data = memoryview(np.ascontiguousarray(array, dtype=storage).view(np.uint8)).cast("B")
         f.write(data)
         progress.add(len(data), tensor_done=i == len(pieces) - 1)
 
@@ -2207,7 +2291,7 @@ def rope_layout(c, weight_type, version):
         kind = weight_type if name in MATRIX_TENSORS else "f32"
         at += -at % alignment
         layout.append((name, shape, kind, at))
-        at += math.prod(shape) * np.dtype(NUMPY_STORAGE[kind]).itemsize
+        at += tensor_bytes(kind, math.prod(shape))
     offset, size = layer_table_place(c, at)
     return layout, at, (offset + size if size else at)
 
@@ -2230,7 +2314,7 @@ def write_rope(f, c, tensors, path="-", weight_type="f32", tokenizer=None):
             f.write(bytes(offset - written))  # zero padding up to the tensor's 64-byte boundary
             written = offset
             write_tensor(f, tensors[name], progress, kind, name)
-            written += math.prod(shape) * np.dtype(NUMPY_STORAGE[kind]).itemsize
+            written += tensor_bytes(kind, math.prod(shape))
         if c.layers is not None:  # the per-layer table: (rope, window) per layer, or Gemma 4's eight fields
             offset, table_bytes = layer_table_place(c, tensors_end)
             f.write(bytes(offset - written))
@@ -2365,7 +2449,9 @@ def export_checkpoint(args):
     else:
         raise ExportError(f"{args.input}: no such file or directory")
     weight_type = "f32" if args.legacy else args.dtype or source_type  # llama2.c's formats are float32
-    if weight_type != "f32" and weight_type != source_type:
+    if weight_type == "q8_0":
+        check_q8_0_rows(c)
+    elif weight_type != "f32" and weight_type != source_type:
         say_later(f"narrowing the matrices and the embedding from {source_type} to {weight_type} "
                   f"(rounded to nearest even)")
     if args.rope_theta is not None:
@@ -2392,7 +2478,14 @@ def export_checkpoint(args):
                  "--tokenizer and give it to run with -z)")
         write_atomically(args.output, lambda f: write_legacy(f, c, tensors, args.output))
     else:
+        Q8_STATS.__init__()
         write_atomically(args.output, lambda f: write_rope(f, c, tensors, args.output, weight_type, tokenizer))
+        if weight_type == "q8_0":
+            bf16_size = rope_layout(c, "bf16", ROPE_VERSION_2)[2]
+            say_later(f"quantized the matrices and the embedding to q8_0 (llama.cpp's quantize_row_q8_0_ref): "
+                      f"{os.path.getsize(args.output)} bytes, {os.path.getsize(args.output) / bf16_size:.3f} of "
+                      f"bf16's {bf16_size}; the largest change of a weight is {Q8_STATS.worst:.3g} of its block's "
+                      f"largest magnitude (in {Q8_STATS.where})")
     kind = ("llama2.c legacy" if args.legacy else "ROPE" if rope_version(weight_type, c, tokenizer) == ROPE_VERSION
             else f"ROPE v2, {weight_type} weights" + (", with its tokenizer" if tokenizer is not None else ""))
     print(f"wrote {args.output} ({kind}): dim {c.dim}, "

@@ -159,14 +159,24 @@ static const char *rope_scaling_names[] = {"none", "linear", "ntk", "yarn", "lla
 // How the matrices and the token embedding are stored (the ROPE header's
 // weight_type): float32, or a 16-bit type that widens to float32 exactly. bf16 is
 // the top half of a float32 (8 exponent bits, 7 fraction bits); f16 is IEEE half
-// precision (5 exponent bits, 10 fraction bits). The norms are always float32, and
-// all arithmetic is float32: a 16-bit file computes what the float32 file holding
-// its widened weights computes, from half the bytes.
-typedef enum { WEIGHT_F32 = 0, WEIGHT_BF16 = 1, WEIGHT_F16 = 2 } WeightType;
-static const char *weight_type_names[] = {"f32", "bf16", "f16"};
-#define N_WEIGHT_TYPES 3
+// precision (5 exponent bits, 10 fraction bits). Q8_0 is GGUF's 8-bit block: each
+// run of 32 weights along a row is 34 bytes, a scale d (f16) then 32 int8 values q,
+// and the weight is d * q, exact in float32 (11 significant bits times 8). The norms
+// are always float32, and all arithmetic is float32: a 16-bit or Q8_0 file computes
+// what the float32 file holding its widened weights computes, from fewer bytes.
+typedef enum { WEIGHT_F32 = 0, WEIGHT_BF16 = 1, WEIGHT_F16 = 2, WEIGHT_Q8_0 = 3 } WeightType;
+static const char *weight_type_names[] = {"f32", "bf16", "f16", "q8_0"};
+#define N_WEIGHT_TYPES 4
+#define Q8_0_BLOCK 32       // weights in a Q8_0 block
+#define Q8_0_BLOCK_BYTES 34 // its f16 scale and 32 int8 values
 
-static size_t weight_type_bytes(WeightType type) { return type == WEIGHT_F32 ? 4 : 2; }
+// The bytes before element i of weights stored as `type`. A Q8_0 matrix is only ever
+// entered at the start of a row, a multiple of 32 (every row length is, check_q8_0_rows):
+// i / 32 whole blocks (i % 32 is added only to aim prefetch hints inside a block).
+static uint64_t weight_bytes(WeightType type, uint64_t i) {
+    if (type == WEIGHT_Q8_0) return i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES + i % Q8_0_BLOCK;
+    return i * (type == WEIGHT_F32 ? 4 : 2);
+}
 
 // The feed-forward's gate (ROPE version 2's activation field): SwiGLU, silu(gate) * up
 // (Llama, Mistral, Qwen, SmolLM3, Phi), or GeGLU with the tanh GELU, gelu(gate) * up
@@ -296,7 +306,7 @@ typedef struct {
 } Matrix;
 
 static Matrix matrix_at(Matrix m, size_t i) {
-    return (Matrix){(const char *)m.data + i * weight_type_bytes(m.type), m.type};
+    return (Matrix){(const char *)m.data + weight_bytes(m.type, i), m.type};
 }
 static Matrix f32_matrix(const float *p) { return (Matrix){p, WEIGHT_F32}; }
 
@@ -759,10 +769,20 @@ static inline float f16_to_f32(uint16_t h) {
     return bits_to_f32(sign | (e - 15 + 127) << 23 | (f & 0x3ff) << 13);
 }
 
+// Element i of a Q8_0 row: d * q, d the f16 scale of block i / 32 and q its int8 value
+// i % 32. The product is exact (d has 11 significant bits, q at most 8).
+static inline float q8_0_weight(const void *data, size_t i) {
+    const unsigned char *block = (const unsigned char *)data + i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
+    uint16_t d;
+    memcpy(&d, block, sizeof(d));
+    return f16_to_f32(d) * (float)(int8_t)block[2 + i % Q8_0_BLOCK];
+}
+
 // Element i of weights stored as `type`, widened to float32.
 static inline float widen(const void *data, size_t i, WeightType type) {
     if (type == WEIGHT_BF16) return bf16_to_f32(((const uint16_t *)data)[i]);
     if (type == WEIGHT_F16) return f16_to_f32(((const uint16_t *)data)[i]);
+    if (type == WEIGHT_Q8_0) return q8_0_weight(data, i);
     return ((const float *)data)[i];
 }
 
@@ -1665,9 +1685,26 @@ static int check_block_option(const char *name, float value) {
     return 0;
 }
 
-// ROPE version 2's fields (bytes 84..95 and 112..191; docs/format.md): head_size,
-// weight_type, a reserved int32; the block options; the per-layer table's place; the
-// second RoPE setting. (Bytes 96..111, the tokenizer section's, are checked by the caller.)
+// A Q8_0 file's rows: every matrix's row length a whole number of blocks (GGUF's Q8_0
+// has no partial block): dim (the rows of wq, wk, wv, w1, w3, the embedding and the
+// classifier), each layer's q_dim (wo) and hidden_dim (w2), P (the per-layer inputs'
+// gate, output and embedding rows) and expert_hidden (the experts' down rows).
+static int check_q8_0_rows(const Config *c) {
+    if (c->weight_type != WEIGHT_Q8_0) return 0;
+    if (c->dim % Q8_0_BLOCK) return fail("q8_0 weights need dim a multiple of 32, not %d", c->dim);
+    if (c->per_layer_dim % Q8_0_BLOCK)
+        return fail("q8_0 weights need per_layer_input_dim a multiple of 32, not %d", c->per_layer_dim);
+    for (int l = 0; l < c->n_layers; l++) {
+        int q_dim = c->n_heads * c->layer[l].head_size, hidden = c->layer[l].hidden_dim;
+        if (q_dim % Q8_0_BLOCK || hidden % Q8_0_BLOCK)
+            return fail("q8_0 weights need rows of a multiple of 32; layer %d has q_dim %d and hidden_dim %d", l,
+                        q_dim, hidden);
+    }
+    if (c->expert_hidden % Q8_0_BLOCK) // the experts' down rows
+        return fail("q8_0 weights need expert_hidden a multiple of 32, not %d", c->expert_hidden);
+    return 0;
+}
+
 // A mixture of experts' fields (header bytes 200..215): with block flag 64, the
 // experts per layer, the k a token uses, each expert's width and the routing rule;
 // without it, all 0.
@@ -1695,12 +1732,16 @@ static int parse_experts(const unsigned char *data, Config *c, int has_experts) 
     return 0;
 }
 
+// ROPE version 2's fields (bytes 84..95 and 112..191; docs/format.md): head_size,
+// weight_type, a reserved int32; the block options; the per-layer table's place; the
+// second RoPE setting; the experts' (parse_experts). (Bytes 96..111, the tokenizer
+// section's, are checked by the caller.)
 static int parse_header_v2(const unsigned char *data, Config *c) {
     int head_size = read_i32(data + 84), weight_type = read_i32(data + 88), reserved = read_i32(data + 92);
     if (head_size != 0 && (head_size < 2 || head_size > MAX_DIM || head_size % 2 != 0))
         return fail("head_size %d must be 0 (dim / n_heads) or even, in [2, %d]", head_size, MAX_DIM);
     if (weight_type < 0 || weight_type >= N_WEIGHT_TYPES)
-        return fail("weight_type %d is not a type this program knows (0 f32, 1 bf16, 2 f16)", weight_type);
+        return fail("weight_type %d is not a type this program knows (0 f32, 1 bf16, 2 f16, 3 q8_0)", weight_type);
     if (reserved != 0) return fail("reserved header field at byte 92 is %d, not 0", reserved);
     c->head_size = head_size;
     c->weight_type = (WeightType)weight_type;
@@ -2031,6 +2072,7 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
         return -1;
     if (c->rope2_head_size && check_every_rope_angles(c) != 0) return -1; // the second over its own head size
     place_layers(c);
+    if (check_q8_0_rows(c) != 0) return -1;
     *data_offset = *format == FORMAT_LLAMA2C_LEGACY ? LEGACY_HEADER_BYTES : HEADER_BYTES;
     TransformerWeights unused;
     *expected_size = map_weights(&unused, c, *format, 0, *data_offset); // where the last tensor ends
@@ -2063,7 +2105,10 @@ static const float *next_vector(TensorLayout *t, uint64_t elements) {
 }
 // the embedding and the matrices: of the file's weight type
 static Matrix next_matrix(TensorLayout *t, uint64_t elements) {
-    return (Matrix){(const void *)(t->base + next_tensor(t, elements, weight_type_bytes(t->type))), t->type};
+    t->at = round_up(t->at, t->alignment);
+    uint64_t start = t->at;
+    t->at += weight_bytes(t->type, elements);
+    return (Matrix){(const void *)(t->base + start), t->type};
 }
 
 // Points the weights into the file mapped at base (0: computes only the layout),
@@ -2149,6 +2194,40 @@ static int open_regular_file(const char *path, const char *what, size_t *size);
 static char *read_whole_file(const char *path, const char *what, size_t *size);
 static int check_tokenizer_start(const char *path, int vocab_size);
 
+// A Q8_0 matrix's scales: each a finite f16 (exponent bits not all ones), so that
+// every weight d * q is a number.
+static int check_q8_0_scales(Matrix m, uint64_t elements, const char *name) {
+    if (m.type != WEIGHT_Q8_0) return 0;
+    const unsigned char *block = m.data;
+    for (uint64_t b = 0; b < elements / Q8_0_BLOCK; b++, block += Q8_0_BLOCK_BYTES) {
+        uint16_t d;
+        memcpy(&d, block, sizeof(d));
+        if ((d & 0x7c00) == 0x7c00)
+            return fail("%s: the scale of q8_0 block %llu is %g; scales must be finite", name, (unsigned long long)b,
+                        f16_to_f32(d));
+    }
+    return 0;
+}
+
+// Every Q8_0 matrix's scales (check_q8_0_scales).
+static int check_weights_scales(const TransformerWeights *w, const Config *c) {
+    uint64_t dim = c->dim, vocab = c->vocab_size, LP = (uint64_t)c->n_layers * c->per_layer_dim;
+    struct {
+        Matrix m;
+        uint64_t elements;
+        const char *name;
+    } matrices[] = {{w->token_embedding, vocab * dim, "token_embedding"}, {w->wq, c->q_rows * dim, "wq"},
+                    {w->wk, c->kv_rows * dim, "wk"}, {w->wv, c->v_rows * dim, "wv"}, {w->wo, dim * c->q_rows, "wo"},
+                    {w->w1, c->hidden_rows * dim, "w1"}, {w->w2, dim * c->hidden_rows, "w2"},
+                    {w->w3, c->hidden_rows * dim, "w3"}, {w->wcls, c->shared_classifier ? 0 : vocab * dim, "wcls"},
+                    {w->per_layer_embedding, vocab * LP, "per_layer_embedding"},
+                    {w->per_layer_in, LP * dim, "per_layer_in"}, {w->per_layer_gate, LP * dim, "per_layer_gate"},
+                    {w->per_layer_out, dim * LP, "per_layer_out"}};
+    for (size_t i = 0; i < sizeof(matrices) / sizeof(matrices[0]); i++)
+        if (check_q8_0_scales(matrices[i].m, matrices[i].elements, matrices[i].name) != 0) return -1;
+    return 0;
+}
+
 // Longrope's factors, from the mapped file, into the config: finite and > 0, and the
 // angles they give finite.
 static int use_longrope_factors(Config *c, const float *factors) {
@@ -2197,7 +2276,8 @@ static int load_checkpoint(Transformer *t, const char *path) {
     t->mapped = mapped;
     t->file_size = size;
     map_weights(&t->weights, &t->config, t->format, (uintptr_t)mapped, offset);
-    if (t->weights.rope_factors && use_longrope_factors(&t->config, t->weights.rope_factors) != 0) {
+    if (check_weights_scales(&t->weights, &t->config) != 0 ||
+        (t->weights.rope_factors && use_longrope_factors(&t->config, t->weights.rope_factors) != 0)) {
         munmap(mapped, size);
         memset(t, 0, sizeof(*t));
         return fail_in("checkpoint %s", path);
@@ -5052,11 +5132,51 @@ static inline Lanes lanes_load_f16(const uint16_t *p) {
 }
 #endif
 
+// Q8_0: a block's scale d, widened from f16 and copied into every lane
+// (lanes_q8_0_scale); then eight of its int8 values, sign-extended to 32 bits,
+// converted to float32 (exact), each multiplied by d (lanes_q8_0_values): d * q
+// exactly, as q8_0_weight computes it.
+#if defined(USE_AVX2)
+static inline Lanes lanes_q8_0_scale(const unsigned char *block) {
+    uint16_t h;
+    memcpy(&h, block, sizeof(h));
+#if defined(__F16C__)
+    return _mm256_set1_ps(_cvtsh_ss(h));
+#else
+    return _mm256_set1_ps(f16_to_f32(h));
+#endif
+}
+static inline Lanes lanes_q8_0_values(const unsigned char *q, Lanes d) {
+    __m256i wide = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(wide), d);
+}
+#elif defined(USE_NEON)
+static inline Lanes lanes_q8_0_scale(const unsigned char *block) {
+    uint16_t h;
+    memcpy(&h, block, sizeof(h));
+    float32x4_t d = vdupq_n_f32(vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0));
+    return (Lanes){d, d};
+}
+static inline Lanes lanes_q8_0_values(const unsigned char *q, Lanes d) {
+    int16x8_t wide = vmovl_s8(vld1_s8((const int8_t *)q));
+    return (Lanes){vmulq_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(wide))), d.lo),
+                   vmulq_f32(vcvtq_f32_s32(vmovl_high_s16(wide)), d.hi)};
+}
+#endif
+#ifdef USE_SIMD
+// The eight weights from element i on (a multiple of 8, so they lie in one block).
+static inline Lanes lanes_load_q8_0(const void *data, size_t i) {
+    const unsigned char *block = (const unsigned char *)data + i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
+    return lanes_q8_0_values(block + 2 + i % Q8_0_BLOCK, lanes_q8_0_scale(block));
+}
+#endif
+
 #ifdef USE_SIMD
 // Eight weights of `type` from element i of data on, as float32 lanes.
 static inline Lanes lanes_load_weights(const void *data, size_t i, WeightType type) {
     if (type == WEIGHT_BF16) return lanes_load_bf16((const uint16_t *)data + i);
     if (type == WEIGHT_F16) return lanes_load_f16((const uint16_t *)data + i);
+    if (type == WEIGHT_Q8_0) return lanes_load_q8_0(data, i);
     return lanes_load((const float *)data + i);
 }
 
@@ -5084,6 +5204,7 @@ static float dot_simd(const float *a, const float *b, int n) { return dot_lanes(
 static float dot_weights_simd(Matrix w, const float *x, int n) {
     if (w.type == WEIGHT_BF16) return dot_lanes(w.data, WEIGHT_BF16, x, n);
     if (w.type == WEIGHT_F16) return dot_lanes(w.data, WEIGHT_F16, x, n);
+    if (w.type == WEIGHT_Q8_0) return dot_lanes(w.data, WEIGHT_Q8_0, x, n);
     return dot_lanes(w.data, WEIGHT_F32, x, n);
 }
 #endif
@@ -5113,16 +5234,40 @@ static inline void prefetch_ahead(const void *p, size_t ahead) {
 // more reads in flight than the hardware prefetchers do (a 16-bit row's line holds
 // two steps, and is asked for twice: a hint for a line already coming costs little).
 #ifdef USE_SIMD
+// Q8_0 rows (n a multiple of 32): a block of each row per step, four vectors, each
+// row's scale widened and copied into the lanes once a block rather than once a
+// vector; each row's multiply-adds are dot()'s, in its order (a block's vectors are
+// j, j + 8, j + 16, j + 24). With `prefetch`, each block first asks for each row's
+// line PREFETCH_AHEAD_BYTES further on.
+static void dot_rows4_q8_0(float *out, const void *w, const float *x, int n, size_t gap, int prefetch) {
+    const unsigned char *row[4];
+    for (int r = 0; r < 4; r++) row[r] = (const unsigned char *)w + weight_bytes(WEIGHT_Q8_0, r * gap * n);
+    Lanes lanes[4] = {lanes_zero(), lanes_zero(), lanes_zero(), lanes_zero()};
+    for (int j = 0; j < n; j += Q8_0_BLOCK) {
+        size_t at = (size_t)j / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
+        if (prefetch)
+            for (int r = 0; r < 4; r++) prefetch_ahead(row[r] + at, PREFETCH_AHEAD_BYTES);
+        Lanes d[4];
+        for (int r = 0; r < 4; r++) d[r] = lanes_q8_0_scale(row[r] + at);
+        for (int h = 0; h < Q8_0_BLOCK; h += DOT_LANES) {
+            Lanes xv = lanes_load(x + j + h);
+            for (int r = 0; r < 4; r++)
+                lanes[r] = lanes_fma(lanes_q8_0_values(row[r] + at + 2 + h, d[r]), xv, lanes[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++) out[r * gap] = lanes_sum(lanes[r]);
+}
+
 static inline __attribute__((always_inline)) void dot_rows4_lanes(float *out, const void *w, WeightType type,
                                                                    const float *x, int n, size_t gap, int prefetch) {
     size_t wr[4] = {0, gap * n, 2 * gap * n, 3 * gap * n}; // where each row starts, in weights
-    size_t bytes = weight_type_bytes(type);
     float acc[4][DOT_LANES];
     Lanes lanes[4] = {lanes_zero(), lanes_zero(), lanes_zero(), lanes_zero()};
     int j = 0;
     for (; j + 2 * DOT_LANES <= n; j += 2 * DOT_LANES) {
         if (prefetch)
-            for (int r = 0; r < 4; r++) prefetch_ahead((const char *)w + (wr[r] + j) * bytes, PREFETCH_AHEAD_BYTES);
+            for (int r = 0; r < 4; r++)
+                prefetch_ahead((const char *)w + weight_bytes(type, wr[r] + j), PREFETCH_AHEAD_BYTES);
         for (int h = j; h < j + 2 * DOT_LANES; h += DOT_LANES) {
             Lanes xv = lanes_load(x + h);
             for (int r = 0; r < 4; r++) lanes[r] = lanes_fma(lanes_load_weights(w, wr[r] + h, type), xv, lanes[r]);
@@ -5148,6 +5293,7 @@ static void dot_rows4(float *out, Matrix w, const float *x, int n, size_t gap, i
 #ifdef USE_SIMD
     if (w.type == WEIGHT_BF16) dot_rows4_lanes(out, w.data, WEIGHT_BF16, x, n, gap, prefetch);
     else if (w.type == WEIGHT_F16) dot_rows4_lanes(out, w.data, WEIGHT_F16, x, n, gap, prefetch);
+    else if (w.type == WEIGHT_Q8_0) dot_rows4_q8_0(out, w.data, x, n, gap, prefetch);
     else dot_rows4_lanes(out, w.data, WEIGHT_F32, x, n, gap, prefetch);
 #else
     (void)prefetch; // the plain build leaves prefetching to the hardware
@@ -5451,9 +5597,9 @@ static inline __attribute__((always_inline)) void matmul_tile_of(float *xout, co
                                                                   int n_rows, int b0, int n_tokens,
                                                                   const char *prefetch, int prefetch_lines) {
     float acc[TILE_ROWS][TILE_TOKENS][DOT_LANES];
-    size_t wr[TILE_ROWS]; // where each row starts, in weights
+    size_t wr[TILE_ROWS]; // where each row starts, in weights from w (the tile's first row, row i0)
     const float *xb[TILE_TOKENS];
-    for (int r = 0; r < TILE_ROWS; r++) wr[r] = (size_t)(i0 + (r < n_rows ? r : n_rows - 1)) * n;
+    for (int r = 0; r < TILE_ROWS; r++) wr[r] = (size_t)(r < n_rows ? r : n_rows - 1) * n;
     for (int b = 0; b < TILE_TOKENS; b++) xb[b] = x + (size_t)(b0 + (b < n_tokens ? b : n_tokens - 1)) * n;
     int j = 0;
 #if defined(USE_AVX512)
@@ -5541,14 +5687,27 @@ static inline __attribute__((always_inline)) void matmul_tile_of(float *xout, co
         }
 }
 
+// w: the tile's rows, from row i0 of the matrix on
 static void matmul_tile(float *xout, const float *x, const float *packed, Matrix w, int n, int d, int i0, int n_rows,
                         int b0, int n_tokens, const char *prefetch, int prefetch_lines) {
     if (w.type == WEIGHT_BF16)
         matmul_tile_of(xout, x, packed, w.data, WEIGHT_BF16, n, d, i0, n_rows, b0, n_tokens, prefetch, prefetch_lines);
     else if (w.type == WEIGHT_F16)
         matmul_tile_of(xout, x, packed, w.data, WEIGHT_F16, n, d, i0, n_rows, b0, n_tokens, prefetch, prefetch_lines);
+    else if (w.type == WEIGHT_Q8_0)
+        matmul_tile_of(xout, x, packed, w.data, WEIGHT_Q8_0, n, d, i0, n_rows, b0, n_tokens, prefetch, prefetch_lines);
     else
         matmul_tile_of(xout, x, packed, w.data, WEIGHT_F32, n, d, i0, n_rows, b0, n_tokens, prefetch, prefetch_lines);
+}
+
+// out = the first `rows` rows of w (n weights each) widened to float32, eight at a
+// time as the kernels load them.
+static void widen_rows(float *out, Matrix w, int n, int rows) {
+    size_t count = (size_t)rows * n, i = 0;
+#ifdef USE_SIMD
+    for (; i + DOT_LANES <= count; i += DOT_LANES) lanes_store(out + i, lanes_load_weights(w.data, i, w.type));
+#endif
+    for (; i < count; i++) out[i] = widen(w.data, i, w.type);
 }
 
 // matmul_tokens() for a block. scratch: room for B * n floats, B rounded up to a
@@ -5558,12 +5717,16 @@ static void matmul_tile(float *xout, const float *x, const float *packed, Matrix
 // of the block. A row tile's weights come from memory during its first token tile,
 // and the arithmetic waits for them; so while one row tile is at work, the weights
 // of the next are requested into L2, a share per token tile, spread over the steps
-// of the loop.
+// of the loop. A Q8_0 row tile is widened once, into float32 rows of the thread's
+// own (the values widen() gives), and every token tile reads those: the widening
+// (a conversion and a multiply per weight) is done once a row tile rather than once
+// for each of its token tiles. If that memory cannot be had, the tiles widen the
+// blocks themselves (the same bits, more slowly).
 static void matmul_tiled(float *xout, const float *x, Matrix w, int B, int n, int d, float *scratch) {
-    size_t bytes = weight_type_bytes(w.type);
     int token_tiles = (B + TILE_TOKENS - 1) / TILE_TOKENS;
 #pragma omp parallel
     {
+        float *widened = w.type == WEIGHT_Q8_0 ? malloc(sizeof(float) * TILE_ROWS * n) : NULL;
 #ifdef USE_AVX512
         // the threads pack the token pairs together, and wait for each other at the
         // end of this loop
@@ -5576,15 +5739,21 @@ static void matmul_tiled(float *xout, const float *x, Matrix w, int B, int n, in
         for (i = 0; i < d; i += TILE_ROWS) {
             int rows = d - i < TILE_ROWS ? d - i : TILE_ROWS;
             int next = i + rows, next_rows = d - next < TILE_ROWS ? d - next : TILE_ROWS;
-            const char *next_w = (const char *)w.data + (size_t)next * n * bytes;
-            long next_lines = next < d ? ((long)next_rows * n * (long)bytes + 63) / 64 : 0;
+            const char *next_w = (const char *)w.data + weight_bytes(w.type, (uint64_t)next * n);
+            long next_lines = next < d ? ((long)weight_bytes(w.type, (uint64_t)next_rows * n) + 63) / 64 : 0;
+            Matrix tile = matrix_at(w, (size_t)i * n);
+            if (widened) {
+                widen_rows(widened, tile, n, rows);
+                tile = f32_matrix(widened);
+            }
             for (int t = 0; t < token_tiles; t++) {
                 long first = next_lines * t / token_tiles, last = next_lines * (t + 1) / token_tiles;
                 int b = t * TILE_TOKENS;
-                matmul_tile(xout, x, scratch, w, n, d, i, rows, b, B - b < TILE_TOKENS ? B - b : TILE_TOKENS,
+                matmul_tile(xout, x, scratch, tile, n, d, i, rows, b, B - b < TILE_TOKENS ? B - b : TILE_TOKENS,
                             next_w + first * 64, (int)(last - first));
             }
         }
+        free(widened);
     }
 }
 
@@ -5670,7 +5839,7 @@ static void attention_block_scores(Transformer *t, int l, int h, int B, int pos0
         for (int r = 0; r < 2; r++) {
             int j0 = runs.start[r], end = j0 + runs.n[r];
             for (int i = j0; i < end; i += TILE_ROWS)
-                matmul_tile(att, q, packed, f32_matrix(keys), head_size, row_stride, i,
+                matmul_tile(att, q, packed, f32_matrix(keys + (size_t)i * head_size), head_size, row_stride, i,
                             end - i < TILE_ROWS ? end - i : TILE_ROWS, b, n_tokens, NULL, 0);
         }
     }
@@ -5928,12 +6097,11 @@ static ReadOrderTrial read_order_trial; // one for the process, as read_order is
 // chosen experts of each layer with them, and the classifier. *all (if not NULL): the
 // same with every expert, the file's matrices less the embedding's.
 static double matrix_bytes_per_token(const Config *c, double *all) {
-    double dim = c->dim, bytes = weight_type_bytes(c->weight_type);
-    double layers = dim * (2.0 * c->q_rows + c->kv_rows + c->v_rows + 3.0 * c->hidden_rows);
-    double router = dim * c->n_experts * c->sparse_layers, expert = 3.0 * dim * c->expert_hidden * c->sparse_layers;
-    double classifier = (double)c->vocab_size * dim;
-    if (all) *all = (layers + router + expert * c->n_experts + classifier) * bytes;
-    return (layers + router + expert * c->n_experts_used + classifier) * bytes;
+    uint64_t dim = c->dim, layers = dim * (2 * c->q_rows + c->kv_rows + c->v_rows + 3 * c->hidden_rows);
+    uint64_t router = dim * c->n_experts * c->sparse_layers, expert = 3 * dim * c->expert_hidden * c->sparse_layers;
+    uint64_t classifier = (uint64_t)c->vocab_size * dim;
+    if (all) *all = (double)weight_bytes(c->weight_type, layers + router + expert * c->n_experts + classifier);
+    return (double)weight_bytes(c->weight_type, layers + router + expert * c->n_experts_used + classifier);
 }
 
 static void start_read_order_trial(const Config *c, int forced) {
@@ -6421,7 +6589,7 @@ static char *read_text_file(const char *path) {
 }
 
 static const char *format_name(CheckpointFormat f, const Config *c) {
-    static const char *rope_v2[] = {"ROPE v2 f32", "ROPE v2 bf16", "ROPE v2 f16"}; // by weight_type
+    static const char *rope_v2[] = {"ROPE v2 f32", "ROPE v2 bf16", "ROPE v2 f16", "ROPE v2 q8_0"}; // by weight_type
     if (f == FORMAT_ROPE && c->version == 2) return rope_v2[c->weight_type];
     return f == FORMAT_ROPE ? "ROPE v1" : f == FORMAT_LLAMA2C_V1 ? "llama2.c v1" : "llama2.c legacy";
 }

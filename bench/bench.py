@@ -3,7 +3,7 @@
 against this machine's read bandwidth, and prefill's arithmetic against its peak.
 
     make bench                     (builds ./run, bench/stream and bench/peak, then runs this)
-    python3 bench/bench.py [--quick] [--models 15M,110M] [--threads 1,2] [--runs N] [--dtypes bf16,f16|none]
+    python3 bench/bench.py [--quick] [--models 15M,110M] [--threads 1,2] [--runs N] [--dtypes bf16,f16,q8_0|none]
 
 Models are random-weight checkpoints in the ROPE format, written into bench/ on
 first use (bench/*.bin is gitignored): the shapes of llama2.c's stories15M and
@@ -73,6 +73,14 @@ llama-quantize (beside llama-bench, or $LLAMA_QUANTIZE), which rounds to nearest
 too: the same weights again. Decode's traffic is counted in the bytes actually read
 per token: 2 a weight for the streamed matrices and the classifier, 4 for the norms
 and the KV cache.
+
+Q8_0 weights (--dtypes q8_0, in the default with bf16): the same random weights
+quantized by export.py --dtype q8_0 (llama.cpp's quantize_row_q8_0_ref), against the
+float32 file of its dequantized weights and against the bf16 file of the same source
+weights: each round decodes the three in a balanced order (q8_0, float32, bf16, bf16,
+float32, q8_0, or the reverse). Decode's bytes: 34 a block of 32 weights. llama-bench
+runs on the F32 GGUF quantized by llama-quantize ... Q8_0 (the same blocks, byte for
+byte: llama.cpp's quantizer is the one export.py transcribes).
 
 Only numpy and the standard library.
 """
@@ -149,7 +157,8 @@ def streamed_bytes(dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared,
     q_dim, kv_dim = heads * head_size, kv_heads * head_size
     matrices = layers * (q_dim * dim + 2 * kv_dim * dim + dim * q_dim + 3 * hidden * dim) + vocab * dim
     norms = 2 * layers * dim + dim
-    return matrices * (4 if weight_type == "f32" else 2) + 4 * norms
+    per_weight = {"f32": 4, "bf16": 2, "f16": 2, "q8_0": 34 / 32}[weight_type]  # q8_0: 34 bytes a block of 32
+    return matrices * per_weight + 4 * norms
 
 
 def kv_cache_bytes(dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared, positions):
@@ -703,10 +712,11 @@ def check_same_output(runner, narrow, wide):
         raise SystemExit(f"bench: {narrow} and {wide} (the same weights widened) print different text")
 
 
-def balanced_order(k, a, b):
-    """Round k's order of two programs run twice each: a, b, b, a, or b, a, a, b in odd rounds,
-    so that a drift of the machine's speed within the round weighs on both alike."""
-    return (a, b, b, a) if k % 2 == 0 else (b, a, a, b)
+def balanced_order(k, a, b, *more):
+    """Round k's order of programs run twice each: a, b, b, a (a, b, c, c, b, a for three), or the
+    reverse in odd rounds, so that a drift of the machine's speed within the round weighs on all alike."""
+    files = (a, b, *more) if k % 2 == 0 else (a, b, *more)[::-1]
+    return files + files[::-1]
 
 
 def rates_and_runs(rates, runs):
@@ -721,30 +731,35 @@ def bench_16bit(runner, name, path, weight_type, threads, runs, stream_reps, cpu
     llama-bench on the 16-bit GGUF) for each thread count: (table rows, raw lines, any run disturbed)."""
     narrow, wide = ensure_16bit_checkpoints(path, weight_type)
     check_same_output(runner, narrow, wide)
+    bf16 = ensure_16bit_checkpoints(path, "bf16")[0] if weight_type == "q8_0" else None  # q8_0 against bf16 too
+    bytes_bf16 = streamed_bytes(*read_header(narrow), "bf16") if bf16 else 0
     header = read_header(narrow)
     kv = kv_cache_bytes(*header, decode_positions)
     bytes16, bytes32 = streamed_bytes(*header, weight_type) + kv, streamed_bytes(*header) + kv
     gguf16 = ensure_gguf_16bit(gguf, weight_type, lbench) if lbench else None
-    for f in (narrow, wide, gguf16):
+    for f in (narrow, wide, bf16, gguf16):
         if f:
             drop_from_page_cache(f)
-    runner.timed(narrow, threads[0], SHORT_PROMPT, decode_steps // 8)  # faults the files in
-    runner.timed(wide, threads[0], SHORT_PROMPT, decode_steps // 8)
+    for f in (narrow, wide, bf16):
+        if f:
+            runner.timed(f, threads[0], SHORT_PROMPT, decode_steps // 8)  # faults the files in
     rows, raw, any_disturbed = [], [], False
     for t in threads:
         log(f"bench: {name} {weight_type}, {t} thread(s): {runs} round(s) of bandwidth, prefill and decode ...")
-        r = {k: [] for k in ("runs16", "runs32", "pre16", "pre32", "peak", "pp", "tg")}
+        r = {k: [] for k in ("runs16", "runs32", "runsbf", "pre16", "pre32", "peak", "pp", "tg")}
         retries, disturbed = [runs], 0
         for k in range(runs):
             runner.cpu = cpus[k % len(cpus)] if t == 1 and len(cpus) > 1 else None
             peak1, _, d1 = stream_bandwidth(runner.contention, t, stream_reps, runner.cpu)
-            rates = {narrow: [], wide: []}
-            for f in balanced_order(k, narrow, wide):
+            rates = {narrow: [], wide: [], bf16: []}
+            for f in balanced_order(k, narrow, wide, *([bf16] if bf16 else [])):
                 (_, _, _, rate, _, _), d = runner.timed_quiet(f, t, SHORT_PROMPT, decode_steps, retries)
                 rates[f].append(rate)
                 disturbed += d
             r["runs16"].append(rates[narrow])
             r["runs32"].append(rates[wide])
+            if bf16:
+                r["runsbf"].append(rates[bf16])
             peak2, _, d2 = stream_bandwidth(runner.contention, t, stream_reps, runner.cpu)
             r["peak"].append((peak1 + peak2) / 2)
             disturbed += d1 + d2
@@ -763,6 +778,7 @@ def bench_16bit(runner, name, path, weight_type, threads, runs, stream_reps, cpu
         # each round's rate of a file: its two runs together (the same tokens in each: the harmonic mean)
         r["dec16"] = [statistics.harmonic_mean(pair) for pair in r["runs16"]]
         r["dec32"] = [statistics.harmonic_mean(pair) for pair in r["runs32"]]
+        r["decbf"] = [statistics.harmonic_mean(pair) for pair in r["runsbf"]]
 
         def med(key, scale=1.0):
             return statistics.median(scale * v for v in r[key])
@@ -777,11 +793,13 @@ def bench_16bit(runner, name, path, weight_type, threads, runs, stream_reps, cpu
                      f"{med('pre16'):.1f}{mark}", f"{med('dec16'):.1f}{mark}", f"{bytes16 * med('dec16') / 1e9:.2f}",
                      f"{med('peak'):.2f}", f"{100 * of_peak:.0f}%", f"{med('pre32'):.1f}", f"{med('dec32'):.1f}",
                      f"**{ratio('dec16', 'dec32'):.2f}x**", f"{ratio('pre16', 'pre32'):.2f}x",
+                     f"{med('decbf'):.1f}" if bf16 else "-", f"**{ratio('dec16', 'decbf'):.2f}x**" if bf16 else "-",
                      f"{med('pp'):.1f}" if r["pp"] else "-", f"{med('tg'):.1f}" if r["tg"] else "-",
                      f"{vs_pp:.2f}x" if vs_pp else "-", f"{vs_tg:.2f}x" if vs_tg else "-"])
         raw.append(f"{name} {weight_type}, {t} thread(s), by round: decode (both runs, then each) {weight_type} "
                    f"{rates_and_runs(r['dec16'], r['runs16'])}, f32 {rates_and_runs(r['dec32'], r['runs32'])}; "
-                   f"prefill {weight_type} {', '.join(f'{v:.1f}' for v in r['pre16'])}, f32 "
+                   + (f"bf16 {rates_and_runs(r['decbf'], r['runsbf'])} ({bytes_bf16 / 1e6:.1f} MB a token); " if bf16 else "")
+                   + f"prefill {weight_type} {', '.join(f'{v:.1f}' for v in r['pre16'])}, f32 "
                    f"{', '.join(f'{v:.1f}' for v in r['pre32'])} tok/s; read bandwidth (best pass) "
                    f"{', '.join(f'{v:.2f}' for v in r['peak'])} GB/s"
                    + (f"; llama-bench {weight_type.upper()} pp {', '.join(f'{v:.1f}' for v in r['pp'])}, tg "
@@ -847,13 +865,13 @@ def main():
     ap.add_argument("--models", default=None, help="comma-separated, from 15M,110M (default: both)")
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
     ap.add_argument("--runs", type=int, default=None, help="runs per figure (default 5 for 15M, 3 for 110M)")
-    ap.add_argument("--dtypes", default="bf16",
-                    help="16-bit weight types to compare with float32 on the same weights: bf16, f16, "
-                         "both comma-separated, or none (default bf16)")
+    ap.add_argument("--dtypes", default="bf16,q8_0",
+                    help="weight types to compare with float32 on the same weights: bf16, f16, q8_0 (also against "
+                         "bf16), comma-separated, or none (default bf16,q8_0)")
     args = ap.parse_args()
     dtypes = [] if args.dtypes == "none" else args.dtypes.split(",")
-    if any(d not in ("bf16", "f16") for d in dtypes):
-        ap.error("--dtypes: bf16, f16, both comma-separated, or none")
+    if any(d not in ("bf16", "f16", "q8_0") for d in dtypes):
+        ap.error("--dtypes: bf16, f16, q8_0, comma-separated, or none")
 
     models = (args.models or ("15M" if args.quick else "15M,110M")).split(",")
     for m in models:
@@ -1081,13 +1099,15 @@ def main():
     out += ["| " + " | ".join(r) + " |" for r in rows]
     out.append("")
     if rows16:
-        out.append("16-bit weights against float32 on the same weights (the float32 file holds the 16-bit values "
-                   "widened; each ratio the median over rounds of that round's own ratio):")
+        out.append("16-bit and Q8_0 weights against float32 on the same weights (the float32 file holds the "
+                   "16-bit values widened, or the Q8_0 blocks' d * q; Q8_0 also against the bf16 file of the same "
+                   "source weights; each ratio the median over rounds of that round's own ratio):")
         out.append("")
         head3 = ["model", "threads", "weights", "MB read per decoded token", "prefill tok/s", "decode tok/s",
                  "decode GB/s (bytes read)", "read GB/s, best pass", "% of best pass", "f32 prefill tok/s",
-                 "f32 decode tok/s", "decode / f32", "prefill / f32", "llama.cpp pp tok/s (16-bit GGUF)",
-                 "llama.cpp tg tok/s (16-bit GGUF)", "run / llama.cpp prefill", "run / llama.cpp decode"]
+                 "f32 decode tok/s", "decode / f32", "prefill / f32", "bf16 decode tok/s", "decode / bf16",
+                 "llama.cpp pp tok/s (same-type GGUF)", "llama.cpp tg tok/s (same-type GGUF)",
+                 "run / llama.cpp prefill", "run / llama.cpp decode"]
         out.append("| " + " | ".join(head3) + " |")
         out.append("|" + "|".join("---" if i < 3 else "---:" for i in range(len(head3))) + "|")
         out += ["| " + " | ".join(r) + " |" for r in rows16]

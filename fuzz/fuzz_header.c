@@ -23,6 +23,16 @@ static void check_inside(const void *p, uint64_t n, size_t element_bytes, const 
     CHECK((uintptr_t)p % element_bytes == 0 && (uintptr_t)p % alignment == 0);
 }
 
+// a matrix of n weights of its type (a Q8_0 one: n / 32 blocks of 34 bytes) lies inside [lo, hi),
+// on the tensors' alignment
+static void matrix_inside(Matrix m, uint64_t n, const char *lo, const char *hi, size_t alignment) {
+    CHECK(m.data != NULL);
+    CHECK((const char *)m.data >= lo);
+    CHECK(m.type != WEIGHT_Q8_0 || n % Q8_0_BLOCK == 0);
+    CHECK(weight_bytes(m.type, n) <= (uint64_t)(hi - (const char *)m.data));
+    CHECK((uintptr_t)m.data % alignment == 0 && (m.type == WEIGHT_Q8_0 || (uintptr_t)m.data % weight_bytes(m.type, 1) == 0));
+}
+
 static int logits_finite(const float *logits, int n) {
     for (int i = 0; i < n; i++)
         if (!isfinite(logits[i])) return 0;
@@ -42,10 +52,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     CHECK(validate_config(&c) == 0);
     CHECK(offset == (format == FORMAT_LLAMA2C_LEGACY ? LEGACY_HEADER_BYTES : HEADER_BYTES));
-    CHECK(c.version == 2 || c.weight_type == WEIGHT_F32); // only version 2 has 16-bit weights
+    CHECK(c.version == 2 || c.weight_type == WEIGHT_F32); // only version 2 has 16-bit and Q8_0 weights
     CHECK(c.weight_type >= 0 && c.weight_type < N_WEIGHT_TYPES);
     CHECK(expected > offset);
-    if (section.bytes == 0) CHECK(section.offset == 0 && (expected - offset) % weight_type_bytes(c.weight_type) == 0);
+    if (section.bytes == 0) CHECK(section.offset == 0 && (expected - offset) % (c.weight_type == WEIGHT_F32 ? 4 : 2) == 0); // Q8_0 blocks: 34 bytes
     else CHECK(c.version == 2 && section.offset % 64 == 0 && section.offset + section.bytes == expected);
     // the bound that keeps the products from overflowing: far below 2^63
     CHECK(expected < (1ull << 62));
@@ -59,7 +69,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!copy) return 0;
     memcpy(copy, data, size);
     const char *lo = copy + offset, *hi = copy + size;
-    size_t alignment = c.version == 2 ? ROPE_V2_ALIGNMENT : 1, mb = weight_type_bytes(c.weight_type);
+    size_t alignment = c.version == 2 ? ROPE_V2_ALIGNMENT : 1;
 
     Transformer t;
     memset(&t, 0, sizeof(t));
@@ -79,18 +89,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (ls->kv_source == l) kv_rows += kv, v_rows += ls->values_are_keys ? 0 : kv, k_heads += ls->head_size;
         CHECK(ls->kv_source <= l && c.layer[ls->kv_source].kv_source == ls->kv_source);
     }
-    check_inside(w->token_embedding.data, (uint64_t)c.vocab_size * dim, mb, lo, hi, alignment);
+    matrix_inside(w->token_embedding, (uint64_t)c.vocab_size * dim, lo, hi, alignment);
     check_inside(w->rms_att, layers * dim, sizeof(float), lo, hi, alignment);
     check_inside(w->rms_ffn, layers * dim, sizeof(float), lo, hi, alignment);
     check_inside(w->rms_final, dim, sizeof(float), lo, hi, alignment);
-    check_inside(w->wq.data, q_rows * dim, mb, lo, hi, alignment);
-    check_inside(w->wk.data, kv_rows * dim, mb, lo, hi, alignment);
-    check_inside(w->wv.data, v_rows * dim, mb, lo, hi, alignment);
-    check_inside(w->wo.data, dim * q_rows, mb, lo, hi, alignment);
-    check_inside(w->w1.data, hidden_rows * dim, mb, lo, hi, alignment);
-    check_inside(w->w2.data, dim * hidden_rows, mb, lo, hi, alignment);
-    check_inside(w->w3.data, hidden_rows * dim, mb, lo, hi, alignment);
-    check_inside(w->wcls.data, (uint64_t)c.vocab_size * dim, mb, lo, hi, alignment);
+    matrix_inside(w->wq, q_rows * dim, lo, hi, alignment);
+    matrix_inside(w->wk, kv_rows * dim, lo, hi, alignment);
+    matrix_inside(w->wv, v_rows * dim, lo, hi, alignment);
+    matrix_inside(w->wo, dim * q_rows, lo, hi, alignment);
+    matrix_inside(w->w1, hidden_rows * dim, lo, hi, alignment);
+    matrix_inside(w->w2, dim * hidden_rows, lo, hi, alignment);
+    matrix_inside(w->w3, hidden_rows * dim, lo, hi, alignment);
+    matrix_inside(w->wcls, (uint64_t)c.vocab_size * dim, lo, hi, alignment);
     // version 2's optional tensors, and the per-layer table (the file's last bytes)
     if (c.qkv_bias) {
         check_inside(w->bq, q_rows, sizeof(float), lo, hi, alignment);
@@ -108,11 +118,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (c.layer_scalars) check_inside(w->layer_scalars, layers, sizeof(float), lo, hi, alignment);
     if (c.per_layer_dim) { // Gemma 4's per-layer inputs
         uint64_t P = c.per_layer_dim;
-        check_inside(w->per_layer_embedding.data, (uint64_t)c.vocab_size * layers * P, mb, lo, hi, alignment);
-        check_inside(w->per_layer_in.data, layers * P * dim, mb, lo, hi, alignment);
+        matrix_inside(w->per_layer_embedding, (uint64_t)c.vocab_size * layers * P, lo, hi, alignment);
+        matrix_inside(w->per_layer_in, layers * P * dim, lo, hi, alignment);
         check_inside(w->per_layer_in_norm, P, sizeof(float), lo, hi, alignment);
-        check_inside(w->per_layer_gate.data, layers * P * dim, mb, lo, hi, alignment);
-        check_inside(w->per_layer_out.data, layers * dim * P, mb, lo, hi, alignment);
+        matrix_inside(w->per_layer_gate, layers * P * dim, lo, hi, alignment);
+        matrix_inside(w->per_layer_out, layers * dim * P, lo, hi, alignment);
         check_inside(w->rms_per_layer, layers * dim, sizeof(float), lo, hi, alignment);
     }
     if (c.rope_scaling == ROPE_SCALING_LONGROPE) { // its factors, as load_checkpoint points the config at them
@@ -126,6 +136,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             free(copy);
             return 0;
         }
+    }
+    if (check_weights_scales(w, &t.config) != 0) { // as load_checkpoint: a Q8_0 scale not finite
+        CHECK(error_message[0] != '\0');
+        free(copy);
+        return 0;
     }
     if (section.bytes > 0) { // the tokenizer inside: after the tensors, and it loads or fails cleanly
         TransformerWeights layout;

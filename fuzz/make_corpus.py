@@ -71,8 +71,18 @@ def halves(n, seed, weight_type):
     return struct.pack(f"<{n}e", *[math.sin(seed * 7.1 + i * 1.3) for i in range(n)])
 
 
+def q8_0_blocks(n, seed):
+    """n deterministic weights as Q8_0 blocks (n a multiple of 32): an f16 scale of 1/127, then 32
+    int8 values from a sine."""
+    out = b""
+    for b in range(n // 32):
+        out += struct.pack("<e", 1 / 127) + struct.pack("<32b", *[round(127 * math.sin(seed * 7.1 + (32 * b + j) * 1.3))
+                                                               for j in range(32)])
+    return out
+
+
 def rope_v2_model(dim, hidden, layers, heads, kv_heads, vocab, seq, shared=1, weight_type=1, seed=4, aligned=True):
-    """ROPE version 2: weight_type at byte 88 (1 bf16, 2 f16) for the embedding and the matrices,
+    """ROPE version 2: weight_type at byte 88 (1 bf16, 2 f16, 3 q8_0) for the embedding and the matrices,
     float32 norms, every tensor at a multiple of 64 bytes (unless not aligned: a bad file)."""
     head = bytearray(rope_header(dim, hidden, layers, heads, kv_heads, vocab, seq, shared))
     struct.pack_into("<i", head, 4, 2)
@@ -87,7 +97,10 @@ def rope_v2_model(dim, hidden, layers, heads, kv_heads, vocab, seq, shared=1, we
     for i, (matrix, n) in enumerate(tensors):
         if aligned:
             out += b"\0" * (-len(out) % 64)
-        out += halves(n, seed + i, weight_type) if matrix else floats(n, seed + i)
+        if not matrix:
+            out += floats(n, seed + i)
+        else:
+            out += q8_0_blocks(n, seed + i) if weight_type == 3 else halves(n, seed + i, weight_type)
     return out
 
 
@@ -187,6 +200,8 @@ def headers():
     write("header", "tiny-rope-vocab1", rope_model(2, 1, 1, 1, 1, 1, 2))
     write("header", "tiny-rope-v2-bf16", rope_v2_model(4, 4, 1, 2, 1, 6, 16, weight_type=1))
     write("header", "tiny-rope-v2-f16-unshared", rope_v2_model(2, 3, 2, 1, 1, 5, 4, shared=0, weight_type=2))
+    # q8_0: rows of 32 (dim 32, two heads of 16, one kv head, hidden 32, three tokens)
+    write("header", "tiny-rope-v2-q8_0", rope_v2_model(32, 32, 1, 2, 1, 3, 4, weight_type=3))
     write("header", "tiny-rope-v2-variant", rope_v2_variant())
     write("header", "tiny-rope-v2-gemma4", rope_v2_gemma4())
     write("header", "tiny-rope-v2-experts", rope_v2_experts())
@@ -200,8 +215,14 @@ def headers():
     write("header", "bad-int-min-vocab", struct.pack("<7i", 64, 172, 5, 8, 4, -2**31, 512))
     write("header", "bad-kv-cache", rope_header(64, 172, 1024, 8, 8, 512, 1 << 20))
     unknown_type = bytearray(rope_v2_model(4, 4, 1, 2, 1, 6, 16))
-    struct.pack_into("<i", unknown_type, 88, 3)
-    write("header", "bad-rope-v2-weight-type-3", unknown_type)
+    struct.pack_into("<i", unknown_type, 88, 4)
+    write("header", "bad-rope-v2-weight-type-4", unknown_type)
+    q8_rows = bytearray(rope_v2_model(4, 4, 1, 2, 1, 6, 16))  # q8_0 with rows of 4 weights
+    struct.pack_into("<i", q8_rows, 88, 3)
+    write("header", "bad-rope-v2-q8_0-rows-of-4", q8_rows)
+    inf_scale = bytearray(rope_v2_model(32, 32, 1, 2, 1, 3, 4, weight_type=3))
+    struct.pack_into("<H", inf_scale, 256 + 34, 0x7C00)  # the embedding's second block
+    write("header", "bad-rope-v2-q8_0-inf-scale", inf_scale)
     write("header", "bad-rope-v2-unaligned", rope_v2_model(4, 4, 1, 2, 1, 6, 16, weight_type=2, aligned=False))
 
 

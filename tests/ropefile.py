@@ -82,7 +82,7 @@ def write_random_checkpoint(path, dim=64, hidden_dim=96, n_layers=2, n_heads=4, 
 
 # Version 2: the matrices and the embedding in a 16-bit type, every tensor at a multiple
 # of 64 bytes from the start of the file (docs/format.md).
-WEIGHT_TYPES = {"f32": 0, "bf16": 1, "f16": 2}
+WEIGHT_TYPES = {"f32": 0, "bf16": 1, "f16": 2, "q8_0": 3}
 MATRICES = {"token_embedding", "wq", "wk", "wv", "wo", "w1", "w2", "w3", "wcls"}
 ALIGNMENT = 64
 
@@ -118,12 +118,56 @@ def as_16bit(tensors, weight_type):
     return stored, widened
 
 
+def quantize_row_q8_0_ref(x):
+    """A transcription of llama.cpp's quantize_row_q8_0_ref (ggml/src/ggml-quants.c), every
+    block of 32 float32 weights at once, each step as the C does it (the C's names on the right):
+        amax = max |x_j|;  d = amax / ((1 << 7) - 1);  id = d ? 1.0f/d : 0.0f;
+        y.d = GGML_FP32_TO_FP16(d);  y.qs[j] = roundf(x_j * id);
+    every operation in float32; FP32_TO_FP16 rounds to nearest even (F16C's, and the
+    generic fallback's); roundf rounds half away from zero. Returns the blocks' bytes
+    (little-endian f16 d, then the 32 int8), as a uint8 array."""
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, 32)  # one row per block, i
+    amax = np.abs(x).max(axis=1)                                      # float amax (exact)
+    d = (amax / np.float32(127)).astype(np.float32)                   # const float d
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)  # const float id
+    x0 = (x * inv[:, None]).astype(np.float32).astype(np.float64)     # const float x0, exactly
+    q = np.copysign(np.floor(np.abs(x0) + 0.5), x0)                   # roundf: |x0| + 0.5 exact in double
+    out = np.zeros((len(x), 34), np.uint8)
+    out[:, :2] = d.astype("<f2").view(np.uint8).reshape(-1, 2)        # y[i].d = GGML_FP32_TO_FP16(d)
+    out[:, 2:] = q.astype(np.int8).view(np.uint8)                     # y[i].qs[j]
+    return out.reshape(-1)
+
+
+def q8_0_to_f32(blocks):
+    """Q8_0 bytes as their weights: d (f16, widened) times q (int8), for each block."""
+    b = np.asarray(blocks, np.uint8).reshape(-1, 34)
+    d = b[:, :2].copy().view("<f2").astype(np.float32)
+    return (d * b[:, 2:].view(np.int8).astype(np.float32)).reshape(-1)
+
+
+def as_q8_0(tensors, quantize=None):
+    """(stored, dequantized): the matrices as Q8_0 bytes (quantize_row_q8_0_ref, or `quantize`),
+    and the same tensors as float32 holding d * q (norms unchanged)."""
+    quantize = quantize or quantize_row_q8_0_ref
+    stored, dequantized = [], []
+    for name, t in tensors:
+        if name in MATRICES:
+            blocks = quantize(t)
+            stored.append((name, blocks))
+            dequantized.append((name, q8_0_to_f32(blocks).reshape(np.shape(t))))
+        else:
+            stored.append((name, t))
+            dequantized.append((name, t))
+    return stored, dequantized
+
+
 def write_checkpoint(path, tensors, dims, weight_type="f32", version=None, aligned=True, **header):
     """Writes tensors (file order; matrices as float32, float16 or uint16 bf16 bits) with a header
     for dims (header_bytes' sizes). Version 1 for float32 unless told; version 2 aligns every
     tensor to 64 bytes (aligned=False leaves it out: a malformed file)."""
     version = version or (1 if weight_type == "f32" else 2)
-    storage = {"f32": "<f4", "bf16": "<u2", "f16": "<f2"}
+    storage = {"f32": "<f4", "bf16": "<u2", "f16": "<f2", "q8_0": "u1"}  # q8_0: the blocks' bytes
     with open(path, "wb") as f:
         f.write(header_bytes(**dims, version=version, weight_type=WEIGHT_TYPES[weight_type], **header))
         for name, t in tensors:

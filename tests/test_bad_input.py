@@ -345,8 +345,11 @@ ROWS = [
     ("rope-version-3", rope([(4, "<i", 3)]), 1, "ROPE checkpoint version 3 is not supported (only 1 and 2)"),
     ("rope-version-negative", rope([(4, "<i", -1)]), 1, "ROPE checkpoint version -1 is not supported"),
     # version 2: weight_type (byte 88) and head_size (84); stories260K's float32 body
-    ("rope-v2-weight-type-unknown", rope([(4, "<i", 2), (88, "<i", 3)]), 1,
-     "weight_type 3 is not a type this program knows"),
+    ("rope-v2-weight-type-unknown", rope([(4, "<i", 2), (88, "<i", 4)]), 1,
+     "weight_type 4 is not a type this program knows"),
+    # q8_0 (3) over stories260K: its feed-forward rows (hidden 172) are not whole 32-weight blocks
+    ("rope-v2-q8_0-rows-not-whole-blocks", rope([(4, "<i", 2), (88, "<i", 3)]), 1,
+     "q8_0 weights need rows of a multiple of 32; layer 0 has q_dim 64 and hidden_dim 172"),
     ("rope-v2-weight-type-disagrees-with-size", rope([(4, "<i", 2), (88, "<i", 1)]), 1,
      "its header (weight_type bf16) implies"),
     ("rope-v2-head-size-odd", rope([(4, "<i", 2), (84, "<i", 7)]), 1, "head_size 7 must be 0"),

@@ -18,8 +18,10 @@ import struct
 import numpy as np
 import pytest
 
+import hf_fixture
 import moe_fixtures
 import moe_reference
+import ropefile
 from conftest import TOK512, export, greedy_ids, run, tokens_of
 
 MODELS = ["Qwen3-30B-A3B", "Mixtral-8x7B-v0.1", "gemma-4-26B-A4B"]
@@ -183,3 +185,36 @@ def test_an_expert_tensor_cut_short_is_refused_in_one_line(exported, tmp_path):
     assert r.returncode == 1
     lines = r.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and "run: error:" in lines[0], lines
+
+
+@pytest.mark.parametrize("name", ["Qwen3-30B-A3B", "gemma-4-26B-A4B"])
+def test_q8_0_experts_compute_what_the_float32_file_of_their_dequantized_weights_computes(tmp_path, name):
+    # the experts' matrices in GGUF's Q8_0 blocks like every other matrix: the file computes,
+    # bit for bit, what the float32 export of the same checkpoint with every matrix replaced by
+    # its dequantized blocks (tests/ropefile.py's transcription of llama.cpp's quantizer, along
+    # each row: export's row and Gemma's per-head column permutations keep each block's values)
+    config, tensors = write(tmp_path / "m", name, "BF16")
+    dequantized = {n: ropefile.q8_0_to_f32(ropefile.quantize_row_q8_0_ref(a)).reshape(a.shape) if a.ndim >= 2 else a
+                   for n, a in tensors.items()}
+    wide_dir = tmp_path / "wide"
+    wide_dir.mkdir()
+    (wide_dir / "config.json").write_text((tmp_path / "m" / "config.json").read_text())
+    hf_fixture.write_safetensors(wide_dir / "model.safetensors", dequantized, "F32")
+    q8, wide = tmp_path / "q8.bin", tmp_path / "wide.bin"
+    export(tmp_path / "m", q8, "--dtype", "q8_0")
+    export(wide_dir, wide, "--dtype", "f32")
+    assert struct.unpack_from("<i", q8.read_bytes(), 88)[0] == 3
+    outputs = []
+    for model in (q8, wide):
+        csv = tmp_path / (model.stem + ".csv")
+        r = run(model, "-z", TOK512, "-m", "ppl", "-p", TEXT, "--csv", csv)
+        assert r.returncode == 0, r.stderr
+        outputs.append((r.stdout, csv.read_bytes(), greedy_ids(model, PROMPT, STEPS)))
+    assert outputs[0] == outputs[1]
+
+
+def test_q8_0_refuses_experts_whose_width_is_not_whole_blocks(tmp_path):
+    d = tmp_path / "m"
+    moe_fixtures.write_checkpoint(d, "Mixtral-8x7B-v0.1", "F32", seed=3)  # experts of width 48
+    r = export(d, tmp_path / "out.bin", "--dtype", "q8_0", check=False)
+    assert r.returncode == 1 and "expert_hidden is 48" in r.stderr and len(r.stderr.strip().splitlines()) == 1

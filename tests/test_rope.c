@@ -373,6 +373,93 @@ static void test_16bit_matmul_equals_widened_f32(WeightType type, int n, int d, 
     free(h), free(w), free(x), free(ref), free(one), free(block), free(plain), free(scratch);
 }
 
+// Q8_0 blocks of random scales and values (count weights, a multiple of 32): each
+// block's scale d a random finite f16 (exponents 0..16: subnormals included, the
+// largest a little over 2), its 32 q random int8 (-128 included, which the format's
+// readers must take though llama.cpp's quantizer never writes it); *widened gets d * q
+// by the definition, in double (exact, and exactly a float32).
+static void random_q8_0_weights(unsigned char *blocks, float *widened, size_t count, unsigned long long *rng) {
+    for (size_t b = 0; b < count / 32; b++) {
+        unsigned r = random_u32(rng), s = r & 1, e = (r >> 1) % 17, f = (r >> 6) & 1023;
+        uint16_t h = (uint16_t)(s << 15 | e << 10 | f);
+        double d = widened_by_definition(s, e, f, 10, 15);
+        unsigned char *block = blocks + b * 34;
+        memcpy(block, &h, 2); // little-endian, as the file stores it
+        for (int j = 0; j < 32; j++) {
+            int8_t q = (int8_t)(random_u32(rng) & 255);
+            block[2 + j] = (unsigned char)q;
+            widened[b * 32 + j] = (float)(d * q);
+        }
+    }
+}
+
+// A Q8_0 matrix computes the bits of the float32 matrix holding d * q: matmul (decode
+// rows, threads), matmul_tiled (prefill tiles, widened once per tile and reused across
+// its tokens) and the plain loops (use_fast_kernels = 0), against matmul on the float32
+// matrix. n: a multiple of 32 (a row is whole blocks).
+static void test_q8_0_matmul_equals_dequantized_f32(int n, int d, const char *what) {
+    int B = 19;
+    unsigned char *q = malloc((size_t)n * d / 32 * 34);
+    float *w = malloc(sizeof(float) * n * d), *x = malloc(sizeof(float) * n * B);
+    float *ref = malloc(sizeof(float) * d * B), *one = malloc(sizeof(float) * d * B);
+    float *block = malloc(sizeof(float) * d * B), *plain = malloc(sizeof(float) * d * B);
+    float *scratch = malloc(sizeof(float) * n * (B + TILE_TOKENS));
+    unsigned long long rng = 29 + (unsigned long long)n;
+    random_q8_0_weights(q, w, (size_t)n * d, &rng);
+    random_vector(x, n * B, &rng);
+    Matrix m = {q, WEIGHT_Q8_0};
+    for (int b = 0; b < B; b++) matmul(ref + b * d, x + b * n, f32_matrix(w), n, d);
+    for (int b = 0; b < B; b++) matmul(one + b * d, x + b * n, m, n, d);
+    matmul_tiled(block, x, m, B, n, d, scratch);
+    use_fast_kernels = 0;
+    for (int b = 0; b < B; b++) matmul(plain + b * d, x + b * n, m, n, d);
+    use_fast_kernels = 1;
+    size_t bytes = sizeof(float) * d * B;
+    int decode = memcmp(ref, one, bytes) == 0, prefill = memcmp(ref, block, bytes) == 0;
+    int plain_same = memcmp(ref, plain, bytes) == 0;
+    char name[160], detail[96];
+    snprintf(name, sizeof(name), "q8_0_matmul_decode_prefill_and_plain_equal_float32_of_dequantized_weights_bitwise_%s",
+             what);
+    snprintf(detail, sizeof(detail), "n %d d %d: decode %d, prefill tiles %d, plain loops %d", n, d, decode, prefill,
+             plain_same);
+    check(decode && prefill && plain_same, name, detail);
+    free(q), free(w), free(x), free(ref), free(one), free(block), free(plain), free(scratch);
+}
+
+// Every finite f16 scale with every int8 value: the plain widening (q8_0_weight) gives
+// d * q by the definition, and the SIMD load gives the same bits, eight lanes at each
+// of a block's four places.
+static void test_q8_0_widening_is_exact_for_every_scale_and_value(void) {
+    unsigned char blocks[8 * 34];
+    int exact = 1, lanes_agree = 1;
+    for (unsigned h = 0; h < 65536; h++) {
+        unsigned s = h >> 15, e = (h >> 10) & 31, f = h & 1023;
+        if (e == 31) continue; // not finite: refused at load
+        for (int b = 0; b < 8; b++) {
+            memcpy(blocks + b * 34, &(uint16_t){(uint16_t)h}, 2);
+            for (int j = 0; j < 32; j++) blocks[b * 34 + 2 + j] = (unsigned char)(b * 32 + j); // q = -128 .. 127
+        }
+        double d = widened_by_definition(s, e, f, 10, 15);
+        for (int i = 0; i < 256; i++) {
+            float plain = q8_0_weight(blocks, (size_t)i), want = (float)(d * (int8_t)(unsigned char)i);
+            exact &= memcmp(&plain, &want, sizeof(float)) == 0;
+        }
+#ifdef USE_SIMD
+        for (int i = 0; i < 256; i += 8) {
+            float lanes[8];
+            lanes_store(lanes, lanes_load_weights(blocks, (size_t)i, WEIGHT_Q8_0));
+            for (int l = 0; l < 8; l++) {
+                float plain = q8_0_weight(blocks, (size_t)(i + l));
+                lanes_agree &= memcmp(&plain, &lanes[l], sizeof(float)) == 0;
+            }
+        }
+#endif
+    }
+    check(exact, "q8_0_widening_equals_d_times_q_for_every_finite_scale_and_value", "a value differs");
+    check(lanes_agree, "q8_0_simd_widening_equals_plain_widening_bitwise_for_every_finite_scale_and_value",
+          "a lane differs");
+}
+
 // greedy decoding picks the first index of the largest value, as llama2.c's loop
 // does: ties go to the earlier index, -0 and +0 tie, NaN is never the largest
 // unless it is at index 0 (which nothing then beats). The reference is that
@@ -491,8 +578,10 @@ static int read_order_matches_plain(ReadOrder order, WeightType type, int n, int
     float *plain = malloc(sizeof(float) * d), *out = malloc(sizeof(float) * d);
     unsigned long long rng = 23 + (unsigned long long)n * d;
     random_vector(x, n, &rng);
+    unsigned char *q = malloc(count / 32 * 34 + 1);
     Matrix m = {w, WEIGHT_F32};
     if (type == WEIGHT_F32) random_vector(w, n * d, &rng);
+    else if (type == WEIGHT_Q8_0) random_q8_0_weights(q, w, count, &rng), m = (Matrix){q, type};
     else random_16bit_weights(h, w, count, type, &rng), m = (Matrix){h, type};
     use_fast_kernels = 0;
     matmul(plain, x, m, n, d);
@@ -512,7 +601,7 @@ static int read_order_matches_plain(ReadOrder order, WeightType type, int n, int
 #endif
     read_order = saved;
     int same = memcmp(plain, out, sizeof(float) * d) == 0;
-    free(h), free(w), free(x), free(plain), free(out);
+    free(h), free(q), free(w), free(x), free(plain), free(out);
     return same;
 }
 
@@ -535,6 +624,22 @@ static void test_every_read_order_equals_plain_matmul(void) {
                      weight_type_names[type]);
             check(ok, name, detail);
         }
+    // Q8_0: rows of whole 32-weight blocks
+    static const struct {
+        int n, d;
+    } q8_sizes[] = {{32, 5}, {64, 7}, {9 * 32, 23}, {9 * 32, 251}, {37 * 32, 253}, {PREFETCH_MIN_ROW + 32, 251}};
+    for (int o = 0; o < N_READ_ORDERS; o++) {
+        int ok = 1;
+        char detail[128] = "", name[128];
+        for (size_t i = 0; i < sizeof(q8_sizes) / sizeof(q8_sizes[0]); i++)
+            for (int threads = 1; threads <= 2; threads++)
+                if (!read_order_matches_plain((ReadOrder)o, WEIGHT_Q8_0, q8_sizes[i].n, q8_sizes[i].d, threads)) {
+                    ok = 0;
+                    snprintf(detail, sizeof(detail), "n %d d %d, %d threads", q8_sizes[i].n, q8_sizes[i].d, threads);
+                }
+        snprintf(name, sizeof(name), "read_order_%s_equals_plain_matmul_bitwise_q8_0", read_order_names[o]);
+        check(ok, name, detail);
+    }
 }
 
 // The block options and per-layer choices of ROPE version 2, switched on over a
@@ -1267,9 +1372,9 @@ static void test_rope_v2_header_places_tensors_and_tokenizer(void) {
           "rope_v2_tokenizer_must_start_at_the_next_multiple_of_64", error_message);
     offset = 1216;
     memcpy(h + 96, &offset, 8);
-    h[88] = 3; // weight_type 3: no such type
+    h[88] = 4; // weight_type 4: no such type (3 is q8_0)
     check(parse_header(h, sizeof(h), &c, &format, &data_offset, &expected, &section) != 0 &&
-              strstr(error_message, "weight_type 3") != NULL,
+              strstr(error_message, "weight_type 4") != NULL,
           "rope_v2_refuses_an_unknown_weight_type", error_message);
     h[88] = 0;
     // the weights map to the same offsets (the config as parsed: the layers' pieces placed)
@@ -1331,6 +1436,17 @@ int main(int argc, char **argv) {
     for (WeightType type = WEIGHT_BF16; type <= WEIGHT_F16; type++)
         for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
             test_16bit_matmul_equals_widened_f32(type, sizes[i].n, sizes[i].d, sizes[i].what);
+    test_q8_0_widening_is_exact_for_every_scale_and_value();
+    static struct {
+        int n, d;
+        const char *what;
+    } q8_sizes[] = {{9 * 32, 23, "whole_blocks"},
+                    {32, 5, "one_block_rows"},
+                    {3 * 32, 7, "odd_sizes"},
+                    {37 * 32, 251, "threaded"},
+                    {PREFETCH_MIN_ROW + 32, 251, "threaded_prefetching"}};
+    for (size_t i = 0; i < sizeof(q8_sizes) / sizeof(q8_sizes[0]); i++)
+        test_q8_0_matmul_equals_dequantized_f32(q8_sizes[i].n, q8_sizes[i].d, q8_sizes[i].what);
     test_greedy_choice_is_first_index_of_largest();
     test_thread_bands_cover_every_row_once();
     test_row_split_follows_thread_speeds();

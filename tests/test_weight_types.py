@@ -158,7 +158,7 @@ def assert_refused(path, *words):
         assert w in lines[0], lines[0]
 
 
-@pytest.mark.parametrize("code, words", [(3, "weight_type 3 is not a type"), (-1, "weight_type -1 is not a type"),
+@pytest.mark.parametrize("code, words", [(4, "weight_type 4 is not a type"), (-1, "weight_type -1 is not a type"),
                                           (0, "weight_type f32) implies")])
 def test_weight_type_unknown_or_disagreeing_with_the_size_is_refused(files, tmp_path, code, words):
     assert_refused(bad_file(files, tmp_path, lambda d: struct.pack_into("<i", d, 88, code)), words)
@@ -318,3 +318,204 @@ def test_export_writes_float32_when_the_matrices_mix_types(tmp_path):
     assert header == dict(version=1, weight_type=0)
     assert np.array_equal(t["token_embedding"].astype(np.float64), source["model.embed_tokens.weight"])
     assert np.array_equal(t["w1"][0].astype(np.float64), source["model.layers.0.mlp.gate_proj.weight"])
+
+
+# ----------------------------------------------------------------------------
+# Q8_0 (weight_type 3): GGUF's 8-bit blocks, d * q exact in float32, so a Q8_0 file must
+# give, bit for bit, what the float32 file of its dequantized weights gives. Every row is
+# whole 32-weight blocks: dim 96 (three heads of 32), hidden 160, one key/value head.
+
+Q8_DIMS = dict(dim=96, hidden_dim=160, n_layers=2, n_heads=3, n_kv_heads=1, vocab_size=32000, seq_len=96)
+
+
+@pytest.fixture(scope="module")
+def q8_files(tmp_path_factory):
+    """{name: path}: for an unshared and a shared classifier, the Q8_0 file (blocks by the
+    transcription of llama.cpp's quantize_row_q8_0_ref in ropefile.py) and the float32
+    version 1 file of its dequantized weights."""
+    d = tmp_path_factory.mktemp("q8_0")
+    out = {}
+    for shared, seed in ((False, 5), (True, 6)):
+        name = "shared" if shared else "unshared"
+        tensors = ropefile.random_weights(**{k: v for k, v in Q8_DIMS.items() if k != "seq_len"},
+                                          shared_classifier=shared, seed=seed)
+        stored, dequantized = ropefile.as_q8_0(tensors)
+        dims = dict(Q8_DIMS, shared_classifier=shared)
+        out[name] = ropefile.write_checkpoint(d / f"{name}-q8_0.bin", stored, dims, "q8_0")
+        out[f"{name}-as-f32"] = ropefile.write_checkpoint(d / f"{name}-f32.bin", dequantized, dims)
+    return out
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("build", ["under-test", "avx2", "plain"])
+@pytest.mark.parametrize("classifier", ["unshared", "shared"])
+def test_q8_0_file_equals_float32_file_of_dequantized_weights_bitwise(q8_files, builds, classifier, build, threads,
+                                                                       tmp_path):
+    if build not in builds:
+        pytest.skip(f"no {build} build here (emulated, sanitizer run, not x86-64, or no compiler)")
+    binary = builds[build]
+    for mode in MODES:
+        reference = outputs(binary, q8_files[f"{classifier}-as-f32"], threads, mode, tmp_path)
+        assert reference[0] or reference[1], f"{mode}: no output to compare"
+        assert outputs(binary, q8_files[classifier], threads, mode, tmp_path) == reference, \
+            f"q8_0 {classifier} {mode} {build} -T {threads}: output differs from the float32 file's"
+
+
+def test_q8_0_plain_loops_equal_the_fast_kernels(q8_files, tmp_path):
+    """RUN_PLAIN=1 (the plain loops only) against the kernels of the build under test."""
+    common = [q8_files["unshared"], "-z", LLAMA_TOKENIZER, "-m", "ppl", "-p", TEXT]
+    fast = run(*common)
+    env = dict(os.environ, RUN_PLAIN="1")
+    plain = subprocess.run(RUN_PREFIX + [RUN_BIN] + list(map(str, common)), capture_output=True, env=env,
+                           timeout=300, stdin=subprocess.DEVNULL)
+    assert fast.returncode == 0 and plain.returncode == 0, plain.stderr
+    assert fast.stdout == plain.stdout and fast.stdout
+
+
+def test_q8_0_startup_line_and_file_size_are_34_bytes_a_block(q8_files):
+    r = run(q8_files["shared"], "-z", LLAMA_TOKENIZER, "-m", "rope")
+    assert r.returncode == 0 and b"(ROPE v2 q8_0)" in r.stderr.splitlines()[0]
+    dims = Q8_DIMS
+    hd, L, dim, hidden = dims["dim"] // dims["n_heads"], dims["n_layers"], dims["dim"], dims["hidden_dim"]
+    sizes = [(True, dims["vocab_size"] * dim), (False, L * dim), (True, L * dim * dim), (True, L * hd * dim),
+             (True, L * hd * dim), (True, L * dim * dim), (False, L * dim), (True, L * hidden * dim),
+             (True, L * hidden * dim), (True, L * hidden * dim), (False, dim)]
+    at = 256
+    for matrix, n in sizes:
+        at = (at + 63) // 64 * 64 + (n // 32 * 34 if matrix else 4 * n)
+    assert os.path.getsize(q8_files["shared"]) == at
+
+
+def q8_bad_file(q8_files, tmp_path, edit):
+    data = bytearray(open(q8_files["unshared"], "rb").read())
+    edit(data)
+    path = tmp_path / "bad.bin"
+    path.write_bytes(bytes(data))
+    return path
+
+
+EMBEDDING_AT = 256  # the first tensor, at the first multiple of 64 after the header
+
+
+@pytest.mark.parametrize("scale, words", [(0x7C00, "is inf"), (0xFC00, "is -inf"), (0x7E00, "is nan")])
+def test_q8_0_scale_that_is_not_finite_is_refused(q8_files, tmp_path, scale, words):
+    block = 7  # of the token embedding
+    path = q8_bad_file(q8_files, tmp_path, lambda d: struct.pack_into("<H", d, EMBEDDING_AT + 34 * block, scale))
+    assert_refused(path, "token_embedding", "q8_0 block 7", words)
+
+
+def test_q8_0_scale_in_the_last_matrix_is_checked(q8_files, tmp_path):
+    size = os.path.getsize(q8_files["unshared"])  # wcls ends the file: its last block's scale
+    path = q8_bad_file(q8_files, tmp_path, lambda d: struct.pack_into("<H", d, size - 34, 0x7C00))
+    assert_refused(path, "wcls", "scales must be finite")
+
+
+@pytest.mark.parametrize("change", ["one block short", "one block more", "one byte more"])
+def test_q8_0_size_that_disagrees_with_the_shapes_is_refused(q8_files, tmp_path, change):
+    def edit(d):
+        if change == "one block short":
+            del d[-34:]
+        else:
+            d.extend(bytes(34 if change == "one block more" else 1))
+    assert_refused(q8_bad_file(q8_files, tmp_path, edit), "weight_type q8_0) implies")
+
+
+def test_q8_0_unknown_type_after_it_is_refused(q8_files, tmp_path):
+    assert_refused(q8_bad_file(q8_files, tmp_path, lambda d: struct.pack_into("<i", d, 88, 4)),
+                   "weight_type 4 is not a type", "3 q8_0")
+
+
+@pytest.mark.parametrize("dims, words", [
+    (dict(DIMS), "dim a multiple of 32, not 76"),
+    (dict(Q8_DIMS, hidden_dim=100), "layer 0 has q_dim 96 and hidden_dim 100")])
+def test_q8_0_rows_that_are_not_whole_blocks_are_refused(tmp_path, dims, words):
+    """Written with the 34-byte blocks over every tensor's weights (so that only the rows are wrong)."""
+    tensors = ropefile.random_weights(**{k: v for k, v in dims.items() if k != "seq_len"}, seed=1)
+    padded = [(n, np.concatenate([t.reshape(-1), np.zeros(-t.size % 32, np.float32)])
+               if n in ropefile.MATRICES else t) for n, t in tensors]
+    stored, _ = ropefile.as_q8_0(padded)
+    path = ropefile.write_checkpoint(tmp_path / "rows.bin", stored, dict(dims, shared_classifier=True), "q8_0")
+    assert_refused(path, words)
+
+
+# export.py --dtype q8_0
+
+
+def read_q8_0_blocks(path):
+    """{name: the tensor's Q8_0 bytes, or float32 norms} of a version 2 q8_0 file, by the format's description."""
+    data = open(path, "rb").read()
+    version, dim, hidden, layers, heads, kv_heads, vocab, seq, shared = struct.unpack_from("<9i", data, 4)
+    assert version == 2 and struct.unpack_from("<i", data, 88)[0] == 3
+    hd = dim // heads
+    shapes = [("token_embedding", vocab * dim), ("rms_att", layers * dim), ("wq", layers * dim * dim),
+              ("wk", layers * kv_heads * hd * dim), ("wv", layers * kv_heads * hd * dim), ("wo", layers * dim * dim),
+              ("rms_ffn", layers * dim), ("w1", layers * hidden * dim), ("w2", layers * dim * hidden),
+              ("w3", layers * hidden * dim), ("rms_final", dim)] + ([] if shared else [("wcls", vocab * dim)])
+    tensors, at = {}, 256
+    for name, n in shapes:
+        at = (at + 63) // 64 * 64
+        nbytes = n // 32 * 34 if name in ropefile.MATRICES else 4 * n
+        tensors[name] = np.frombuffer(data, np.uint8, nbytes, at)
+        at += nbytes
+    assert at == len(data), "the file is not exactly its tensors"
+    return tensors
+
+
+@pytest.mark.parametrize("dtype", ["F32", "BF16", "F16"])
+def test_export_q8_0_blocks_are_llama_cpp_quantize_row_q8_0_ref_of_the_source(hf_models, tmp_path, dtype):
+    """The blocks of w1, w2 (not permuted), the embedding and the classifier: the transcription of
+    llama.cpp's quantizer applied to the source's weights widened to float32, byte for byte."""
+    model, source = hf_models[dtype]
+    r = export(model, tmp_path / "q8.bin", "--dtype", "q8_0")
+    assert "q8_0" in r.stderr and "of bf16's" in r.stderr and "largest change of a weight" in r.stderr, r.stderr
+    t = read_q8_0_blocks(tmp_path / "q8.bin")
+    pairs = [("w1", "model.layers.0.mlp.gate_proj.weight", 0), ("w2", "model.layers.1.mlp.down_proj.weight", 1),
+             ("token_embedding", "model.embed_tokens.weight", None), ("wcls", "lm_head.weight", None)]
+    for ours, theirs, layer in pairs:
+        blocks = t[ours].reshape(-1, 34)
+        if layer is not None:
+            blocks = blocks.reshape(2, -1, 34)[layer]
+        want = ropefile.quantize_row_q8_0_ref(source[theirs].astype(np.float32))
+        assert np.array_equal(blocks.reshape(-1), want), ours
+
+
+def test_quantize_row_q8_0_ref_transcription_rounds_as_the_c_does():
+    """The cases the C's arithmetic decides: a block of zeros (d 0, id 0), a product exactly
+    half-way (roundf: away from zero), amax giving q = +-127, and a scale that is an f16 subnormal."""
+    zeros = ropefile.quantize_row_q8_0_ref(np.zeros(32, np.float32))
+    assert not zeros.any()
+    ramp = np.zeros(32, np.float32)
+    ramp[0], ramp[1], ramp[2] = 127.0, 2.5, -2.5  # d = 1, id = 1: x0 = 2.5 -> 3, -2.5 -> -3
+    b = ropefile.quantize_row_q8_0_ref(ramp)
+    assert b[:2].view("<f2")[0] == 1.0 and list(b[2:5].view(np.int8)) == [127, 3, -3]
+    tiny = np.full(32, 1e-6, np.float32)
+    b = ropefile.quantize_row_q8_0_ref(tiny)
+    d = np.float32(np.float32(1e-6) / np.float32(127))
+    assert b[:2].view("<f2")[0] == np.float16(d) and b[:2].view("<u2")[0] < 0x400  # a subnormal f16
+    assert (b[2:].view(np.int8) == 127).all()
+
+
+def test_export_q8_0_round_trip_through_dequantized_float32_gives_the_same_bytes(hf_models, tmp_path):
+    model, _ = hf_models["BF16"]
+    export(model, tmp_path / "q8.bin", "--dtype", "q8_0")
+    export(tmp_path / "q8.bin", tmp_path / "wide.bin", "--dtype", "f32")
+    export(tmp_path / "wide.bin", tmp_path / "again.bin", "--dtype", "q8_0")
+    export(tmp_path / "q8.bin", tmp_path / "kept.bin")  # a q8_0 source stays q8_0
+    assert (tmp_path / "again.bin").read_bytes() == (tmp_path / "q8.bin").read_bytes()
+    assert (tmp_path / "kept.bin").read_bytes() == (tmp_path / "q8.bin").read_bytes()
+    # and the float32 file holds d * q, which run computes alike
+    _, wide = read_v2(tmp_path / "wide.bin")
+    blocks = read_q8_0_blocks(tmp_path / "q8.bin")
+    assert np.array_equal(wide["w3"].reshape(-1), ropefile.q8_0_to_f32(blocks["w3"]))
+    a = run(tmp_path / "q8.bin", "-z", TOK512, "-m", "ppl", "-p", TEXT)
+    b = run(tmp_path / "wide.bin", "-z", TOK512, "-m", "ppl", "-p", TEXT)
+    assert a.returncode == 0 and a.stdout == b.stdout
+
+
+def test_export_q8_0_refuses_rows_that_are_not_whole_blocks(tmp_path):
+    hf_fixture.make_hf_checkpoint(tmp_path / "m", dtype="F32", hidden_dim=100, vocab_size=512, seed=5)
+    r = export(tmp_path / "m", tmp_path / "out.bin", "--dtype", "q8_0", check=False)
+    lines = r.stderr.splitlines()
+    assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith("export.py: error:"), lines
+    assert "multiple of 32" in lines[0] and "hidden_dim is 100" in lines[0], lines
+    assert not (tmp_path / "out.bin").exists()
