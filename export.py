@@ -295,8 +295,8 @@ class Config:
         self.n_experts = 0            # a mixture of experts (block flag 64): experts per layer (0: none)
         self.n_experts_used = 0       # k, the experts a token uses
         self.expert_hidden = 0        # each expert's feed-forward width
-        self.routing = 0              # ROUTING_SOFTMAX_TOPK_NORM or ROUTING_SOFTMAX_TOPK
-        self.gemma4 = False           # export only: a Gemma 4 model (its chat template is not supported yet)
+        self.routing = 0              # ROUTING_SOFTMAX_TOPK_NORM, ROUTING_SOFTMAX_TOPK or ROUTING_GEMMA4
+        self.gemma4 = False           # export only: a Gemma 4 model
         self.gemma_norms = False      # export only: the source's norms are x * (1 + w)
         self.longrope_factors = None  # longrope: [short, long], rotated-pairs floats each (the tensor rope_factors)
 
@@ -2437,10 +2437,6 @@ def export_checkpoint(args):
     if os.path.isdir(args.input):
         c, tensors, source_type = read_hf(args.input)
         template = args.template
-        if c.gemma4 and template is None and not args.legacy and find_tokenizer(args.input):
-            template = "none"  # Gemma 4's turns are not Gemma 3's: no template of run.c's fits
-            say_later("note: Gemma 4's chat template is not supported yet: none stored (run -m chat will ask for "
-                      "--template)")
         tokenizer = None if args.legacy else hf_tokenizer(args.input, c.vocab_size, template)
     elif os.path.isfile(args.input):
         c, tensors, source_type, tokenizer = read_flat_checkpoint(args.input)
@@ -2679,7 +2675,7 @@ FLAG_IGNORE_MERGES = 4      # a pre-token that is a piece is one token (Llama 3)
 FLAG_SPLIT_DIGITS = 8       # every digit its own pre-token before the pattern (SmolLM2)
 FLAG_NFC = 16               # normalize the text to NFC first (Qwen)
 FLAG_PREFIX_EACH_SEGMENT = 32  # the dummy prefix goes before every text segment between user-defined pieces
-TEMPLATE_NAMES = ["none", "llama2", "llama3", "chatml", "gemma", "zephyr", "mistral", "qwen2.5", "smollm2"]
+TEMPLATE_NAMES = ["none", "llama2", "llama3", "chatml", "gemma", "zephyr", "mistral", "qwen2.5", "smollm2", "gemma4"]
 MAX_END_TOKENS = 8
 MAX_PIECE_BYTES = 65536  # run.c's limit on a TOKN piece
 
@@ -2697,6 +2693,7 @@ PATTERNS = {
 }
 # Chat templates, recognised by markers only that family's template writes (checked in this order)
 TEMPLATE_MARKERS = [
+    ("gemma4", ["<|turn>", "<turn|>"]),
     ("llama3", ["<|start_header_id|>", "<|eot_id|>"]),
     ("chatml", ["<|im_start|>", "<|im_end|>"]),
     ("gemma", ["<start_of_turn>", "<end_of_turn>"]),
@@ -2705,16 +2702,20 @@ TEMPLATE_MARKERS = [
     ("mistral", ["[INST]", "[/INST]"]),
 ]
 TEMPLATE_NOT = {"zephyr": ["<|end|>"], "mistral": ["<<SYS>>"]}  # Phi-3's <|end|>; Llama 2's <<SYS>>
+# Gemma 4 26B-A4B/31B: thinking off, the generation prompt also writes an empty thought channel
+# after "<|turn>model\n" (E2B/E4B's does not); run has no format for it yet
+GEMMA4_LARGE_MARKER = "{{- '<|channel>thought\\n<channel|>' -}}"
 # ChatML templates that write a default system prompt when none is given (Qwen3's writes none: chatml)
 CHATML_DEFAULT_SYSTEM = [("qwen2.5", "You are Qwen, created by Alibaba Cloud"),
                          ("smollm2", "You are a helpful AI assistant named SmolLM, trained by Hugging Face")]
 # the token that closes a turn, for the templates that have their own
 TEMPLATE_EOT = {"llama3": "<|eot_id|>", "chatml": "<|im_end|>", "gemma": "<end_of_turn>", "qwen2.5": "<|im_end|>",
-                "smollm2": "<|im_end|>"}
+                "smollm2": "<|im_end|>", "gemma4": "<turn|>"}
 # special tokens of a template that a tokenizer.json may list as plain vocabulary (Gemma 1)
 TEMPLATE_SPECIALS = {"llama3": ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
                      "chatml": ["<|im_start|>", "<|im_end|>"], "gemma": ["<start_of_turn>", "<end_of_turn>"],
-                     "qwen2.5": ["<|im_start|>", "<|im_end|>"], "smollm2": ["<|im_start|>", "<|im_end|>"]}
+                     "qwen2.5": ["<|im_start|>", "<|im_end|>"], "smollm2": ["<|im_start|>", "<|im_end|>"],
+                     "gemma4": ["<|turn>", "<turn|>"]}
 
 
 class Tokenizer:
@@ -3128,6 +3129,9 @@ def classify_template(template):
         template = named.get("default", next(iter(named.values()), None))
     if not isinstance(template, str) or not template:
         return 0, "no chat_template"
+    if "<|turn>" in template and GEMMA4_LARGE_MARKER in template:
+        return 0, ("it is Gemma 4 26B/31B's chat_template (an empty thought channel after the model header), "
+                   "which run does not write yet; --template gemma4 is E2B/E4B's")
     for name, markers in TEMPLATE_MARKERS:
         if all(m in template for m in markers) and not any(m in template for m in TEMPLATE_NOT.get(name, [])):
             if name == "chatml":

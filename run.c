@@ -2614,9 +2614,9 @@ typedef enum { TOKENIZER_SENTENCEPIECE = 1, TOKENIZER_BYTE_LEVEL = 2, TOKENIZER_
 // ChatML with Qwen2.5's or SmolLM2's default system prompt: QWEN25, SMOLLM2
 typedef enum {
     TEMPLATE_NONE, TEMPLATE_LLAMA2, TEMPLATE_LLAMA3, TEMPLATE_CHATML, TEMPLATE_GEMMA, TEMPLATE_ZEPHYR, TEMPLATE_MISTRAL,
-    TEMPLATE_QWEN25, TEMPLATE_SMOLLM2
+    TEMPLATE_QWEN25, TEMPLATE_SMOLLM2, TEMPLATE_GEMMA4
 } ChatTemplate; // numbered as the TOKN section stores them
-#define N_CHAT_TEMPLATES 9
+#define N_CHAT_TEMPLATES 10
 #define MAX_END_TOKENS 8
 
 #define MAGIC_TOKN 0x4E4B4F54u // the bytes "TOKN"
@@ -4495,6 +4495,12 @@ static const ChatFormat chat_formats[] = {
                           NULL, "<|im_end|>\n<|im_start|>user\n%U<|im_end|>\n<|im_start|>assistant\n",
                           "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
                           {"<|im_start|>", "<|im_end|>"}, 0},
+    // Gemma 4 E2B/E4B, thinking off: a system turn of its own (unlike Gemma 1-3); the
+    // model's turns are "model"; <bos> is the template's own first token. (26B/31B's
+    // template also writes an empty thought channel after "model\n": not this one.)
+    [TEMPLATE_GEMMA4] = {"gemma4", "%B<|turn>system\n%S<turn|>\n<|turn>user\n%U<turn|>\n<|turn>model\n",
+                         "%B<|turn>user\n%U<turn|>\n<|turn>model\n", "<turn|>\n<|turn>user\n%U<turn|>\n<|turn>model\n",
+                         NULL, {"<|turn>", "<turn|>"}, TRIM_USER | TRIM_SYSTEM},
 };
 #define N_CHAT_FORMATS ((int)(sizeof(chat_formats) / sizeof(chat_formats[0])))
 
@@ -6273,7 +6279,8 @@ static void usage(FILE *out) {
             "                     NUL bytes (-m tokenize: an empty line after each)\n"
             "  -y TEXT            system prompt (-m chat)\n"
             "  --template NAME    chat template (-m chat; default: the tokenizer's): llama2,\n"
-            "                     llama3, chatml, qwen2.5, smollm2, gemma, zephyr, mistral\n"
+            "                     llama3, chatml, qwen2.5, smollm2, gemma, gemma4 (E2B/E4B,\n"
+            "                     thinking off), zephyr, mistral\n"
             "  --rope-theta FLOAT     override the base wavelength theta, > 0\n"
             "  --rope-fraction FLOAT  override the p-RoPE fraction p, in [0, 1]\n"
             "  --rope-scaling RULE    none, linear, ntk, yarn or llama3: how positions past the\n"
@@ -6735,7 +6742,8 @@ int main(int argc, char *argv[]) {
     for (int k = 1; template_name && k < N_CHAT_FORMATS; k++)
         if (strcmp(template_name, chat_formats[k].name) == 0) template_id = k;
     if (template_name && template_id < 0)
-        usage_error("unknown --template '%s' (llama2, llama3, chatml, qwen2.5, smollm2, gemma, zephyr, mistral)",
+        usage_error("unknown --template '%s' (llama2, llama3, chatml, qwen2.5, smollm2, gemma, gemma4, zephyr, "
+                    "mistral)",
                     template_name);
     if (shift && strcmp(shift, "recompute") != 0 && strcmp(shift, "rotate") != 0)
         usage_error("unknown --shift '%s' (recompute, rotate)", shift);
@@ -6838,7 +6846,7 @@ int main(int argc, char *argv[]) {
                            .template_from_flag = template_id >= 0};
         if (opt.template_id <= TEMPLATE_NONE || opt.template_id >= N_CHAT_FORMATS)
             usage_error("-m chat: the tokenizer names no chat template run knows; pass --template NAME (llama2, "
-                        "llama3, chatml, qwen2.5, smollm2, gemma, zephyr, mistral)");
+                        "llama3, chatml, qwen2.5, smollm2, gemma, gemma4, zephyr, mistral)");
         result = chat(&transformer, &tokenizer, &sampler, opt);
     }
     if (result != 0) runtime_error();

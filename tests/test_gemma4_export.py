@@ -22,7 +22,7 @@ import pytest
 
 import gemma4_fixtures as F
 import gemma4_reference as g4
-from conftest import LONG_TEXT, PREFILL_BLOCK, TOK512, export, greedy_ids, run, tokens_of
+from conftest import LONG_TEXT, PREFILL_BLOCK, ROOT, TOK512, export, greedy_ids, run, tokens_of
 
 MODELS = ["gemma-4-E2B-it", "gemma-4-E4B", "gemma-4-31B"]
 # 40-odd tokens with tok512: longer than the fixtures' windows (8)
@@ -380,25 +380,54 @@ def test_k_eq_v_layers_need_wo_permuted(tmp_path):
     assert abs(wrong - expected) > 1e-3 * abs(expected), (wrong, expected)
 
 
-def test_chat_template_is_not_stored_for_gemma4(tmp_path):
-    """A Gemma 4 directory's tokenizer goes in as Gemma 3's does, with chat_template 0 (none) and a
-    one-line note; --template still chooses one."""
-    from test_export_tokenizer import read_tokn, sentencepiece_json, write_tokenizer
+def gemma4_directory(tmp_path, template_file):
+    """A Gemma 4 E4B directory whose tokenizer has Gemma 4's turn tokens and end tokens, and the
+    published chat template template_file (tests/data/gemma4/); the tokenizer.json's ids."""
+    from test_export_tokenizer import sentencepiece_json, write_tokenizer
     d = tmp_path / "e4b"
     F.write_checkpoint(d, "gemma-4-E4B-it", "F32")
-    template = "{{ bos_token }}<start_of_turn>user\n{{ m }}<end_of_turn>\n<|turn>model\n"
-    write_tokenizer(d, sentencepiece_json(), {"bos_token": "<s>", "eos_token": "</s>", "chat_template": template})
+    j = sentencepiece_json()
+    for text in ["<|turn>", "<turn|>", "<|tool_response>"]:
+        j["model"]["vocab"][text] = len(j["model"]["vocab"])
+        j["added_tokens"].append(dict(j["added_tokens"][0], id=j["model"]["vocab"][text], content=text))
+    ids = j["model"]["vocab"]
+    template = (ROOT / "tests" / "data" / "gemma4" / template_file).read_text(encoding="utf-8")
+    write_tokenizer(d, j, {"bos_token": "<s>", "eos_token": "<turn|>", "chat_template": template},
+                    {"eos_token_id": [ids["</s>"], ids["<turn|>"], ids["<|tool_response>"]]})
+    return d, ids
+
+
+def test_gemma4_e2b_e4b_chat_template_is_recognised_with_its_three_end_tokens(tmp_path):
+    """The published E2B/E4B template is stored as gemma4; <turn|> closes a turn; the end tokens
+    are generation_config.json's three (<eos>, <turn|>, <|tool_response>)."""
+    from test_export_tokenizer import read_tokn
+    d, ids = gemma4_directory(tmp_path, "chat_template.jinja")
     out = tmp_path / "e4b.bin"
     r = export(d, out)
-    notes = [x for x in r.stderr.splitlines() if "Gemma 4's chat template is not supported yet" in x]
-    assert len(notes) == 1 and "--template" in notes[0]
+    assert "chat template" not in r.stderr
     data = out.read_bytes()
     h = read_header(data)
-    assert h["tokenizer_offset"] and h["tokenizer_offset"] + h["tokenizer_bytes"] == len(data)
     tok = read_tokn(data[h["tokenizer_offset"]:])
-    assert tok["chat_template"] == 0 and tok["kind"] == 3
-    r = export(d, out, "--template", "chatml", check=False)
-    assert "not supported yet" not in r.stderr
+    assert tok["chat_template"] == 9  # run.c's TEMPLATE_GEMMA4
+    assert tok["eot_id"] == ids["<turn|>"]
+    assert tok["eos_ids"][:tok["n_eos"]] == [ids["</s>"], ids["<turn|>"], ids["<|tool_response>"]]
+
+
+def test_gemma4_26b_31b_chat_template_is_not_stored_and_says_why(tmp_path):
+    """The large models' template (an empty thought channel in the thinking-off prompt) has no
+    format in run yet: none is stored, with a one-line note naming it; --template still chooses."""
+    from test_export_tokenizer import read_tokn
+    d, _ = gemma4_directory(tmp_path, "chat_template_26b_31b.jinja")
+    out = tmp_path / "e4b.bin"
+    r = export(d, out)
+    notes = [x for x in r.stderr.splitlines() if "chat template" in x]
+    assert len(notes) == 1 and "26B/31B" in notes[0] and "--template" in notes[0], r.stderr
+    data = out.read_bytes()
+    tok = read_tokn(data[read_header(data)["tokenizer_offset"]:])
+    assert tok["chat_template"] == 0
+    r = export(d, out, "--template", "gemma4")
+    assert "chat template" not in r.stderr
+    assert read_tokn(out.read_bytes()[read_header(out.read_bytes())["tokenizer_offset"]:])["chat_template"] == 9
 
 
 # ----------------------------------------------------------------------------
