@@ -127,6 +127,18 @@ def rope_v2_variant(dim=4, hidden=4, layers=2, heads=2, kv_heads=1, vocab=6, seq
     return bytes(out) + struct.pack("<4i", 0, 3, 2, 0)
 
 
+def with_wide_records(head, tensors, records, seed):
+    """A ROPE version 2 file: head, the tensors of these sizes (each at a multiple of 64 bytes,
+    deterministic values), then the per-layer table of eight-int32 records the header points at."""
+    out = bytes(head)
+    for i, n in enumerate(tensors):
+        out += b"\0" * (-len(out) % 64) + floats(n, seed + i)
+    out += b"\0" * (-len(out) % 64)
+    out = bytearray(out)
+    struct.pack_into("<2Q", out, 136, len(out), 32 * len(records))
+    return bytes(out) + b"".join(struct.pack("<8i", *r) for r in records)
+
+
 def rope_v2_gemma4(dim=4, hidden=4, heads=2, vocab=6, seq=16, P=2, seed=6):
     """ROPE version 2 with Gemma 4's records of eight int32 (docs/format.md): layer 0 sliding (the
     second setting, heads of 2, window 3), layer 1 full (heads of 4, p = 0.5, its values the keys),
@@ -149,13 +161,7 @@ def rope_v2_gemma4(dim=4, hidden=4, heads=2, vocab=6, seq=16, P=2, seed=6):
                hid * dim, dim * hid, hid * dim, dim, sum(r[2] for r in records), sum(r[2] for r in own),
                layers * dim, layers * dim, layers, vocab * layers * P, layers * P * dim, P, layers * P * dim,
                layers * dim * P, layers * dim]
-    out = bytes(head)
-    for i, n in enumerate(tensors):
-        out += b"\0" * (-len(out) % 64) + floats(n, seed + i)
-    out += b"\0" * (-len(out) % 64)
-    out = bytearray(out)
-    struct.pack_into("<2Q", out, 136, len(out), 32 * layers)
-    return bytes(out) + b"".join(struct.pack("<8i", *r) for r in records)
+    return with_wide_records(head, tensors, records, seed)
 
 
 def rope_v2_experts(dim=4, hidden=4, heads=2, vocab=6, seq=16, experts=3, used=2, expert_hidden=4, seed=7):
@@ -173,13 +179,7 @@ def rope_v2_experts(dim=4, hidden=4, heads=2, vocab=6, seq=16, experts=3, used=2
                layers * dim, hidden * dim, dim * hidden, hidden * dim, dim, layers * hd, layers * hd,
                experts * dim, experts * expert_hidden * dim, experts * dim * expert_hidden,
                experts * expert_hidden * dim]
-    out = bytes(head)
-    for i, n in enumerate(tensors):
-        out += b"\0" * (-len(out) % 64) + floats(n, seed + i)
-    out += b"\0" * (-len(out) % 64)
-    out = bytearray(out)
-    struct.pack_into("<2Q", out, 136, len(out), 32 * layers)
-    return bytes(out) + b"".join(struct.pack("<8i", *r) for r in records)
+    return with_wide_records(head, tensors, records, seed)
 
 
 def headers():
