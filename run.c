@@ -4931,7 +4931,8 @@ static int stream_reply(Transformer *t, const Tokenizer *tok, Sampler *sampler, 
 // as text, and with no empty thought channel after the model header. Rewrites the
 // turn's end of the conversation to that and runs the model over it from the first
 // token that differs (the cache past the new end is overwritten by the next turn).
-// Special tokens left in the answer (other than the channel's) are kept as text.
+// The answer's other special tokens stay tokens, as the tokenizer splits them out of
+// the rendered text.
 static int render_history(Transformer *t, const Tokenizer *tok, const ChatOptions *opt, Conversation *conv,
                           ChatTurn *turn) {
     int open = special_token(tok, "<|channel>"), close = special_token(tok, "<channel|>");
@@ -4942,24 +4943,44 @@ static int render_history(Transformer *t, const Tokenizer *tok, const ChatOption
         return -1;
     from -= empty.n;
     free(empty.ids);
-    // the answer's text: the reply's pieces outside <|channel>...<channel|>
+    // the answer: the reply's pieces outside <|channel>...<channel|> as text, and its
+    // other special tokens (which the tokenizer would split out of the rendered text)
+    // as marks: their ids and where in the text they stand
+    int n_reply = turn->end - turn->reply_start, n_marks = 0;
     size_t cap = 1, length = 0;
     for (int i = turn->reply_start; i < turn->end; i++) cap += strlen(decode(tok, -1, conv->tokens[i]));
-    char *text = malloc(cap), *start = text;
-    if (!text) return fail("out of memory");
+    char *text = malloc(cap);
+    int *marks = malloc((size_t)(n_reply + 1) * sizeof(int));
+    size_t *at = malloc((size_t)(n_reply + 1) * sizeof(size_t));
+    if (!text || !marks || !at) {
+        free(text), free(marks), free(at);
+        return fail("out of memory");
+    }
     text[0] = '\0';
     for (int i = turn->reply_start, inside = 0; i < turn->end; i++) {
-        int id = conv->tokens[i];
+        int id = conv->tokens[i], type = tok->vocab_type[id];
         if (id == open) inside = 1;
         else if (id == close) inside = 0;
-        else if (!inside) append_text(text, &length, decode(tok, -1, id), 0);
+        else if (inside) continue;
+        else if (type == PIECE_CONTROL || type == PIECE_UNUSED) marks[n_marks] = id, at[n_marks++] = length;
+        else append_text(text, &length, decode(tok, -1, id), 0);
     }
-    while (length > 0 && isspace((unsigned char)start[length - 1])) start[--length] = '\0';
-    while (length > 0 && isspace((unsigned char)start[0])) start++, length--;
-    int result = push_text(tok, &answer, start, length);
-    free(text);
-    if (result == 0 && from + answer.n > t->config.seq_len)
-        result = fail("the reply, encoded again without its thought, does not fit in the context");
+    // |trim: the whitespace before the first mark and after the last one
+    size_t begin = 0, end = length;
+    while (begin < (n_marks ? at[0] : length) && isspace((unsigned char)text[begin])) begin++;
+    while (end > (n_marks ? at[n_marks - 1] : begin) && isspace((unsigned char)text[end - 1])) end--;
+    int result = 0;
+    for (int k = 0; k <= n_marks && result == 0; k++) { // the text up to mark k, then the mark
+        size_t upto = k < n_marks ? at[k] : end;
+        result = push_text(tok, &answer, text + begin, upto - begin);
+        if (result == 0 && k < n_marks) result = push_tokens(&answer, &marks[k], 1);
+        begin = upto;
+    }
+    free(text), free(marks), free(at);
+    if (result == 0 && from + answer.n > t->config.seq_len) { // encoded again, a reply that filled the context
+        fprintf(stderr, "run: the reply, encoded again as the history renders it, is cut to the context\n");
+        answer.n = t->config.seq_len - from;
+    }
     if (result == 0) {
         int same = 0; // tokens the cache already holds
         while (same < answer.n && from + same < turn->end && conv->tokens[from + same] == answer.ids[same]) same++;
