@@ -4936,7 +4936,7 @@ static int stream_reply(Transformer *t, const Tokenizer *tok, Sampler *sampler, 
 static int render_history(Transformer *t, const Tokenizer *tok, const ChatOptions *opt, Conversation *conv,
                           ChatTurn *turn) {
     int open = special_token(tok, "<|channel>"), close = special_token(tok, "<channel|>");
-    int from = turn->reply_start; // where the model header ends
+    int from = turn->reply_start; // the reply; less the empty thought: the model header's end
     TokenList empty = {0}, answer = {0};
     if (!opt->think && opt->format->empty_thought &&
         render_turn(tok, opt, opt->format->empty_thought, "", "", 0, &empty) != 0)

@@ -469,3 +469,21 @@ def test_think_is_refused_outside_chat_and_with_a_template_without_a_thinking_sw
     assert r.returncode != 0 and r.stderr.decode().count("\n") == 1 and "--think" in r.stderr.decode(), r.stderr
     r = run(model, "-z", tok, "-m", "chat", "--template", "gemma", "--think", "-p", "Hi", input="")
     assert r.returncode != 0 and "--think" in r.stderr.decode() and "gemma" in r.stderr.decode(), r.stderr
+
+
+def test_gemma4_special_token_in_an_answer_stays_a_token_in_the_history(checkpoints, tmp_path):
+    """A reply " Sure<|turn>" (a special token other than the thought channel's): the template
+    renders it as text that the tokenizer splits the special token out of again; the history run
+    keeps must equal that rendering, with the token neither dropped nor spelled out as text."""
+    _, tok, tokenizer_dir = checkpoints("gemma4")
+    (c,) = gemma4_piece_ids(tokenizer_dir, ["▁Sure"])
+    model = gemma4_model_that_thinks(tmp_path / "model.bin", {107: c, c: 105, 105: 106})
+    first = [{"role": "user", "content": USER1}]
+    second = first + [{"role": "assistant", "content": " Sure<|turn>"}, {"role": "user", "content": USER2}]
+    want = gemma4_render(tokenizer_dir, "gemma4", False, [first, second])
+    r = run_dated(model, "-z", tok, "-m", "chat", "-t", 0, "-n", 10, "-v", "-p", USER1, input=USER2 + "\n")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert turn_ids(r.stderr, "reply")[1] == [c, 105]
+    history, prompts = turn_ids(r.stderr, "history"), turn_ids(r.stderr, "prompt")
+    assert history[1] + prompts[2] == want[1]["ids"]
+    assert 105 in history[1][-2:]
