@@ -2675,7 +2675,8 @@ FLAG_IGNORE_MERGES = 4      # a pre-token that is a piece is one token (Llama 3)
 FLAG_SPLIT_DIGITS = 8       # every digit its own pre-token before the pattern (SmolLM2)
 FLAG_NFC = 16               # normalize the text to NFC first (Qwen)
 FLAG_PREFIX_EACH_SEGMENT = 32  # the dummy prefix goes before every text segment between user-defined pieces
-TEMPLATE_NAMES = ["none", "llama2", "llama3", "chatml", "gemma", "zephyr", "mistral", "qwen2.5", "smollm2", "gemma4"]
+TEMPLATE_NAMES = ["none", "llama2", "llama3", "chatml", "gemma", "zephyr", "mistral", "qwen2.5", "smollm2", "gemma4",
+                  "gemma4-large"]
 MAX_END_TOKENS = 8
 MAX_PIECE_BYTES = 65536  # run.c's limit on a TOKN piece
 
@@ -2703,19 +2704,19 @@ TEMPLATE_MARKERS = [
 ]
 TEMPLATE_NOT = {"zephyr": ["<|end|>"], "mistral": ["<<SYS>>"]}  # Phi-3's <|end|>; Llama 2's <<SYS>>
 # Gemma 4 26B-A4B/31B: thinking off, the generation prompt also writes an empty thought channel
-# after "<|turn>model\n" (E2B/E4B's does not); run has no format for it yet
+# after "<|turn>model\n" (E2B/E4B's does not): run's gemma4-large
 GEMMA4_LARGE_MARKER = "{{- '<|channel>thought\\n<channel|>' -}}"
 # ChatML templates that write a default system prompt when none is given (Qwen3's writes none: chatml)
 CHATML_DEFAULT_SYSTEM = [("qwen2.5", "You are Qwen, created by Alibaba Cloud"),
                          ("smollm2", "You are a helpful AI assistant named SmolLM, trained by Hugging Face")]
 # the token that closes a turn, for the templates that have their own
 TEMPLATE_EOT = {"llama3": "<|eot_id|>", "chatml": "<|im_end|>", "gemma": "<end_of_turn>", "qwen2.5": "<|im_end|>",
-                "smollm2": "<|im_end|>", "gemma4": "<turn|>"}
+                "smollm2": "<|im_end|>", "gemma4": "<turn|>", "gemma4-large": "<turn|>"}
 # special tokens of a template that a tokenizer.json may list as plain vocabulary (Gemma 1)
 TEMPLATE_SPECIALS = {"llama3": ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
                      "chatml": ["<|im_start|>", "<|im_end|>"], "gemma": ["<start_of_turn>", "<end_of_turn>"],
                      "qwen2.5": ["<|im_start|>", "<|im_end|>"], "smollm2": ["<|im_start|>", "<|im_end|>"],
-                     "gemma4": ["<|turn>", "<turn|>"]}
+                     "gemma4": ["<|turn>", "<turn|>"], "gemma4-large": ["<|turn>", "<turn|>"]}
 
 
 class Tokenizer:
@@ -3130,8 +3131,7 @@ def classify_template(template):
     if not isinstance(template, str) or not template:
         return 0, "no chat_template"
     if "<|turn>" in template and GEMMA4_LARGE_MARKER in template:
-        return 0, ("it is Gemma 4 26B/31B's chat_template (an empty thought channel after the model header), "
-                   "which run does not write yet; --template gemma4 is E2B/E4B's")
+        return TEMPLATE_NAMES.index("gemma4-large"), ""
     for name, markers in TEMPLATE_MARKERS:
         if all(m in template for m in markers) and not any(m in template for m in TEMPLATE_NOT.get(name, [])):
             if name == "chatml":

@@ -2614,7 +2614,7 @@ typedef enum { TOKENIZER_SENTENCEPIECE = 1, TOKENIZER_BYTE_LEVEL = 2, TOKENIZER_
 // ChatML with Qwen2.5's or SmolLM2's default system prompt: QWEN25, SMOLLM2
 typedef enum {
     TEMPLATE_NONE, TEMPLATE_LLAMA2, TEMPLATE_LLAMA3, TEMPLATE_CHATML, TEMPLATE_GEMMA, TEMPLATE_ZEPHYR, TEMPLATE_MISTRAL,
-    TEMPLATE_QWEN25, TEMPLATE_SMOLLM2, TEMPLATE_GEMMA4
+    TEMPLATE_QWEN25, TEMPLATE_SMOLLM2, TEMPLATE_GEMMA4, TEMPLATE_GEMMA4_LARGE
 } ChatTemplate; // numbered as the TOKN section stores them
 #define N_CHAT_TEMPLATES 10
 #define MAX_END_TOKENS 8
@@ -4432,16 +4432,21 @@ static int inspect(Transformer *t, const Tokenizer *tok, const char *prompt, con
 
 // One family's template. In the formats, %B is the model's BOS (nothing when it has
 // none), %E its first end token (eos_ids[0]), %S the system prompt, %U the user's
-// text and %D today's date ("24 Nov 2026"); the texts in `specials` are special
-// tokens. Everything else is text.
+// text, %D today's date ("24 Nov 2026") and %T the empty thought channel Gemma 4
+// 26B/31B's generation prompt writes with thinking off (empty_thought; nothing with
+// --think, or in the history); the texts in `specials` are special tokens.
+// Everything else is text.
 typedef struct {
     const char *name;           // as --template takes it
     const char *first;          // the first turn, with a system prompt
     const char *first_plain;    // the first turn without one; NULL: `first` with default_system or ""
     const char *next;           // a later turn, from the token that closes the previous reply
     const char *default_system; // what the template writes when no system prompt is given, or NULL
-    const char *specials[4];    // the special tokens the formats write, by their text
+    const char *specials[5];    // the special tokens the formats write, by their text
     int trim;                   // TRIM_USER, TRIM_SYSTEM: Jinja's |trim on the message
+    const char *think_first;    // --think: the first turn (thinking on), or NULL: no thinking switch
+    const char *empty_thought;  // what %T writes with thinking off
+    int thoughts;               // 1: replies hold <|channel>thought<channel|>, dropped from the history
 } ChatFormat;
 
 enum { TRIM_USER = 1, TRIM_SYSTEM = 2 };
@@ -4498,9 +4503,22 @@ static const ChatFormat chat_formats[] = {
     // Gemma 4 E2B/E4B, thinking off: a system turn of its own (unlike Gemma 1-3); the
     // model's turns are "model"; <bos> is the template's own first token. (26B/31B's
     // template also writes an empty thought channel after "model\n": not this one.)
+    // With --think, <|think|>\n opens the system turn, written then even without a
+    // system prompt. A reply may hold a thought, <|channel>thought\n...<channel|>, before
+    // its answer: the template drops it from the history (render_history).
     [TEMPLATE_GEMMA4] = {"gemma4", "%B<|turn>system\n%S<turn|>\n<|turn>user\n%U<turn|>\n<|turn>model\n",
                          "%B<|turn>user\n%U<turn|>\n<|turn>model\n", "<turn|>\n<|turn>user\n%U<turn|>\n<|turn>model\n",
-                         NULL, {"<|turn>", "<turn|>"}, TRIM_USER | TRIM_SYSTEM},
+                         NULL, {"<|turn>", "<turn|>", "<|think|>", "<|channel>", "<channel|>"}, TRIM_USER | TRIM_SYSTEM,
+                         "%B<|turn>system\n<|think|>\n%S<turn|>\n<|turn>user\n%U<turn|>\n<|turn>model\n", NULL, 1},
+    // Gemma 4 26B/31B: the same, but with thinking off the generation prompt ends with an
+    // empty thought channel (%T), which the history leaves out
+    [TEMPLATE_GEMMA4_LARGE] = {"gemma4-large",
+                               "%B<|turn>system\n%S<turn|>\n<|turn>user\n%U<turn|>\n<|turn>model\n%T",
+                               "%B<|turn>user\n%U<turn|>\n<|turn>model\n%T",
+                               "<turn|>\n<|turn>user\n%U<turn|>\n<|turn>model\n%T", NULL,
+                               {"<|turn>", "<turn|>", "<|think|>", "<|channel>", "<channel|>"}, TRIM_USER | TRIM_SYSTEM,
+                               "%B<|turn>system\n<|think|>\n%S<turn|>\n<|turn>user\n%U<turn|>\n<|turn>model\n%T",
+                               "<|channel>thought\n<channel|>", 1},
 };
 #define N_CHAT_FORMATS ((int)(sizeof(chat_formats) / sizeof(chat_formats[0])))
 
@@ -4513,6 +4531,8 @@ typedef struct {
     int interactive;           // stdin is a terminal: show prompts
     int no_cache;              // --no-cache: recompute the whole transcript each turn
     int verbose;               // -v: print the token ids of each turn on stderr
+    int think;                 // --think: thinking on (the template's enable_thinking)
+    int past;                  // rendering an earlier turn of the history: %T writes nothing
     ShiftMode shift;           // --shift: how the oldest turns are dropped
     int template_id;           // --template, else the tokenizer's (a ChatTemplate)
     int template_from_flag;    // 1: template_id came from --template; 0: from the tokenizer
@@ -4588,7 +4608,7 @@ static int chat_date(char *out, size_t size) {
 static int check_chat_format(const Tokenizer *tok, const ChatFormat *f, int from_flag) {
     char source[64];
     snprintf(source, sizeof(source), from_flag ? "--template %s" : "the tokenizer's own template (%s)", f->name);
-    for (int i = 0; i < 4 && f->specials[i]; i++)
+    for (int i = 0; i < 5 && f->specials[i]; i++)
         if (special_token(tok, f->specials[i]) < 0)
             return fail("the tokenizer has no %s token: %s does not fit this model", f->specials[i], source);
     if (strstr(f->next, "%E") && tok->n_eos < 1)
@@ -4648,7 +4668,7 @@ static int special_at(const Tokenizer *tok, const ChatFormat *f, const char *p, 
         *skip = 2;
         return p[1] == 'B' ? tok->bos_id : tok->eos_ids[0];
     }
-    for (int i = 0; i < 4 && f->specials[i]; i++) {
+    for (int i = 0; i < 5 && f->specials[i]; i++) {
         *skip = strlen(f->specials[i]);
         if (strncmp(p, f->specials[i], *skip) == 0) return special_token(tok, f->specials[i]);
     }
@@ -4689,6 +4709,12 @@ static int render_turn(const Tokenizer *tok, const ChatOptions *opt, const char 
         } else if (p[0] == '%' && p[1] == 'D') {
             append_text(text, &length, opt->date, 0);
             p += 2;
+        } else if (p[0] == '%' && p[1] == 'T') { // the text so far, then the empty thought
+            result = push_text(tok, out, text, length);
+            length = 0, text[0] = '\0';
+            if (result == 0 && !opt->think && !opt->past && f->empty_thought)
+                result = render_turn(tok, opt, f->empty_thought, "", "", 0, out);
+            p += 2;
         } else {
             text[length++] = *p++, text[length] = '\0';
         }
@@ -4708,7 +4734,10 @@ static int *encode_turn(const Tokenizer *tok, const ChatOptions *opt, const char
                         int *user_offset) {
     const ChatFormat *f = opt->format;
     const char *system = opt->system_prompt && opt->system_prompt[0] ? opt->system_prompt : f->default_system;
-    const char *format = !first ? f->next : system || !f->first_plain ? f->first : f->first_plain;
+    const char *format = !first                    ? f->next
+                         : opt->think                ? f->think_first
+                         : system || !f->first_plain ? f->first
+                                                     : f->first_plain;
     TokenList turn = {0}, head = {0};
     if (render_turn(tok, opt, format, system ? system : "", user, 0, &turn) != 0 ||
         render_turn(tok, opt, format, system ? system : "", user, 1, &head) != 0) {
@@ -4752,6 +4781,9 @@ static void print_turn_ids(const char *kind, int turn, const int *ids, int n) {
 static int kept_length(const Conversation *conv, const Tokenizer *tok, const ChatOptions *opt, ShiftMode mode,
                        int d) {
     const ChatTurn *turn = &conv->turns[d];
+    ChatOptions past = *opt; // turn d is history now: no empty thought after its header
+    past.past = 1;
+    opt = &past;
     if (mode == SHIFT_ROTATE) {
         int keep = conv->turns[0].user_start;
         return keep < 0 || turn->user_start < 0 ? -1 : keep + conv->n_tokens - turn->user_start;
@@ -4783,8 +4815,10 @@ static void forget_turns(Conversation *conv, int d, int delta) {
 static int shift_by_recompute(Transformer *t, const Tokenizer *tok, const ChatOptions *opt, Conversation *conv,
                               int d) {
     ChatTurn *turn = &conv->turns[d];
+    ChatOptions past = *opt; // turn d is history now: no empty thought after its header
+    past.past = 1;
     int n_first, user_offset;
-    int *first = encode_turn(tok, opt, turn->user, 1, &n_first, &user_offset);
+    int *first = encode_turn(tok, &past, turn->user, 1, &n_first, &user_offset);
     if (!first) return -1;
     int n_rest = conv->n_tokens - turn->reply_start, delta = turn->reply_start - n_first;
     // the kept tokens: [first prompt][turn d's reply and all after it]
@@ -4851,6 +4885,9 @@ static int shift_context(Transformer *t, const Tokenizer *tok, const ChatOptions
 static int stream_reply(Transformer *t, const Tokenizer *tok, Sampler *sampler, const ChatOptions *opt,
                         float *logits, Conversation *conv) {
     int seq_len = t->config.seq_len, reply_start = conv->n_tokens, prev = tok->bos_id, result = 0, full = 0;
+    // Gemma 4: a thought, <|channel>...<channel|>, streams to stderr, the answer to stdout
+    int open = opt->format->thoughts ? special_token(tok, "<|channel>") : -1;
+    int close = opt->format->thoughts ? special_token(tok, "<channel|>") : -1, thought = 0;
     if (opt->interactive) printf("Assistant: ");
     while (1) {
         int pos = conv->n_tokens;
@@ -4865,7 +4902,17 @@ static int stream_reply(Transformer *t, const Tokenizer *tok, Sampler *sampler, 
         }
         int next = sample(sampler, logits);
         if (ends_generation(tok, next)) break;
-        print_reply_piece(decode(tok, prev, next), opt->interactive);
+        if (next == open && open >= 0) {
+            thought = 1;
+            fputs("thought: ", stderr);
+        } else if (next == close && close >= 0) {
+            if (thought) fputc('\n', stderr);
+            thought = 0;
+        } else if (thought) {
+            fputs(decode(tok, prev, next), stderr);
+        } else {
+            print_reply_piece(decode(tok, prev, next), opt->interactive);
+        }
         fflush(stdout);
         conv->tokens[pos] = next;
         logits = forward(t, next, pos);
@@ -4874,7 +4921,75 @@ static int stream_reply(Transformer *t, const Tokenizer *tok, Sampler *sampler, 
     }
     printf("\n");
     fflush(stdout);
+    if (thought) fputc('\n', stderr); // a thought the reply ended in
     if (full) fprintf(stderr, "run: the context of %d tokens is full; the reply is cut here\n", seq_len);
+    return result;
+}
+
+// Gemma 4: the template renders an earlier reply as its answer alone: everything from
+// <|channel> to <channel|> removed (strip_thinking), the rest trimmed, encoded again
+// as text, and with no empty thought channel after the model header. Rewrites the
+// turn's end of the conversation to that and runs the model over it from the first
+// token that differs (the cache past the new end is overwritten by the next turn).
+// The answer's other special tokens stay tokens, as the tokenizer splits them out of
+// the rendered text.
+static int render_history(Transformer *t, const Tokenizer *tok, const ChatOptions *opt, Conversation *conv,
+                          ChatTurn *turn) {
+    int open = special_token(tok, "<|channel>"), close = special_token(tok, "<channel|>");
+    int from = turn->reply_start; // the reply; less the empty thought: the model header's end
+    TokenList empty = {0}, answer = {0};
+    if (!opt->think && opt->format->empty_thought &&
+        render_turn(tok, opt, opt->format->empty_thought, "", "", 0, &empty) != 0)
+        return -1;
+    from -= empty.n;
+    free(empty.ids);
+    // the answer: the reply's pieces outside <|channel>...<channel|> as text, and its
+    // other special tokens (which the tokenizer would split out of the rendered text)
+    // as marks: their ids and where in the text they stand
+    int n_reply = turn->end - turn->reply_start, n_marks = 0;
+    size_t cap = 1, length = 0;
+    for (int i = turn->reply_start; i < turn->end; i++) cap += strlen(decode(tok, -1, conv->tokens[i]));
+    char *text = malloc(cap);
+    int *marks = malloc((size_t)(n_reply + 1) * sizeof(int));
+    size_t *at = malloc((size_t)(n_reply + 1) * sizeof(size_t));
+    if (!text || !marks || !at) {
+        free(text), free(marks), free(at);
+        return fail("out of memory");
+    }
+    text[0] = '\0';
+    for (int i = turn->reply_start, inside = 0; i < turn->end; i++) {
+        int id = conv->tokens[i], type = tok->vocab_type[id];
+        if (id == open) inside = 1;
+        else if (id == close) inside = 0;
+        else if (inside) continue;
+        else if (type == PIECE_CONTROL || type == PIECE_UNUSED) marks[n_marks] = id, at[n_marks++] = length;
+        else append_text(text, &length, decode(tok, -1, id), 0);
+    }
+    // |trim: the whitespace before the first mark and after the last one
+    size_t begin = 0, end = length;
+    while (begin < (n_marks ? at[0] : length) && isspace((unsigned char)text[begin])) begin++;
+    while (end > (n_marks ? at[n_marks - 1] : begin) && isspace((unsigned char)text[end - 1])) end--;
+    int result = 0;
+    for (int k = 0; k <= n_marks && result == 0; k++) { // the text up to mark k, then the mark
+        size_t upto = k < n_marks ? at[k] : end;
+        result = push_text(tok, &answer, text + begin, upto - begin);
+        if (result == 0 && k < n_marks) result = push_tokens(&answer, &marks[k], 1);
+        begin = upto;
+    }
+    free(text), free(marks), free(at);
+    if (result == 0 && from + answer.n > t->config.seq_len) { // encoded again, a reply that filled the context
+        fprintf(stderr, "run: the reply, encoded again as the history renders it, is cut to the context\n");
+        answer.n = t->config.seq_len - from;
+    }
+    if (result == 0) {
+        int same = 0; // tokens the cache already holds
+        while (same < answer.n && from + same < turn->end && conv->tokens[from + same] == answer.ids[same]) same++;
+        if (answer.n > 0) memcpy(conv->tokens + from, answer.ids, (size_t)answer.n * sizeof(int));
+        conv->n_tokens = turn->end = from + answer.n;
+        turn->reply_start = from;
+        if (!opt->no_cache && answer.n > same) prefill(t, conv->tokens + from + same, answer.n - same, from + same);
+    }
+    free(answer.ids);
     return result;
 }
 
@@ -4916,6 +5031,11 @@ static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOpti
         return fail("out of memory");
     }
     opt.format = &chat_formats[opt.template_id];
+    if (opt.think && !opt.format->think_first) {
+        free_conversation(&conv);
+        return fail("--think: the chat template %s has no thinking switch (gemma4 and gemma4-large have)",
+                    opt.format->name);
+    }
     int dated = strstr(opt.format->first, "%D") != NULL;
     if (check_chat_format(tok, opt.format, opt.template_from_flag) != 0 ||
         (dated && chat_date(opt.date, sizeof(opt.date)) != 0)) {
@@ -5010,6 +5130,13 @@ static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOpti
         }
         record->end = conv.n_tokens;
         if (opt.verbose) print_turn_ids("reply", turn + 1, conv.tokens + record->reply_start, record->end - record->reply_start);
+        if (opt.format->thoughts) { // the turn as the template renders it in the history
+            if (render_history(t, tok, &opt, &conv, record) != 0) {
+                result = -1;
+                break;
+            }
+            if (opt.verbose) print_turn_ids("history", turn + 1, conv.tokens + record->start, record->end - record->start);
+        }
         turn++;
     }
     free(line);
@@ -6279,8 +6406,10 @@ static void usage(FILE *out) {
             "                     NUL bytes (-m tokenize: an empty line after each)\n"
             "  -y TEXT            system prompt (-m chat)\n"
             "  --template NAME    chat template (-m chat; default: the tokenizer's): llama2,\n"
-            "                     llama3, chatml, qwen2.5, smollm2, gemma, gemma4 (E2B/E4B,\n"
-            "                     thinking off), zephyr, mistral\n"
+            "                     llama3, chatml, qwen2.5, smollm2, gemma, gemma4 (E2B/E4B),\n"
+            "                     gemma4-large (26B/31B), zephyr, mistral\n"
+            "  --think            chat, gemma4 templates: thinking on; a reply's thought goes\n"
+            "                     to stderr, its answer to stdout; the history keeps the answer\n"
             "  --rope-theta FLOAT     override the base wavelength theta, > 0\n"
             "  --rope-fraction FLOAT  override the p-RoPE fraction p, in [0, 1]\n"
             "  --rope-scaling RULE    none, linear, ntk, yarn or llama3: how positions past the\n"
@@ -6663,7 +6792,7 @@ int main(int argc, char *argv[]) {
     const char *template_name = NULL;
     float temperature = 1.0f, topp = 0.9f, rope_theta = 0.0f, rope_fraction = -1.0f, rope_factor = 0.0f;
     long seed = 0, steps = 256, threads = 0, rope_original_len = 0, context = 0;
-    int verbose = 0, no_cache = 0, steps_given = 0;
+    int verbose = 0, no_cache = 0, think = 0, steps_given = 0;
 
     // 1. parse the command line: CHECKPOINT, then flag/value pairs
     for (int i = 1; i < argc; i++) {
@@ -6680,6 +6809,7 @@ int main(int argc, char *argv[]) {
         }
         if (strcmp(arg, "-v") == 0) { verbose = 1; continue; }
         if (strcmp(arg, "--no-cache") == 0) { no_cache = 1; continue; }
+        if (strcmp(arg, "--think") == 0) { think = 1; continue; }
         static const char *with_value[] = {"-p", "-i", "-m", "-t", "--top-p", "-s", "-n", "-z", "-f", "-y",
                                            "--rope-theta", "--rope-fraction", "--csv", "-T", "--shift",
                                            "--rope-scaling", "--rope-factor", "--rope-original-len", "-c",
@@ -6737,13 +6867,14 @@ int main(int argc, char *argv[]) {
     if (is_inspect && !prompt) usage_error("-m inspect needs a prompt (-p TEXT)");
     if (csv_path && !is_inspect && !is_ppl) usage_error("--csv is for -m inspect and -m ppl");
     if ((system_prompt || no_cache || shift) && !is_chat) usage_error("-y, --no-cache and --shift are for -m chat");
+    if (think && !is_chat) usage_error("--think is for -m chat");
     if (template_name && !is_chat) usage_error("--template is for -m chat");
     int template_id = -1; // --template, -1 when not given
     for (int k = 1; template_name && k < N_CHAT_FORMATS; k++)
         if (strcmp(template_name, chat_formats[k].name) == 0) template_id = k;
     if (template_name && template_id < 0)
-        usage_error("unknown --template '%s' (llama2, llama3, chatml, qwen2.5, smollm2, gemma, gemma4, zephyr, "
-                    "mistral)",
+        usage_error("unknown --template '%s' (llama2, llama3, chatml, qwen2.5, smollm2, gemma, gemma4, gemma4-large, "
+                    "zephyr, mistral)",
                     template_name);
     if (shift && strcmp(shift, "recompute") != 0 && strcmp(shift, "rotate") != 0)
         usage_error("unknown --shift '%s' (recompute, rotate)", shift);
@@ -6840,13 +6971,13 @@ int main(int argc, char *argv[]) {
         // -n limits each reply; 0, or a limit the context cannot reach, means none
         int reply_limit = steps_given && steps < c->seq_len ? (int)steps : 0;
         ChatOptions opt = {.system_prompt = system_prompt, .first_user = prompt, .reply_limit = reply_limit,
-                           .interactive = isatty(STDIN_FILENO), .no_cache = no_cache, .verbose = verbose,
+                           .interactive = isatty(STDIN_FILENO), .no_cache = no_cache, .verbose = verbose, .think = think,
                            .shift = shift_rotate ? SHIFT_ROTATE : SHIFT_RECOMPUTE,
                            .template_id = template_id >= 0 ? template_id : (int)tokenizer.chat_template,
                            .template_from_flag = template_id >= 0};
         if (opt.template_id <= TEMPLATE_NONE || opt.template_id >= N_CHAT_FORMATS)
             usage_error("-m chat: the tokenizer names no chat template run knows; pass --template NAME (llama2, "
-                        "llama3, chatml, qwen2.5, smollm2, gemma, gemma4, zephyr, mistral)");
+                        "llama3, chatml, qwen2.5, smollm2, gemma, gemma4, gemma4-large, zephyr, mistral)");
         result = chat(&transformer, &tokenizer, &sampler, opt);
     }
     if (result != 0) runtime_error();

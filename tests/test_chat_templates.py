@@ -242,13 +242,18 @@ def test_chat_other_special_tokens_do_not_end_a_reply_and_print_nothing(chat_mod
 TURNS = "".join(f"Question {i}: what comes after {i}?\n" for i in range(1, 13))
 
 
-@pytest.mark.parametrize("name", ["llama3_2", "gemma3"])
-def test_cached_turns_and_context_shifts_equal_a_fresh_recompute(name, checkpoints, tmp_path):
+# Gemma 4: each reply is rewritten as the history renders it and the model run over it again
+# (render_history); the cache must then hold what a fresh recompute of the transcript computes.
+# Gemma 4's are sampled (-t 1): greedy replies of a tiny random model barely depend on the cache.
+@pytest.mark.parametrize("name,flags", [("llama3_2", []), ("gemma3", []), ("gemma4", []),
+                                        ("gemma4", ["--template", "gemma4-large"]),
+                                        ("gemma4", ["--template", "gemma4-large", "--think"])])
+def test_cached_turns_and_context_shifts_equal_a_fresh_recompute(name, flags, checkpoints, tmp_path):
     from ropefile import write_random_checkpoint
     _, tok, _ = checkpoints(name)
     model = write_random_checkpoint(tmp_path / "short.bin", dim=8, hidden_dim=16, n_layers=1, n_heads=1,
                                     n_kv_heads=1, vocab_size=MODELS[name][1], seq_len=160, seed=4)
-    args = [model, "-z", tok, "-m", "chat", "-t", 0, "-n", 8, "-y", SYSTEM]
+    args = [model, "-z", tok, "-m", "chat", "-t", 1 if name == "gemma4" else 0, "-s", 7, "-n", 8, "-y", SYSTEM, *flags]
     cached = run_dated(*args, "--shift", "recompute", input=TURNS)
     fresh = run_dated(*args, "--no-cache", input=TURNS)
     rotated = run_dated(*args, "--shift", "rotate", input=TURNS)
@@ -328,3 +333,157 @@ def test_gemma4_thought_channel_token_does_not_end_a_reply(checkpoints, tmp_path
     r = run_dated(model, "-z", tok, "-m", "chat", "-t", 0, "-n", 5, "-v", "-p", USER1)
     assert r.returncode == 0, r.stderr[-2000:]
     assert turn_ids(r.stderr, "reply")[1] == [100] * 5
+
+
+# --- Gemma 4: --think, the 26B/31B template (gemma4-large), and thoughts dropped from the history.
+# The reference is the published template (tests/data/gemma4/) rendered by @huggingface/jinja with
+# enable_thinking as transformers passes it, tokenized by @lenml/tokenizers (the stand-in tokenizer).
+
+GEMMA4_DATA = ROOT / "tests" / "data" / "gemma4"
+GEMMA4_TEMPLATES = {"gemma4": "chat_template.jinja", "gemma4-large": "chat_template_26b_31b.jinja"}
+
+GEMMA4_NODE_SCRIPT = r"""
+import { Template } from "@huggingface/jinja";
+import { TokenizerLoader } from "@lenml/tokenizers";
+import { readFileSync } from "node:fs";
+const req = JSON.parse(readFileSync(0, "utf8"));
+const config = JSON.parse(readFileSync(`${req.dir}/tokenizer_config.json`, "utf8"));
+const tokenizer = TokenizerLoader.fromPreTrained({
+    tokenizerJSON: JSON.parse(readFileSync(`${req.dir}/tokenizer.json`, "utf8")), tokenizerConfig: config });
+const template = new Template(readFileSync(req.template, "utf8"));
+const out = req.conversations.map((messages) => {
+    const vars = { messages, add_generation_prompt: true, bos_token: "<bos>", eos_token: "<eos>" };
+    if (req.enable_thinking) vars.enable_thinking = true;
+    const text = template.render(vars);
+    return { text, ids: Array.from(tokenizer.encode(text, { add_special_tokens: false })) };
+});
+console.log(JSON.stringify(out));
+"""
+
+
+def gemma4_render(tokenizer_dir, template, think, conversations):
+    request = {"dir": str(tokenizer_dir), "template": str(GEMMA4_DATA / GEMMA4_TEMPLATES[template]),
+               "enable_thinking": think, "conversations": conversations}
+    r = subprocess.run(["node", "--input-type=module", "-e", GEMMA4_NODE_SCRIPT], input=json.dumps(request),
+                       cwd=NPM_DIR, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout)
+
+
+def gemma4_piece_ids(tokenizer_dir, pieces):
+    vocab = json.loads((tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
+    if isinstance(vocab, list):
+        vocab = {piece: i for i, (piece, _) in enumerate(vocab)}
+    return [vocab[p] for p in pieces]
+
+
+def gemma4_model_that_thinks(path, chain, vocab_size=262208):
+    """A random model whose next token is a function of the last one: chain maps token -> next.
+    Attention and feed-forward outputs are zero (wo, w2), so the last hidden state is the normed
+    embedding of the last token; each chain token's embedding is its own axis (dim 8), and the
+    untied classifier's row for chain[a] points along a's axis, every other row zero."""
+    from ropefile import header_bytes, random_weights
+    axis = {t: k for k, t in enumerate(chain)}
+    assert len(axis) <= 8
+    with open(path, "wb") as f:
+        f.write(header_bytes(8, 16, 1, 1, 1, vocab_size, 512, False))
+        for name, t in random_weights(8, 16, 1, 1, 1, vocab_size, False, 3):
+            if name in ("wo", "w2"):
+                t = np.zeros_like(t)
+            if name == "token_embedding":
+                for token, k in axis.items():
+                    t[token] = 0
+                    t[token, k] = 3
+            if name == "wcls":
+                t = np.zeros_like(t)
+                for token, k in axis.items():
+                    t[chain[token], k] = 10
+            f.write(np.ascontiguousarray(t, dtype="<f4").tobytes())
+    return path
+
+
+THOUGHT_PIECES = ["Let", "▁me", "▁Sure"]  # the thought "Let me", the answer " Sure" (trimmed: "Sure")
+
+
+@pytest.fixture(scope="module")
+def thinking_model(checkpoints, tmp_path_factory):
+    """Replies "<|channel>Let me<channel|> Sure" then <turn|> after a prompt ending in "\n" (107),
+    and " Sure" then <turn|> after one ending in <channel|> (101, gemma4-large's thinking-off
+    generation prompt)."""
+    _, tok, tokenizer_dir = checkpoints("gemma4")
+    a, b, c = gemma4_piece_ids(tokenizer_dir, THOUGHT_PIECES)
+    chain = {107: 100, 100: a, a: b, b: 101, 101: c, c: 106}
+    model = gemma4_model_that_thinks(tmp_path_factory.mktemp("think") / "model.bin", chain)
+    return model, tok, tokenizer_dir
+
+
+@pytest.mark.parametrize("think", [False, True], ids=["thinking_off", "thinking_on"])
+@pytest.mark.parametrize("template", list(GEMMA4_TEMPLATES))
+def test_gemma4_turns_with_a_thought_equal_the_template_with_the_thought_stripped(template, think, thinking_model):
+    """First turn: the prompt ids equal the template's rendering (with enable_thinking as --think
+    says). Second turn: the cache holds the first turn as the template renders it in the history
+    (-v's "history": the reply's thought and gemma4-large's empty thought channel left out, the
+    answer trimmed) and then the second prompt; together they equal the rendering of
+    [system, user1, model reply as sampled, user2]: the template strips the thought itself."""
+    model, tok, tokenizer_dir = thinking_model
+    large_off = template == "gemma4-large" and not think
+    reply = " Sure" if large_off else "<|channel>Let me<channel|> Sure"  # what the model writes
+    for system in (None, SYSTEM):
+        head = [{"role": "system", "content": system}] if system else []
+        first = head + [{"role": "user", "content": USER1}]
+        second = first + [{"role": "assistant", "content": reply}, {"role": "user", "content": USER2}]
+        want = gemma4_render(tokenizer_dir, template, think, [first, second])
+        flags = ["--template", template] + (["--think"] if think else []) + (["-y", system] if system else [])
+        r = run_dated(model, "-z", tok, "-m", "chat", "-t", 0, "-n", 10, "-v", *flags, "-p", USER1,
+                      input=USER2 + "\n")
+        assert r.returncode == 0, r.stderr[-2000:]
+        label = f"{template}, think {think}, system {system!r}"
+        prompts, history = turn_ids(r.stderr, "prompt"), turn_ids(r.stderr, "history")
+        assert prompts[1] == want[0]["ids"], label
+        assert history[1] + prompts[2] == want[1]["ids"], label
+        # the thought goes to stderr, the answer alone to stdout
+        assert r.stdout == b" Sure\n Sure\n", label
+        assert (b"thought: Let me\n" in r.stderr) == (not large_off), label
+
+
+def test_gemma4_think_writes_the_system_turn_even_without_a_system_prompt(thinking_model):
+    """The template's enable_thinking: "<|think|>\n" opens a system turn that is written then even
+    with no system message (tests/data/gemma4/rendered_turns.json's one_user/thinking_on, which the
+    reference rendering here must reproduce), for both templates."""
+    model, tok, tokenizer_dir = thinking_model
+    cases = json.loads((GEMMA4_DATA / "rendered_turns.json").read_text(encoding="utf-8"))["cases"]
+    rendered = next(c for c in cases if c["name"] == "one_user/thinking_on")["rendered"]
+    for template, key in (("gemma4", "e2b_e4b"), ("gemma4-large", "26b_31b")):
+        want = gemma4_render(tokenizer_dir, template, True, [[{"role": "user", "content": "Hello!"}]])[0]
+        assert want["text"] == rendered[key]
+        assert want["text"].startswith("<bos><|turn>system\n<|think|>\n<turn|>\n")
+        r = run_dated(model, "-z", tok, "-m", "chat", "-t", 0, "-n", 1, "-v", "--template", template, "--think",
+                      "-p", "Hello!")
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert turn_ids(r.stderr, "prompt")[1] == want["ids"], template
+
+
+def test_think_is_refused_outside_chat_and_with_a_template_without_a_thinking_switch(thinking_model):
+    model, tok, _ = thinking_model
+    r = run(model, "-z", tok, "-m", "generate", "--think", "-p", "Hi")
+    assert r.returncode != 0 and r.stderr.decode().count("\n") == 1 and "--think" in r.stderr.decode(), r.stderr
+    r = run(model, "-z", tok, "-m", "chat", "--template", "gemma", "--think", "-p", "Hi", input="")
+    assert r.returncode != 0 and "--think" in r.stderr.decode() and "gemma" in r.stderr.decode(), r.stderr
+
+
+def test_gemma4_special_token_in_an_answer_stays_a_token_in_the_history(checkpoints, tmp_path):
+    """A reply " Sure<|turn>" (a special token other than the thought channel's): the template
+    renders it as text that the tokenizer splits the special token out of again; the history run
+    keeps must equal that rendering, with the token neither dropped nor spelled out as text."""
+    _, tok, tokenizer_dir = checkpoints("gemma4")
+    (c,) = gemma4_piece_ids(tokenizer_dir, ["▁Sure"])
+    model = gemma4_model_that_thinks(tmp_path / "model.bin", {107: c, c: 105, 105: 106})
+    first = [{"role": "user", "content": USER1}]
+    second = first + [{"role": "assistant", "content": " Sure<|turn>"}, {"role": "user", "content": USER2}]
+    want = gemma4_render(tokenizer_dir, "gemma4", False, [first, second])
+    r = run_dated(model, "-z", tok, "-m", "chat", "-t", 0, "-n", 10, "-v", "-p", USER1, input=USER2 + "\n")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert turn_ids(r.stderr, "reply")[1] == [c, 105]
+    history, prompts = turn_ids(r.stderr, "history"), turn_ids(r.stderr, "prompt")
+    assert history[1] + prompts[2] == want[1]["ids"]
+    assert 105 in history[1][-2:]

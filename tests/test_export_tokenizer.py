@@ -285,9 +285,9 @@ TEMPLATES = {
                 "<|im_end|>\n' }}", 8),
     "gemma4": ("{{ bos_token }}{{ '<|turn>' + role + '\n' + (message['content'] | trim) + '<turn|>\n' }}"
                "{% if add_generation_prompt %}{{ '<|turn>model\n' }}{% endif %}", 9),
-    # Gemma 4 26B/31B: the generation prompt adds an empty thought channel; run has no format for it
-    "gemma4_26b_31b_is_not_stored": ("{{ '<|turn>' + role + '\n' }}{%- if not enable_thinking -%}"
-                                     "{{- '<|channel>thought\n<channel|>' -}}{%- endif -%}", 0),
+    # Gemma 4 26B/31B: the generation prompt adds an empty thought channel (run's gemma4-large)
+    "gemma4-large": ("{{ '<|turn>' + role + '\n' }}{%- if not enable_thinking -%}"
+                     "{{- '<|channel>thought\\n<channel|>' -}}{%- endif -%}", 10),
     "named_list": ([{"name": "tool_use", "template": "x"}, {"name": "default", "template": "<|im_start|><|im_end|>"}], 3),
 }
 

@@ -413,18 +413,19 @@ def test_gemma4_e2b_e4b_chat_template_is_recognised_with_its_three_end_tokens(tm
     assert tok["eos_ids"][:tok["n_eos"]] == [ids["</s>"], ids["<turn|>"], ids["<|tool_response>"]]
 
 
-def test_gemma4_26b_31b_chat_template_is_not_stored_and_says_why(tmp_path):
-    """The large models' template (an empty thought channel in the thinking-off prompt) has no
-    format in run yet: none is stored, with a one-line note naming it; --template still chooses."""
+def test_gemma4_26b_31b_chat_template_is_stored_as_gemma4_large(tmp_path):
+    """The large models' template (an empty thought channel in the thinking-off prompt) is run's
+    gemma4-large (10), with Gemma 4's end tokens; --template gemma4 still chooses E2B/E4B's."""
     from test_export_tokenizer import read_tokn
-    d, _ = gemma4_directory(tmp_path, "chat_template_26b_31b.jinja")
-    out = tmp_path / "e4b.bin"
+    d, ids = gemma4_directory(tmp_path, "chat_template_26b_31b.jinja")
+    out = tmp_path / "large.bin"
     r = export(d, out)
-    notes = [x for x in r.stderr.splitlines() if "chat template" in x]
-    assert len(notes) == 1 and "26B/31B" in notes[0] and "--template" in notes[0], r.stderr
+    assert "chat template" not in r.stderr
     data = out.read_bytes()
     tok = read_tokn(data[read_header(data)["tokenizer_offset"]:])
-    assert tok["chat_template"] == 0
+    assert tok["chat_template"] == 10  # run.c's TEMPLATE_GEMMA4_LARGE
+    assert tok["eot_id"] == ids["<turn|>"]
+    assert tok["eos_ids"][:tok["n_eos"]] == [ids["</s>"], ids["<turn|>"], ids["<|tool_response>"]]
     r = export(d, out, "--template", "gemma4")
     assert "chat template" not in r.stderr
     assert read_tokn(out.read_bytes()[read_header(out.read_bytes())["tokenizer_offset"]:])["chat_template"] == 9
