@@ -987,6 +987,18 @@ static void add_per_layer_input(Transformer *t, int l, int B);
 static void mixture_of_experts(Transformer *t, int l, int B, const float *in);
 static void experts_beside_feed_forward(Transformer *t, int l, int B);
 
+// The feed-forward of n tokens x (n, dim), of width hidden, into out (n, dim):
+//   out = W2 (act(W1 x) * (W3 x)),  act silu (SwiGLU) or the tanh GELU (GeGLU: Gemma)
+// a layer's (forward_block), or one expert's (expert_feed_forward).
+static void feed_forward(const Config *c, RunState *s, const float *x, float *out, Matrix w1, Matrix w3, Matrix w2,
+                         int hidden, int n) {
+    Projection w13[2] = {{s->hb, w1, hidden}, {s->hb2, w3, hidden}};
+    matmuls(s, x, w13, 2, n, c->dim);
+    if (c->activation == ACTIVATION_GEGLU_TANH) geglu(s->hb, s->hb2, (long)n * hidden);
+    else swiglu(s->hb, s->hb2, (long)n * hidden);
+    matmul_tokens(s, out, s->hb, w2, n, hidden, c->dim);
+}
+
 // Which logits forward_block computes: the classifier reads vocab_size x dim
 // weights, as much as all the layers of a small model, so a prompt's blocks skip it
 // but for the last token of the last block.
@@ -1132,12 +1144,9 @@ static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, 
         if (ls->experts && c->routing != ROUTING_GEMMA4) {
             mixture_of_experts(t, l, B, s->xb);
         } else {
-            Projection w13[2] = {{s->hb, matrix_at(w->w1, ls->hidden_before * dim), hidden},
-                                 {s->hb2, matrix_at(w->w3, ls->hidden_before * dim), hidden}};
-            matmuls(s, s->xb, w13, 2, B, dim);
-            if (c->activation == ACTIVATION_GEGLU_TANH) geglu(s->hb, s->hb2, (long)B * hidden);
-            else swiglu(s->hb, s->hb2, (long)B * hidden);
-            matmul_tokens(s, s->xb2, s->hb, matrix_at(w->w2, (size_t)dim * ls->hidden_before), B, hidden, dim);
+            feed_forward(c, s, s->xb, s->xb2, matrix_at(w->w1, ls->hidden_before * dim),
+                         matrix_at(w->w3, ls->hidden_before * dim), matrix_at(w->w2, (size_t)dim * ls->hidden_before),
+                         hidden, B);
             if (ls->experts) experts_beside_feed_forward(t, l, B); // Gemma 4 26B-A4B
         }
         if (c->post_norms)
@@ -1259,12 +1268,8 @@ static void expert_feed_forward(Transformer *t, int l, int e, const float *x, fl
     RunState *s = &t->state;
     int dim = c->dim, hidden = c->expert_hidden;
     uint64_t piece = (c->layer[l].sparse_before * c->n_experts + e) * (uint64_t)hidden * dim;
-    Projection w13[2] = {{s->hb, matrix_at(w->expert_w1, piece), hidden},
-                         {s->hb2, matrix_at(w->expert_w3, piece), hidden}};
-    matmuls(s, x, w13, 2, n, dim);
-    if (c->activation == ACTIVATION_GEGLU_TANH) geglu(s->hb, s->hb2, (long)n * hidden);
-    else swiglu(s->hb, s->hb2, (long)n * hidden);
-    matmul_tokens(s, out, s->hb, matrix_at(w->expert_w2, piece), n, hidden, dim);
+    feed_forward(c, s, x, out, matrix_at(w->expert_w1, piece), matrix_at(w->expert_w3, piece),
+                 matrix_at(w->expert_w2, piece), hidden, n);
 }
 
 // The router's logits and choice for the B tokens of xb (Gemma 4: of the residual stream
