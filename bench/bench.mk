@@ -27,8 +27,12 @@ bench/peak: bench/peak.c
 bench/read_order: bench/read_order.c run.c
 	$(CC) $(BUILD_FLAGS) -Wno-unused-function $(OPENMP) -o $@ bench/read_order.c -lm
 
+# decode's arithmetic ceiling for each weight type, matrices held in cache (see bench/in_cache.c)
+bench/in_cache: bench/in_cache.c run.c
+	$(CC) $(BUILD_FLAGS) -Wno-unused-function $(OPENMP) -o $@ bench/in_cache.c -lm
+
 .PHONY: bench bench-moe
-bench: run bench/stream bench/peak
+bench: run bench/stream bench/peak bench/in_cache
 	MODELS=$(MODELS) PEER=$(PEER) LLAMA_BENCH=$(LLAMA_BENCH) $(PYTHON) bench/bench.py $(BENCH_ARGS)
 	$(if $(filter 0,$(BENCH_MOE))$(findstring --quick,$(BENCH_ARGS)),,$(MAKE) --no-print-directory bench-moe)
 

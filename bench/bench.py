@@ -2,7 +2,7 @@
 """Speed figures for ./run: prefill and decode tokens/s, decode's weight traffic
 against this machine's read bandwidth, and prefill's arithmetic against its peak.
 
-    make bench                     (builds ./run, bench/stream and bench/peak, then runs this)
+    make bench                     (builds ./run, bench/stream, bench/peak and bench/in_cache, then runs this)
     python3 bench/bench.py [--quick] [--models 15M,110M] [--threads 1,2] [--runs N] [--dtypes bf16,f16,q8_0|none]
 
 Models are random-weight checkpoints in the ROPE format, written into bench/ on
@@ -82,6 +82,12 @@ float32, q8_0, or the reverse). Decode's bytes: 34 a block of 32 weights. llama-
 runs on the F32 GGUF quantized by llama-quantize ... Q8_0 (the same blocks, byte for
 byte: llama.cpp's quantizer is the one export.py transcribes).
 
+Each 16-bit and Q8_0 round also reads bench/in_cache for its weight type and thread
+count: run.c's decode kernel on matrices small enough to stay in cache, the rate at
+which the arithmetic alone can use weights. Decode's weights a second over that rate
+says which bound a decode runs into: near 100%, the widening of the weights (a Q8_0
+weight costs three vector operations before its multiply-add), not memory.
+
 Only numpy and the standard library.
 """
 import argparse
@@ -159,6 +165,13 @@ def streamed_bytes(dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared,
     norms = 2 * layers * dim + dim
     per_weight = {"f32": 4, "bf16": 2, "f16": 2, "q8_0": 34 / 32}[weight_type]  # q8_0: 34 bytes a block of 32
     return matrices * per_weight + 4 * norms
+
+
+def matrix_weights(dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared):
+    """Weights of the matrices decode multiplies per token: the layers' and the classifier."""
+    head_size = dim // heads
+    q_dim, kv_dim = heads * head_size, kv_heads * head_size
+    return layers * (q_dim * dim + 2 * kv_dim * dim + dim * q_dim + 3 * hidden * dim) + vocab * dim
 
 
 def kv_cache_bytes(dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared, positions):
@@ -614,6 +627,7 @@ def source_line(run_bin):
 # "threads N <what> X mean Y ...": X the best pass, Y all passes' work over their time.
 STREAM = os.path.join(BENCH, "stream")  # read GB/s, the way decode reads its weights
 PEAK = os.path.join(BENCH, "peak")      # single-precision GFLOP/s, the ceiling of prefill
+IN_CACHE = os.path.join(BENCH, "in_cache")  # run.c's decode kernel on matrices held in cache: weights/s
 
 
 def run_probe(probe, args, what, cpu=None, check=True):
@@ -634,6 +648,18 @@ def run_stream(threads, reps, cpu=None, check=True):
 def run_peak(threads, reps, cpu=None, check=True):
     """run_probe's answer for bench/peak with this many threads: GFLOP/s."""
     return run_probe(PEAK, ["-r", str(reps), str(threads)], "peak GFLOP/s", cpu, check)
+
+
+def run_in_cache(threads, weight_type, cpu=None, check=True):
+    """run_probe's answer for bench/in_cache with this many threads and weight type: decode's
+    arithmetic ceiling in 1e9 weights a second (run.c's kernel on matrices held in cache)."""
+    return run_probe(IN_CACHE, ["-r", "5", "-t", "20", "-w", weight_type, str(threads)],
+                     f"{weight_type} Gweights/s", cpu, check)
+
+
+def in_cache_rate(contention, threads, weight_type, cpu=None):
+    """(best pass Gweights/s, mean, disturbed): one reading of bench/in_cache (probe_reading)."""
+    return probe_reading(contention, threads, lambda c: run_in_cache(threads, weight_type, c), "bench/in_cache", cpu)
 
 
 def probe_reading(contention, threads, run, name, cpu=None):
@@ -736,6 +762,7 @@ def bench_16bit(runner, name, path, weight_type, threads, runs, stream_reps, cpu
     header = read_header(narrow)
     kv = kv_cache_bytes(*header, decode_positions)
     bytes16, bytes32 = streamed_bytes(*header, weight_type) + kv, streamed_bytes(*header) + kv
+    weights = matrix_weights(*header)
     gguf16 = ensure_gguf_16bit(gguf, weight_type, lbench) if lbench else None
     for f in (narrow, wide, bf16, gguf16):
         if f:
@@ -746,7 +773,7 @@ def bench_16bit(runner, name, path, weight_type, threads, runs, stream_reps, cpu
     rows, raw, any_disturbed = [], [], False
     for t in threads:
         log(f"bench: {name} {weight_type}, {t} thread(s): {runs} round(s) of bandwidth, prefill and decode ...")
-        r = {k: [] for k in ("runs16", "runs32", "runsbf", "pre16", "pre32", "peak", "pp", "tg")}
+        r = {k: [] for k in ("runs16", "runs32", "runsbf", "pre16", "pre32", "peak", "pp", "tg", "cache")}
         retries, disturbed = [runs], 0
         for k in range(runs):
             runner.cpu = cpus[k % len(cpus)] if t == 1 and len(cpus) > 1 else None
@@ -762,7 +789,9 @@ def bench_16bit(runner, name, path, weight_type, threads, runs, stream_reps, cpu
                 r["runsbf"].append(rates[bf16])
             peak2, _, d2 = stream_bandwidth(runner.contention, t, stream_reps, runner.cpu)
             r["peak"].append((peak1 + peak2) / 2)
-            disturbed += d1 + d2
+            cache, _, d3 = in_cache_rate(runner.contention, t, weight_type, runner.cpu)
+            r["cache"].append(cache)
+            disturbed += d1 + d2 + d3
             for f in (narrow, wide):
                 (_, rate, _, _, _, _), d = runner.timed_quiet(f, t, prompt, n_prompt, retries)
                 r["pre16" if f == narrow else "pre32"].append(rate)
@@ -788,10 +817,12 @@ def bench_16bit(runner, name, path, weight_type, threads, runs, stream_reps, cpu
 
         mark = " (!)" if disturbed else ""
         of_peak = statistics.median(bytes16 * d / 1e9 / p for d, p in zip(r["dec16"], r["peak"]))
+        of_cache = statistics.median(weights * d / 1e9 / c for d, c in zip(r["dec16"], r["cache"]))
         vs_pp, vs_tg = ratio("pre16", "pp"), ratio("dec16", "tg")
         rows.append([name, str(t), weight_type, f"{bytes16 / 1e6:.1f} (f32 {bytes32 / 1e6:.1f})",
                      f"{med('pre16'):.1f}{mark}", f"{med('dec16'):.1f}{mark}", f"{bytes16 * med('dec16') / 1e9:.2f}",
-                     f"{med('peak'):.2f}", f"{100 * of_peak:.0f}%", f"{med('pre32'):.1f}", f"{med('dec32'):.1f}",
+                     f"{med('peak'):.2f}", f"{100 * of_peak:.0f}%", f"{med('cache'):.1f}", f"{100 * of_cache:.0f}%",
+                     f"{med('pre32'):.1f}", f"{med('dec32'):.1f}",
                      f"**{ratio('dec16', 'dec32'):.2f}x**", f"{ratio('pre16', 'pre32'):.2f}x",
                      f"{med('decbf'):.1f}" if bf16 else "-", f"**{ratio('dec16', 'decbf'):.2f}x**" if bf16 else "-",
                      f"{med('pp'):.1f}" if r["pp"] else "-", f"{med('tg'):.1f}" if r["tg"] else "-",
@@ -801,7 +832,8 @@ def bench_16bit(runner, name, path, weight_type, threads, runs, stream_reps, cpu
                    + (f"bf16 {rates_and_runs(r['decbf'], r['runsbf'])} ({bytes_bf16 / 1e6:.1f} MB a token); " if bf16 else "")
                    + f"prefill {weight_type} {', '.join(f'{v:.1f}' for v in r['pre16'])}, f32 "
                    f"{', '.join(f'{v:.1f}' for v in r['pre32'])} tok/s; read bandwidth (best pass) "
-                   f"{', '.join(f'{v:.2f}' for v in r['peak'])} GB/s"
+                   f"{', '.join(f'{v:.2f}' for v in r['peak'])} GB/s; in cache "
+                   f"{', '.join(f'{v:.1f}' for v in r['cache'])} Gweights/s"
                    + (f"; llama-bench {weight_type.upper()} pp {', '.join(f'{v:.1f}' for v in r['pp'])}, tg "
                       f"{', '.join(f'{v:.1f}' for v in r['tg'])} tok/s" if lbench else "")
                    + (f"; **{disturbed} run(s) or reading(s) disturbed**" if disturbed else ""))
@@ -1104,13 +1136,19 @@ def main():
                    "source weights; each ratio the median over rounds of that round's own ratio):")
         out.append("")
         head3 = ["model", "threads", "weights", "MB read per decoded token", "prefill tok/s", "decode tok/s",
-                 "decode GB/s (bytes read)", "read GB/s, best pass", "% of best pass", "f32 prefill tok/s",
+                 "decode GB/s (bytes read)", "read GB/s, best pass", "% of best pass",
+                 "in-cache Gweights/s (bench/in_cache)", "decode, % of in-cache rate", "f32 prefill tok/s",
                  "f32 decode tok/s", "decode / f32", "prefill / f32", "bf16 decode tok/s", "decode / bf16",
                  "llama.cpp pp tok/s (same-type GGUF)", "llama.cpp tg tok/s (same-type GGUF)",
                  "run / llama.cpp prefill", "run / llama.cpp decode"]
         out.append("| " + " | ".join(head3) + " |")
         out.append("|" + "|".join("---" if i < 3 else "---:" for i in range(len(head3))) + "|")
         out += ["| " + " | ".join(r) + " |" for r in rows16]
+        out.append("")
+        out.append("In-cache Gweights/s: bench/in_cache, run.c's decode kernel with the same threads on matrices "
+                   "held in cache (each thread 64 rows of 768), read in each round; decode, % of in-cache rate: "
+                   "decode's weights a second (tok/s x the matrices' weights) over it. Near 100%, decode is bound "
+                   "by the arithmetic of widening the weights, not by memory, and more bandwidth would not help.")
         out.append("")
     if side:
         out.append("Side by side on the same weights (each ratio: the median over rounds of that round's ratio; "
