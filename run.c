@@ -5842,6 +5842,21 @@ static void matmul_tile(float *xout, const float *x, const float *packed, Matrix
 // time as the kernels load them.
 static void widen_rows(float *out, Matrix w, int n, int rows) {
     size_t count = (size_t)rows * n, i = 0;
+#ifdef USE_AVX512
+    // Q8_0 sixteen at a time (no dot product here, so no lanes to keep): half the
+    // instructions, and the same values (d * q, exact)
+    if (w.type == WEIGHT_Q8_0) {
+        for (; i < count; i += Q8_0_BLOCK) {
+            const unsigned char *block = (const unsigned char *)w.data + i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
+            __m512 d = _mm512_broadcastss_ps(_mm256_castps256_ps128(lanes_q8_0_scale(block)));
+            for (int h = 0; h < Q8_0_BLOCK; h += 16) {
+                __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(block + 2 + h)));
+                _mm512_storeu_ps(out + i + h, _mm512_mul_ps(_mm512_cvtepi32_ps(q), d));
+            }
+        }
+        return;
+    }
+#endif
 #ifdef USE_SIMD
     for (; i + DOT_LANES <= count; i += DOT_LANES) lanes_store(out + i, lanes_load_weights(w.data, i, w.type));
 #endif
