@@ -341,20 +341,18 @@ static void random_16bit_weights(uint16_t *h, float *widened, size_t count, Weig
     }
 }
 
-// A 16-bit matrix computes the bits of the float32 matrix holding its widened
-// weights: matmul (decode rows, threads), matmul_tiled (prefill tiles) and the plain
-// loops (use_fast_kernels = 0), against matmul on the float32 matrix.
-static void test_16bit_matmul_equals_widened_f32(WeightType type, int n, int d, const char *what) {
+// Matrix m (n x d, weights of a narrow type) computes the bits of w, the float32
+// matrix of its widened weights: matmul (decode rows, threads), matmul_tiled (prefill
+// tiles) and the plain loops (use_fast_kernels = 0), each against matmul on w, for 19
+// random tokens drawn from rng.
+static void check_matmuls_equal_float32(Matrix m, const float *w, int n, int d, unsigned long long *rng,
+                                        const char *name) {
     int B = 19;
-    uint16_t *h = malloc(sizeof(uint16_t) * n * d);
-    float *w = malloc(sizeof(float) * n * d), *x = malloc(sizeof(float) * n * B);
+    float *x = malloc(sizeof(float) * n * B);
     float *ref = malloc(sizeof(float) * d * B), *one = malloc(sizeof(float) * d * B);
     float *block = malloc(sizeof(float) * d * B), *plain = malloc(sizeof(float) * d * B);
     float *scratch = malloc(sizeof(float) * n * (B + TILE_TOKENS));
-    unsigned long long rng = 17;
-    random_16bit_weights(h, w, (size_t)n * d, type, &rng);
-    random_vector(x, n * B, &rng);
-    Matrix m = {h, type};
+    random_vector(x, n * B, rng);
     for (int b = 0; b < B; b++) matmul(ref + b * d, x + b * n, f32_matrix(w), n, d);
     for (int b = 0; b < B; b++) matmul(one + b * d, x + b * n, m, n, d);
     matmul_tiled(block, x, m, B, n, d, scratch);
@@ -364,13 +362,24 @@ static void test_16bit_matmul_equals_widened_f32(WeightType type, int n, int d, 
     size_t bytes = sizeof(float) * d * B;
     int decode = memcmp(ref, one, bytes) == 0, prefill = memcmp(ref, block, bytes) == 0;
     int plain_same = memcmp(ref, plain, bytes) == 0;
-    char name[160], detail[96];
-    snprintf(name, sizeof(name), "%s_matmul_decode_prefill_and_plain_equal_float32_of_widened_weights_bitwise_%s",
-             weight_type_names[type], what);
+    char detail[96];
     snprintf(detail, sizeof(detail), "n %d d %d: decode %d, prefill tiles %d, plain loops %d", n, d, decode, prefill,
              plain_same);
     check(decode && prefill && plain_same, name, detail);
-    free(h), free(w), free(x), free(ref), free(one), free(block), free(plain), free(scratch);
+    free(x), free(ref), free(one), free(block), free(plain), free(scratch);
+}
+
+// A 16-bit matrix computes the bits of the float32 matrix holding its widened weights.
+static void test_16bit_matmul_equals_widened_f32(WeightType type, int n, int d, const char *what) {
+    uint16_t *h = malloc(sizeof(uint16_t) * n * d);
+    float *w = malloc(sizeof(float) * n * d);
+    unsigned long long rng = 17;
+    random_16bit_weights(h, w, (size_t)n * d, type, &rng);
+    char name[160];
+    snprintf(name, sizeof(name), "%s_matmul_decode_prefill_and_plain_equal_float32_of_widened_weights_bitwise_%s",
+             weight_type_names[type], what);
+    check_matmuls_equal_float32((Matrix){h, type}, w, n, d, &rng, name);
+    free(h), free(w);
 }
 
 // Q8_0 blocks of random scales and values (count weights, a multiple of 32): each
@@ -393,37 +402,18 @@ static void random_q8_0_weights(unsigned char *blocks, float *widened, size_t co
     }
 }
 
-// A Q8_0 matrix computes the bits of the float32 matrix holding d * q: matmul (decode
-// rows, threads), matmul_tiled (prefill tiles, widened once per tile and reused across
-// its tokens) and the plain loops (use_fast_kernels = 0), against matmul on the float32
-// matrix. n: a multiple of 32 (a row is whole blocks).
+// A Q8_0 matrix computes the bits of the float32 matrix holding d * q (a Q8_0 tile
+// is widened once and reused across its tokens). n: a multiple of 32 (whole blocks).
 static void test_q8_0_matmul_equals_dequantized_f32(int n, int d, const char *what) {
-    int B = 19;
     unsigned char *q = malloc((size_t)n * d / 32 * 34);
-    float *w = malloc(sizeof(float) * n * d), *x = malloc(sizeof(float) * n * B);
-    float *ref = malloc(sizeof(float) * d * B), *one = malloc(sizeof(float) * d * B);
-    float *block = malloc(sizeof(float) * d * B), *plain = malloc(sizeof(float) * d * B);
-    float *scratch = malloc(sizeof(float) * n * (B + TILE_TOKENS));
+    float *w = malloc(sizeof(float) * n * d);
     unsigned long long rng = 29 + (unsigned long long)n;
     random_q8_0_weights(q, w, (size_t)n * d, &rng);
-    random_vector(x, n * B, &rng);
-    Matrix m = {q, WEIGHT_Q8_0};
-    for (int b = 0; b < B; b++) matmul(ref + b * d, x + b * n, f32_matrix(w), n, d);
-    for (int b = 0; b < B; b++) matmul(one + b * d, x + b * n, m, n, d);
-    matmul_tiled(block, x, m, B, n, d, scratch);
-    use_fast_kernels = 0;
-    for (int b = 0; b < B; b++) matmul(plain + b * d, x + b * n, m, n, d);
-    use_fast_kernels = 1;
-    size_t bytes = sizeof(float) * d * B;
-    int decode = memcmp(ref, one, bytes) == 0, prefill = memcmp(ref, block, bytes) == 0;
-    int plain_same = memcmp(ref, plain, bytes) == 0;
-    char name[160], detail[96];
+    char name[160];
     snprintf(name, sizeof(name), "q8_0_matmul_decode_prefill_and_plain_equal_float32_of_dequantized_weights_bitwise_%s",
              what);
-    snprintf(detail, sizeof(detail), "n %d d %d: decode %d, prefill tiles %d, plain loops %d", n, d, decode, prefill,
-             plain_same);
-    check(decode && prefill && plain_same, name, detail);
-    free(q), free(w), free(x), free(ref), free(one), free(block), free(plain), free(scratch);
+    check_matmuls_equal_float32((Matrix){q, WEIGHT_Q8_0}, w, n, d, &rng, name);
+    free(q), free(w);
 }
 
 // Every finite f16 scale with every int8 value: the plain widening (q8_0_weight) gives

@@ -96,19 +96,34 @@ def outputs(binary, model, threads, mode, tmp_path):
 MODES = ["generate-greedy", "generate-seeded", "ppl", "inspect", "chat"]
 
 
+def build_or_skip(builds, build):
+    """The binary of this build, or a skip where it cannot be had."""
+    if build not in builds:
+        pytest.skip(f"no {build} build here (emulated, sanitizer run, not x86-64, or no compiler)")
+    return builds[build]
+
+
+def assert_every_mode_equals(binary, narrow, wide, threads, tmp_path, label):
+    """Every mode's output of the narrow file equals the wide (float32) file's, byte for byte;
+    returns [(mode, the wide file's output)]."""
+    references = []
+    for mode in MODES:
+        reference = outputs(binary, wide, threads, mode, tmp_path)
+        assert reference[0] or reference[1], f"{mode}: no output to compare"
+        assert outputs(binary, narrow, threads, mode, tmp_path) == reference, \
+            f"{label} {mode}: output differs from the float32 file's"
+        references.append((mode, reference))
+    return references
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("build", ["under-test", "avx2", "plain"])
 @pytest.mark.parametrize("weight_type", ["bf16", "f16"])
 def test_16bit_file_equals_float32_file_of_widened_weights_bitwise(files, builds, weight_type, build, threads,
                                                                     tmp_path):
-    if build not in builds:
-        pytest.skip(f"no {build} build here (emulated, sanitizer run, not x86-64, or no compiler)")
-    binary = builds[build]
-    for mode in MODES:
-        reference = outputs(binary, files[f"{weight_type}-as-f32"], threads, mode, tmp_path)
-        assert reference[0] or reference[1], f"{mode}: no output to compare"
-        assert outputs(binary, files[weight_type], threads, mode, tmp_path) == reference, \
-            f"{weight_type} {mode} {build} -T {threads}: output differs from the float32 file's"
+    binary = build_or_skip(builds, build)
+    for mode, reference in assert_every_mode_equals(binary, files[weight_type], files[f"{weight_type}-as-f32"],
+                                                    threads, tmp_path, f"{weight_type} {build} -T {threads}"):
         if mode == "ppl":  # version 2 with float32 weights (64-byte aligned) reads as version 1 does
             assert outputs(binary, files[f"{weight_type}-as-f32-v2"], threads, mode, tmp_path) == reference
 
@@ -351,14 +366,9 @@ def q8_files(tmp_path_factory):
 @pytest.mark.parametrize("classifier", ["unshared", "shared"])
 def test_q8_0_file_equals_float32_file_of_dequantized_weights_bitwise(q8_files, builds, classifier, build, threads,
                                                                        tmp_path):
-    if build not in builds:
-        pytest.skip(f"no {build} build here (emulated, sanitizer run, not x86-64, or no compiler)")
-    binary = builds[build]
-    for mode in MODES:
-        reference = outputs(binary, q8_files[f"{classifier}-as-f32"], threads, mode, tmp_path)
-        assert reference[0] or reference[1], f"{mode}: no output to compare"
-        assert outputs(binary, q8_files[classifier], threads, mode, tmp_path) == reference, \
-            f"q8_0 {classifier} {mode} {build} -T {threads}: output differs from the float32 file's"
+    binary = build_or_skip(builds, build)
+    assert_every_mode_equals(binary, q8_files[classifier], q8_files[f"{classifier}-as-f32"], threads, tmp_path,
+                             f"q8_0 {classifier} {build} -T {threads}")
 
 
 def test_q8_0_plain_loops_equal_the_fast_kernels(q8_files, tmp_path):
