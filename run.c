@@ -4460,11 +4460,11 @@ enum { TRIM_USER = 1, TRIM_SYSTEM = 2 };
 // template rendered for [system, user] and [system, user, assistant, user] with
 // add_generation_prompt (tests/test_chat_templates.py checks them against Jinja).
 static const ChatFormat chat_formats[] = {
-    [TEMPLATE_NONE] = {"none", NULL, NULL, NULL, NULL, {NULL}, 0},
+    [TEMPLATE_NONE] = {"none", NULL, NULL, NULL, NULL, {NULL}, 0, NULL, NULL, 0},
     // Llama 2 chat, as run has always written it (Hugging Face's template also strips
     // each message, and writes a space between a reply and its </s>)
     [TEMPLATE_LLAMA2] = {"llama2", "%B[INST] <<SYS>>\n%S\n<</SYS>>\n\n%U [/INST]", "%B[INST] %U [/INST]",
-                         "%E%B[INST] %U [/INST]", NULL, {NULL}, 0},
+                         "%E%B[INST] %U [/INST]", NULL, {NULL}, 0, NULL, NULL, 0},
     // Llama 3.2 Instruct: a system header always, with the knowledge cutoff and the date
     [TEMPLATE_LLAMA3] = {"llama3",
                          "%B<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
@@ -4473,38 +4473,39 @@ static const ChatFormat chat_formats[] = {
                          NULL,
                          "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\n%U<|eot_id|>"
                          "<|start_header_id|>assistant<|end_header_id|>\n\n",
-                         NULL, {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}, TRIM_USER | TRIM_SYSTEM},
+                         NULL, {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"}, TRIM_USER | TRIM_SYSTEM,
+                         NULL, NULL, 0},
     // ChatML: Qwen3, SmolLM3 and others without a default system prompt
     [TEMPLATE_CHATML] = {"chatml",
                          "<|im_start|>system\n%S<|im_end|>\n<|im_start|>user\n%U<|im_end|>\n<|im_start|>assistant\n",
                          "<|im_start|>user\n%U<|im_end|>\n<|im_start|>assistant\n",
                          "<|im_end|>\n<|im_start|>user\n%U<|im_end|>\n<|im_start|>assistant\n", NULL,
-                         {"<|im_start|>", "<|im_end|>"}, 0},
+                         {"<|im_start|>", "<|im_end|>"}, 0, NULL, NULL, 0},
     // Gemma: no system role; the system prompt opens the first user turn
     [TEMPLATE_GEMMA] = {"gemma", "%B<start_of_turn>user\n%S\n\n%U<end_of_turn>\n<start_of_turn>model\n",
                         "%B<start_of_turn>user\n%U<end_of_turn>\n<start_of_turn>model\n",
                         "<end_of_turn>\n<start_of_turn>user\n%U<end_of_turn>\n<start_of_turn>model\n", NULL,
-                        {"<start_of_turn>", "<end_of_turn>"}, TRIM_USER},
+                        {"<start_of_turn>", "<end_of_turn>"}, TRIM_USER, NULL, NULL, 0},
     // Zephyr (TinyLlama-Chat): <|user|> and friends are plain text; every message ends
     // with EOS. The template writes no BOS; the tokenizer adds it, as the model card's
     // pipeline does.
     [TEMPLATE_ZEPHYR] = {"zephyr", "%B<|system|>\n%S%E\n<|user|>\n%U%E\n<|assistant|>\n",
                          "%B<|user|>\n%U%E\n<|assistant|>\n", "%E\n<|user|>\n%U%E\n<|assistant|>\n", NULL,
-                         {NULL}, 0},
+                         {NULL}, 0, NULL, NULL, 0},
     // Mistral Instruct: [INST] without <<SYS>>; the system prompt opens the first user turn
     [TEMPLATE_MISTRAL] = {"mistral", "%B [INST] %S\n\n%U [/INST]", "%B [INST] %U [/INST]", "%E [INST] %U [/INST]",
-                          NULL, {NULL}, 0},
+                          NULL, {NULL}, 0, NULL, NULL, 0},
     // ChatML with a default system prompt: Qwen2.5, SmolLM2
     [TEMPLATE_QWEN25] = {"qwen2.5",
                          "<|im_start|>system\n%S<|im_end|>\n<|im_start|>user\n%U<|im_end|>\n<|im_start|>assistant\n",
                          NULL, "<|im_end|>\n<|im_start|>user\n%U<|im_end|>\n<|im_start|>assistant\n",
                          "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",
-                         {"<|im_start|>", "<|im_end|>"}, 0},
+                         {"<|im_start|>", "<|im_end|>"}, 0, NULL, NULL, 0},
     [TEMPLATE_SMOLLM2] = {"smollm2",
                           "<|im_start|>system\n%S<|im_end|>\n<|im_start|>user\n%U<|im_end|>\n<|im_start|>assistant\n",
                           NULL, "<|im_end|>\n<|im_start|>user\n%U<|im_end|>\n<|im_start|>assistant\n",
                           "You are a helpful AI assistant named SmolLM, trained by Hugging Face",
-                          {"<|im_start|>", "<|im_end|>"}, 0},
+                          {"<|im_start|>", "<|im_end|>"}, 0, NULL, NULL, 0},
     // Gemma 4 E2B/E4B, thinking off: a system turn of its own (unlike Gemma 1-3); the
     // model's turns are "model"; <bos> is the template's own first token. (26B/31B's
     // template also writes an empty thought channel after "model\n": not this one.)
