@@ -2096,28 +2096,45 @@ typedef struct {
     uint64_t at;     // offset of the next tensor
     size_t alignment;
     WeightType type; // the matrices' and the embedding's
+    int failed;      // a mapped matrix was refused (check_q8_0_scales)
 } TensorLayout;
 
-static uint64_t next_tensor(TensorLayout *t, uint64_t elements, size_t element_bytes) {
+static uint64_t next_tensor(TensorLayout *t, uint64_t bytes) {
     t->at = round_up(t->at, t->alignment);
     uint64_t start = t->at;
-    t->at += elements * element_bytes;
+    t->at += bytes;
     return start;
 }
 // a norm or another vector: always float32
 static const float *next_vector(TensorLayout *t, uint64_t elements) {
-    return (const float *)(t->base + next_tensor(t, elements, sizeof(float)));
+    return (const float *)(t->base + next_tensor(t, elements * sizeof(float)));
 }
-// the embedding and the matrices: of the file's weight type
-static Matrix next_matrix(TensorLayout *t, uint64_t elements) {
-    t->at = round_up(t->at, t->alignment);
-    uint64_t start = t->at;
-    t->at += weight_bytes(t->type, elements);
-    return (Matrix){(const void *)(t->base + start), t->type};
+
+// A Q8_0 matrix's scales: each a finite f16 (exponent bits not all ones), so that
+// every weight d * q is a number.
+static int check_q8_0_scales(const unsigned char *blocks, uint64_t elements, const char *name) {
+    for (uint64_t b = 0; b < elements / Q8_0_BLOCK; b++, blocks += Q8_0_BLOCK_BYTES) {
+        uint16_t d;
+        memcpy(&d, blocks, sizeof(d));
+        if ((d & 0x7c00) == 0x7c00)
+            return fail("%s: the scale of q8_0 block %llu is %g; scales must be finite", name, (unsigned long long)b,
+                        f16_to_f32(d));
+    }
+    return 0;
+}
+
+// the embedding and the matrices: of the file's weight type; once mapped, a Q8_0
+// matrix's scales are checked here, where every matrix passes
+static Matrix next_matrix(TensorLayout *t, uint64_t elements, const char *name) {
+    Matrix m = {(const void *)(t->base + next_tensor(t, weight_bytes(t->type, elements))), t->type};
+    if (t->base && t->type == WEIGHT_Q8_0 && !t->failed && check_q8_0_scales(m.data, elements, name) != 0)
+        t->failed = 1;
+    return m;
 }
 
 // Points the weights into the file mapped at base (0: computes only the layout),
-// the first tensor at `offset`. Returns where the last tensor ends: the file's size.
+// the first tensor at `offset`. Returns where the last tensor ends: the file's size;
+// 0 when a mapped matrix is refused (next_matrix).
 // llama2.c's version 1 stores all the norms first, then the embedding and the
 // matrices; the legacy format and ours start with the embedding and interleave the
 // norms. (Integer arithmetic on base, so that the layout of a header whose sizes
@@ -2128,25 +2145,25 @@ static uint64_t map_weights(TransformerWeights *w, const Config *c, CheckpointFo
     // (n_layers x q_dim when the layers are alike), and so on (place_layers)
     uint64_t dim = c->dim, layers = c->n_layers, vocab = c->vocab_size;
     size_t alignment = format == FORMAT_ROPE && c->version == 2 ? ROPE_V2_ALIGNMENT : 1;
-    TensorLayout t = {base, offset, alignment, c->weight_type};
+    TensorLayout t = {base, offset, alignment, c->weight_type, 0};
     if (format == FORMAT_LLAMA2C_V1) {
         w->rms_att = next_vector(&t, layers * dim);
         w->rms_ffn = next_vector(&t, layers * dim);
         w->rms_final = next_vector(&t, dim);
     }
-    w->token_embedding = next_matrix(&t, vocab * dim);
+    w->token_embedding = next_matrix(&t, vocab * dim, "token_embedding");
     if (format != FORMAT_LLAMA2C_V1) w->rms_att = next_vector(&t, layers * dim);
-    w->wq = next_matrix(&t, c->q_rows * dim);
-    w->wk = next_matrix(&t, c->kv_rows * dim);
-    w->wv = next_matrix(&t, c->v_rows * dim);
-    w->wo = next_matrix(&t, dim * c->q_rows);
+    w->wq = next_matrix(&t, c->q_rows * dim, "wq");
+    w->wk = next_matrix(&t, c->kv_rows * dim, "wk");
+    w->wv = next_matrix(&t, c->v_rows * dim, "wv");
+    w->wo = next_matrix(&t, dim * c->q_rows, "wo");
     if (format != FORMAT_LLAMA2C_V1) w->rms_ffn = next_vector(&t, layers * dim);
-    w->w1 = next_matrix(&t, c->hidden_rows * dim);
-    w->w2 = next_matrix(&t, dim * c->hidden_rows);
-    w->w3 = next_matrix(&t, c->hidden_rows * dim);
+    w->w1 = next_matrix(&t, c->hidden_rows * dim, "w1");
+    w->w2 = next_matrix(&t, dim * c->hidden_rows, "w2");
+    w->w3 = next_matrix(&t, c->hidden_rows * dim, "w3");
     if (format != FORMAT_LLAMA2C_V1) w->rms_final = next_vector(&t, dim);
     if (format == FORMAT_LLAMA2C_LEGACY) next_vector(&t, (uint64_t)c->seq_len * head_size_of(c)); // freq_cis, skipped
-    w->wcls = c->shared_classifier ? w->token_embedding : next_matrix(&t, vocab * dim);
+    w->wcls = c->shared_classifier ? w->token_embedding : next_matrix(&t, vocab * dim, "wcls");
     // version 2's optional tensors, after version 1's, in this order (float32)
     w->bq = c->qkv_bias ? next_vector(&t, c->q_rows) : NULL;
     w->bk = c->qkv_bias ? next_vector(&t, c->kv_rows) : NULL;
@@ -2160,11 +2177,11 @@ static uint64_t map_weights(TransformerWeights *w, const Config *c, CheckpointFo
     w->layer_scalars = c->layer_scalars ? next_vector(&t, layers) : NULL;
     uint64_t P = c->per_layer_dim;
     if (P) {
-        w->per_layer_embedding = next_matrix(&t, vocab * layers * P);
-        w->per_layer_in = next_matrix(&t, layers * P * dim);
+        w->per_layer_embedding = next_matrix(&t, vocab * layers * P, "per_layer_embedding");
+        w->per_layer_in = next_matrix(&t, layers * P * dim, "per_layer_in");
         w->per_layer_in_norm = next_vector(&t, P);
-        w->per_layer_gate = next_matrix(&t, layers * P * dim);
-        w->per_layer_out = next_matrix(&t, layers * dim * P);
+        w->per_layer_gate = next_matrix(&t, layers * P * dim, "per_layer_gate");
+        w->per_layer_out = next_matrix(&t, layers * dim * P, "per_layer_out");
         w->rms_per_layer = next_vector(&t, layers * dim);
     } else {
         w->per_layer_embedding = w->per_layer_in = w->per_layer_gate = w->per_layer_out = (Matrix){NULL, t.type};
@@ -2174,10 +2191,10 @@ static uint64_t map_weights(TransformerWeights *w, const Config *c, CheckpointFo
     // piece of each tensor (n_experts of them, back to back)
     uint64_t sparse = c->sparse_layers, experts = c->n_experts, expert_hidden = c->expert_hidden;
     if (experts) {
-        w->router = next_matrix(&t, sparse * experts * dim);
-        w->expert_w1 = next_matrix(&t, sparse * experts * expert_hidden * dim);
-        w->expert_w2 = next_matrix(&t, sparse * experts * dim * expert_hidden);
-        w->expert_w3 = next_matrix(&t, sparse * experts * expert_hidden * dim);
+        w->router = next_matrix(&t, sparse * experts * dim, "router");
+        w->expert_w1 = next_matrix(&t, sparse * experts * expert_hidden * dim, "expert_w1");
+        w->expert_w2 = next_matrix(&t, sparse * experts * dim * expert_hidden, "expert_w2");
+        w->expert_w3 = next_matrix(&t, sparse * experts * expert_hidden * dim, "expert_w3");
     } else {
         w->router = w->expert_w1 = w->expert_w2 = w->expert_w3 = (Matrix){NULL, t.type};
     }
@@ -2190,7 +2207,7 @@ static uint64_t map_weights(TransformerWeights *w, const Config *c, CheckpointFo
     } else {
         w->router_scale = w->expert_scale = w->rms_pre_experts = w->rms_post_dense = w->rms_post_experts = NULL;
     }
-    return t.at;
+    return t.failed ? 0 : t.at;
 }
 
 // Input files are opened and read by open_regular_file and read_whole_file
@@ -2198,40 +2215,6 @@ static uint64_t map_weights(TransformerWeights *w, const Config *c, CheckpointFo
 static int open_regular_file(const char *path, const char *what, size_t *size);
 static char *read_whole_file(const char *path, const char *what, size_t *size);
 static int check_tokenizer_start(const char *path, int vocab_size);
-
-// A Q8_0 matrix's scales: each a finite f16 (exponent bits not all ones), so that
-// every weight d * q is a number.
-static int check_q8_0_scales(Matrix m, uint64_t elements, const char *name) {
-    if (m.type != WEIGHT_Q8_0) return 0;
-    const unsigned char *block = m.data;
-    for (uint64_t b = 0; b < elements / Q8_0_BLOCK; b++, block += Q8_0_BLOCK_BYTES) {
-        uint16_t d;
-        memcpy(&d, block, sizeof(d));
-        if ((d & 0x7c00) == 0x7c00)
-            return fail("%s: the scale of q8_0 block %llu is %g; scales must be finite", name, (unsigned long long)b,
-                        f16_to_f32(d));
-    }
-    return 0;
-}
-
-// Every Q8_0 matrix's scales (check_q8_0_scales).
-static int check_weights_scales(const TransformerWeights *w, const Config *c) {
-    uint64_t dim = c->dim, vocab = c->vocab_size, LP = (uint64_t)c->n_layers * c->per_layer_dim;
-    struct {
-        Matrix m;
-        uint64_t elements;
-        const char *name;
-    } matrices[] = {{w->token_embedding, vocab * dim, "token_embedding"}, {w->wq, c->q_rows * dim, "wq"},
-                    {w->wk, c->kv_rows * dim, "wk"}, {w->wv, c->v_rows * dim, "wv"}, {w->wo, dim * c->q_rows, "wo"},
-                    {w->w1, c->hidden_rows * dim, "w1"}, {w->w2, dim * c->hidden_rows, "w2"},
-                    {w->w3, c->hidden_rows * dim, "w3"}, {w->wcls, c->shared_classifier ? 0 : vocab * dim, "wcls"},
-                    {w->per_layer_embedding, vocab * LP, "per_layer_embedding"},
-                    {w->per_layer_in, LP * dim, "per_layer_in"}, {w->per_layer_gate, LP * dim, "per_layer_gate"},
-                    {w->per_layer_out, dim * LP, "per_layer_out"}};
-    for (size_t i = 0; i < sizeof(matrices) / sizeof(matrices[0]); i++)
-        if (check_q8_0_scales(matrices[i].m, matrices[i].elements, matrices[i].name) != 0) return -1;
-    return 0;
-}
 
 // Longrope's factors, from the mapped file, into the config: finite and > 0, and the
 // angles they give finite.
@@ -2280,8 +2263,7 @@ static int load_checkpoint(Transformer *t, const char *path) {
     }
     t->mapped = mapped;
     t->file_size = size;
-    map_weights(&t->weights, &t->config, t->format, (uintptr_t)mapped, offset);
-    if (check_weights_scales(&t->weights, &t->config) != 0 ||
+    if (map_weights(&t->weights, &t->config, t->format, (uintptr_t)mapped, offset) == 0 ||
         (t->weights.rope_factors && use_longrope_factors(&t->config, t->weights.rope_factors) != 0)) {
         munmap(mapped, size);
         memset(t, 0, sizeof(*t));

@@ -76,6 +76,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     t.config = c;
     t.format = format;
     uint64_t tensors_end = map_weights(&t.weights, &c, format, (uintptr_t)copy, offset);
+    if (tensors_end == 0) { // as load_checkpoint: a Q8_0 scale not finite
+        CHECK(error_message[0] != '\0');
+        free(copy);
+        return 0;
+    }
     CHECK(c.layer_table_bytes ? tensors_end <= c.layer_table_offset && c.layer_table_offset - tensors_end < ROPE_V2_ALIGNMENT
                               : tensors_end == size);
     const TransformerWeights *w = &t.weights;
@@ -136,11 +141,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             free(copy);
             return 0;
         }
-    }
-    if (check_weights_scales(w, &t.config) != 0) { // as load_checkpoint: a Q8_0 scale not finite
-        CHECK(error_message[0] != '\0');
-        free(copy);
-        return 0;
     }
     if (section.bytes > 0) { // the tokenizer inside: after the tensors, and it loads or fails cleanly
         TransformerWeights layout;

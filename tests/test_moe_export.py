@@ -213,6 +213,22 @@ def test_q8_0_experts_compute_what_the_float32_file_of_their_dequantized_weights
     assert outputs[0] == outputs[1]
 
 
+def test_q8_0_expert_scale_that_is_not_finite_is_refused(tmp_path):
+    # the experts' matrices come last (no Gemma 4 vectors after them, no tokenizer section):
+    # the file's last block is expert_w3's, and its scale is checked as every matrix's is
+    write(tmp_path / "m", "Qwen3-30B-A3B", "F32")
+    q8 = tmp_path / "q8.bin"
+    export(tmp_path / "m", q8, "--dtype", "q8_0")
+    data = bytearray(q8.read_bytes())
+    assert struct.unpack_from("<Q", data, 96)[0] == 0  # no tokenizer section after the tensors
+    struct.pack_into("<H", data, len(data) - 34, 0x7C00)  # inf
+    q8.write_bytes(bytes(data))
+    r = run(q8, "-z", TOK512, "-n", 4, "-p", "hi")
+    lines = r.stderr.decode().strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1 and "run: error:" in lines[0], lines
+    assert "expert_w3" in lines[0] and "scales must be finite" in lines[0], lines[0]
+
+
 def test_q8_0_refuses_experts_whose_width_is_not_whole_blocks(tmp_path):
     d = tmp_path / "m"
     moe_fixtures.write_checkpoint(d, "Mixtral-8x7B-v0.1", "F32", seed=3)  # experts of width 48
