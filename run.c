@@ -4423,13 +4423,14 @@ static int inspect(Transformer *t, const Tokenizer *tok, const char *prompt, con
 // 26B/31B's generation prompt writes with thinking off (empty_thought; nothing with
 // --think, or in the history); the texts in `specials` are special tokens.
 // Everything else is text.
+#define MAX_FORMAT_SPECIALS 5
 typedef struct {
     const char *name;           // as --template takes it
     const char *first;          // the first turn, with a system prompt
     const char *first_plain;    // the first turn without one; NULL: `first` with default_system or ""
     const char *next;           // a later turn, from the token that closes the previous reply
     const char *default_system; // what the template writes when no system prompt is given, or NULL
-    const char *specials[5];    // the special tokens the formats write, by their text
+    const char *specials[MAX_FORMAT_SPECIALS]; // the special tokens the formats write, by their text
     int trim;                   // TRIM_USER, TRIM_SYSTEM: Jinja's |trim on the message
     const char *think_first;    // --think: the first turn (thinking on), or NULL: no thinking switch
     const char *empty_thought;  // what %T writes with thinking off
@@ -4596,7 +4597,7 @@ static int chat_date(char *out, size_t size) {
 static int check_chat_format(const Tokenizer *tok, const ChatFormat *f, int from_flag) {
     char source[64];
     snprintf(source, sizeof(source), from_flag ? "--template %s" : "the tokenizer's own template (%s)", f->name);
-    for (int i = 0; i < 5 && f->specials[i]; i++)
+    for (int i = 0; i < MAX_FORMAT_SPECIALS && f->specials[i]; i++)
         if (special_token(tok, f->specials[i]) < 0)
             return fail("the tokenizer has no %s token: %s does not fit this model", f->specials[i], source);
     if (strstr(f->next, "%E") && tok->n_eos < 1)
@@ -4656,7 +4657,7 @@ static int special_at(const Tokenizer *tok, const ChatFormat *f, const char *p, 
         *skip = 2;
         return p[1] == 'B' ? tok->bos_id : tok->eos_ids[0];
     }
-    for (int i = 0; i < 5 && f->specials[i]; i++) {
+    for (int i = 0; i < MAX_FORMAT_SPECIALS && f->specials[i]; i++) {
         *skip = strlen(f->specials[i]);
         if (strncmp(p, f->specials[i], *skip) == 0) return special_token(tok, f->specials[i]);
     }

@@ -296,21 +296,31 @@ def test_gemma4_tokenizer_stores_its_template_and_three_end_tokens(checkpoints):
     assert t["eos_ids"][:t["n_eos"]] == [1, 106, 50]
 
 
-def gemma4_model_that_answers(path, w, vocab_size=262208):
-    """A random model with Gemma 4's vocabulary size whose every chat reply starts with token w:
-    attention and feed-forward outputs are zero (wo, w2), so the last hidden state is the
-    embedding of the prompt's last token, "\n" (107, after "<|turn>model"); w's embedding is 20 x
-    that one's, so with the tied classifier w scores 20 x |e|^2 and wins, and again after w itself."""
+def write_silent_model(path, vocab_size, shared, edit):
+    """A random model of dim 8 and one layer whose attention and feed-forward outputs are zero
+    (wo, w2), so that the last hidden state is the normed embedding of the last token; edit(name,
+    tensor) may change the embedding and the classifier."""
     from ropefile import header_bytes, random_weights
     with open(path, "wb") as f:
-        f.write(header_bytes(8, 16, 1, 1, 1, vocab_size, 512, True))
-        for name, t in random_weights(8, 16, 1, 1, 1, vocab_size, True, 3):
+        f.write(header_bytes(8, 16, 1, 1, 1, vocab_size, 512, shared))
+        for name, t in random_weights(8, 16, 1, 1, 1, vocab_size, shared, 3):
             if name in ("wo", "w2"):
                 t = np.zeros_like(t)
-            if name == "token_embedding":
-                t[w] = 20 * t[107]
+            t = edit(name, t)
             f.write(np.ascontiguousarray(t, dtype="<f4").tobytes())
     return path
+
+
+def gemma4_model_that_answers(path, w, vocab_size=262208):
+    """A random model with Gemma 4's vocabulary size whose every chat reply starts with token w:
+    the last hidden state is the embedding of the prompt's last token, "\n" (107, after
+    "<|turn>model"); w's embedding is 20 x that one's, so with the tied classifier w scores
+    20 x |e|^2 and wins, and again after w itself."""
+    def edit(name, t):
+        if name == "token_embedding":
+            t[w] = 20 * t[107]
+        return t
+    return write_silent_model(path, vocab_size, True, edit)
 
 
 @pytest.mark.parametrize("end", [1, 106, 50])
@@ -379,27 +389,23 @@ def gemma4_piece_ids(tokenizer_dir, pieces):
 
 def gemma4_model_that_thinks(path, chain, vocab_size=262208):
     """A random model whose next token is a function of the last one: chain maps token -> next.
-    Attention and feed-forward outputs are zero (wo, w2), so the last hidden state is the normed
-    embedding of the last token; each chain token's embedding is its own axis (dim 8), and the
-    untied classifier's row for chain[a] points along a's axis, every other row zero."""
-    from ropefile import header_bytes, random_weights
+    The last hidden state is the normed embedding of the last token; each chain token's
+    embedding is its own axis (dim 8), and the untied classifier's row for chain[a] points along
+    a's axis, every other row zero."""
     axis = {t: k for k, t in enumerate(chain)}
     assert len(axis) <= 8
-    with open(path, "wb") as f:
-        f.write(header_bytes(8, 16, 1, 1, 1, vocab_size, 512, False))
-        for name, t in random_weights(8, 16, 1, 1, 1, vocab_size, False, 3):
-            if name in ("wo", "w2"):
-                t = np.zeros_like(t)
-            if name == "token_embedding":
-                for token, k in axis.items():
-                    t[token] = 0
-                    t[token, k] = 3
-            if name == "wcls":
-                t = np.zeros_like(t)
-                for token, k in axis.items():
-                    t[chain[token], k] = 10
-            f.write(np.ascontiguousarray(t, dtype="<f4").tobytes())
-    return path
+
+    def edit(name, t):
+        if name == "token_embedding":
+            for token, k in axis.items():
+                t[token] = 0
+                t[token, k] = 3
+        if name == "wcls":
+            t = np.zeros_like(t)
+            for token, k in axis.items():
+                t[chain[token], k] = 10
+        return t
+    return write_silent_model(path, vocab_size, False, edit)
 
 
 THOUGHT_PIECES = ["Let", "▁me", "▁Sure"]  # the thought "Let me", the answer " Sure" (trimmed: "Sure")
