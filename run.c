@@ -2601,9 +2601,9 @@ typedef enum { TOKENIZER_SENTENCEPIECE = 1, TOKENIZER_BYTE_LEVEL = 2, TOKENIZER_
 // ChatML with Qwen2.5's or SmolLM2's default system prompt: QWEN25, SMOLLM2
 typedef enum {
     TEMPLATE_NONE, TEMPLATE_LLAMA2, TEMPLATE_LLAMA3, TEMPLATE_CHATML, TEMPLATE_GEMMA, TEMPLATE_ZEPHYR, TEMPLATE_MISTRAL,
-    TEMPLATE_QWEN25, TEMPLATE_SMOLLM2, TEMPLATE_GEMMA4, TEMPLATE_GEMMA4_LARGE
+    TEMPLATE_QWEN25, TEMPLATE_SMOLLM2, TEMPLATE_GEMMA4, TEMPLATE_GEMMA4_LARGE,
+    N_CHAT_TEMPLATES // the count, last, so that a new template cannot fall outside the loader's range check
 } ChatTemplate; // numbered as the TOKN section stores them
-#define N_CHAT_TEMPLATES 10
 #define MAX_END_TOKENS 8
 
 #define MAGIC_TOKN 0x4E4B4F54u // the bytes "TOKN"
@@ -4510,6 +4510,7 @@ static const ChatFormat chat_formats[] = {
                                "<|channel>thought\n<channel|>", 1},
 };
 #define N_CHAT_FORMATS ((int)(sizeof(chat_formats) / sizeof(chat_formats[0])))
+_Static_assert(N_CHAT_FORMATS == N_CHAT_TEMPLATES, "every template the loader accepts has its format");
 
 typedef enum { SHIFT_RECOMPUTE, SHIFT_ROTATE } ShiftMode;
 
@@ -6465,10 +6466,13 @@ static void runtime_error(void) {
     exit(EXIT_BAD_INPUT);
 }
 
-// runtime_error() for a model or tokenizer that failed to load: when the file does
-// not exist, the line also says where to get one.
-static void file_error(void) {
-    if (errno == ENOENT) {
+// runtime_error() for a model or tokenizer file that failed to load: when that
+// file does not exist, the line also says where to get one. (Asked of the path, not
+// of errno, which an earlier call may have left at ENOENT.) path: NULL for the
+// checkpoint's own tokenizer section.
+static void file_error(const char *path) {
+    struct stat st;
+    if (path && stat(path, &st) != 0 && errno == ENOENT) {
         print_error_line(error_message, " (" WHERE_TO_GET_MODELS ")");
         exit(EXIT_BAD_INPUT);
     }
@@ -6891,7 +6895,7 @@ int main(int argc, char *argv[]) {
     // 2. load the model; apply the rotary overrides before the RoPE tables are built
     refuse_hugging_face_files(checkpoint_path);
     Transformer transformer;
-    if (load_checkpoint(&transformer, checkpoint_path) != 0) file_error();
+    if (load_checkpoint(&transformer, checkpoint_path) != 0) file_error(checkpoint_path);
     if (csv_path)
         refuse_output_over_input("--csv", csv_path, checkpoint_path, tokenizer_file(tokenizer_path, &transformer),
                                  text_path);
@@ -6947,7 +6951,8 @@ int main(int argc, char *argv[]) {
 
     // 3. the tokenizer and the sampler
     Tokenizer tokenizer;
-    if (load_tokenizer(&tokenizer, tokenizer_path, &transformer, checkpoint_path) != 0) file_error();
+    if (load_tokenizer(&tokenizer, tokenizer_path, &transformer, checkpoint_path) != 0)
+        file_error(tokenizer_file(tokenizer_path, &transformer));
     if (seed == 0) seed = (long)time(NULL);
     Sampler sampler;
     if (build_sampler(&sampler, c->vocab_size, temperature, topp, (unsigned long long)seed) != 0) runtime_error();

@@ -1007,3 +1007,28 @@ def test_error_lines_stay_one_line_whatever_is_echoed(tmp_path, seed):
         check(r, code, "", argv)
         line = [x for x in r.stderr.decode().split("\n") if x.startswith("run: error:")][0]
         assert not any(ord(ch) < 32 or ord(ch) == 127 for ch in line), line
+
+
+def test_where_to_get_models_is_said_only_for_a_file_that_does_not_exist(tmp_path):
+    """The "models/ has ..." hint answers a missing checkpoint or tokenizer, and no other error:
+    a file whose tokenizer section is refused (its chat_template out of range) once carried it,
+    from an errno an earlier call had left."""
+    import hf_fixture
+    from conftest import export
+    hint = "models/ has stories260K.bin"
+    for argv in ([tmp_path / "nope.bin"], [STORIES, "-z", tmp_path / "nope.bin"]):
+        r = run(*argv, "-n", "2")
+        assert r.returncode == 1 and hint in r.stderr.decode(), r.stderr
+    hf_fixture.make_hf_checkpoint(tmp_path / "hf", dim=8, hidden_dim=16, n_layers=1, n_heads=1, n_kv_heads=1,
+                                  vocab_size=32000, seq_len=64)
+    (tmp_path / "hf" / "tokenizer.model").symlink_to(MODELS / "tokenizer.model")
+    export(tmp_path / "hf", tmp_path / "model.bin")
+    data = bytearray((tmp_path / "model.bin").read_bytes())
+    at = data.rindex(b"TOKN")
+    assert struct.unpack_from("<i", data, at + 76)[0] == 0  # the chat_template field (docs/format.md)
+    struct.pack_into("<i", data, at + 76, 11)
+    bad = put(tmp_path, "bad.bin", data)
+    for argv in ([bad, "-n", "2"], [bad, "-m", "chat", "-p", "hi"]):
+        r = run(*argv, input="")
+        check(r, 1, "chat_template 11 is out of range", argv)
+        assert hint not in r.stderr.decode(), r.stderr

@@ -151,9 +151,10 @@ def run_dated(*args, input=None):
 
 
 def chat_prompts(model, tok, template, system):
-    flags = ["--template", template] if template else []
+    flags = ["-z", tok] if tok else []  # None: the checkpoint's own tokenizer
+    flags += ["--template", template] if template else []
     flags += ["-y", system] if system else []
-    r = run_dated(model, "-z", tok, "-m", "chat", "-t", 0, "-n", 3, "-v", *flags, "-p", USER1, input=USER2 + "\n")
+    r = run_dated(model, "-m", "chat", "-t", 0, "-n", 3, "-v", *flags, "-p", USER1, input=USER2 + "\n")
     assert r.returncode == 0, r.stderr[-2000:]
     return turn_ids(r.stderr, "prompt")
 
@@ -493,3 +494,105 @@ def test_gemma4_special_token_in_an_answer_stays_a_token_in_the_history(checkpoi
     history, prompts = turn_ids(r.stderr, "history"), turn_ids(r.stderr, "prompt")
     assert history[1] + prompts[2] == want[1]["ids"]
     assert 105 in history[1][-2:]
+
+
+# --- every template id export.py can store, in a model file run is given alone (no -z, no
+# --template): a Hugging Face directory with the template's tokenizer, exported with --template
+# NAME. The prompt ids of a two-turn chat against the reference of that template: the Jinja
+# rendering above (the MODELS entry named here), Llama 2's spelled out and tokenized by
+# SentencePiece as test_chat.py does; "none" chats only with --template, and generates.
+
+TEMPLATE_SOURCES = {"llama3": "llama3_2", "chatml": "qwen3", "gemma": "gemma3", "zephyr": "zephyr",
+                    "mistral": "mistral", "qwen2.5": "qwen2_5", "smollm2": "smollm2", "gemma4": "gemma4",
+                    "gemma4-large": "gemma4"}
+
+
+def every_template_name():
+    sys.path.insert(0, str(ROOT))
+    try:
+        from export import TEMPLATE_NAMES
+    finally:
+        sys.path.remove(str(ROOT))
+    return TEMPLATE_NAMES
+
+
+def model_file_with_template(tmp_path, tokenizer_files, vocab_size, template):
+    """export.py of a random one-layer model directory holding tokenizer_files, with --template."""
+    import hf_fixture
+    hf = tmp_path / "hf"
+    hf_fixture.make_hf_checkpoint(hf, dim=8, hidden_dim=16, n_layers=1, n_heads=1, n_kv_heads=1,
+                                  vocab_size=vocab_size, seq_len=512, seed=3)
+    for f in tokenizer_files:
+        (hf / f.name).symlink_to(f)
+    out = tmp_path / "model.bin"
+    r = subprocess.run([sys.executable, str(ROOT / "export.py"), str(hf), str(out), "--template", template],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def gemma4_large_reference(tokenizer_dir):
+    """reference()'s cases for gemma4-large: the published 26B/31B template (thinking off)."""
+    out = []
+    for system in (None, SYSTEM):
+        head = [{"role": "system", "content": system}] if system else []
+        first = head + [{"role": "user", "content": USER1}]
+        both = first + [{"role": "assistant", "content": MARKER}, {"role": "user", "content": USER2}]
+        one, two = gemma4_render(tokenizer_dir, "gemma4-large", False, [first, both])
+        at = two["text"].index(MARKER)
+        out.append({"system": system, "first_ids": one["ids"],
+                    "second_ids": gemma4_encode(tokenizer_dir, two["text"][at + len(MARKER):])})
+    return out
+
+
+def gemma4_encode(tokenizer_dir, text):
+    """@lenml/tokenizers' ids of text (no special tokens added) with the Gemma 4 stand-in tokenizer."""
+    script = GEMMA4_NODE_SCRIPT.split("const template")[0] + \
+        "console.log(JSON.stringify(Array.from(tokenizer.encode(req.text, { add_special_tokens: false }))));"
+    r = subprocess.run(["node", "--input-type=module", "-e", script], input=json.dumps(
+        {"dir": str(tokenizer_dir), "text": text}), cwd=NPM_DIR, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout)
+
+
+def test_every_template_name_export_stores_is_one_run_knows():
+    names = every_template_name()
+    assert names[0] == "none" and set(names[1:]) == set(TEMPLATE_SOURCES) | {"llama2"}
+    r = run(ROOT / "models" / "stories260K.bin", "-z", ROOT / "models" / "tok512.bin", "-m", "chat",
+            "--template", "vicuna", input="")
+    listed = re.search(rb"unknown --template 'vicuna' \(([^)]*)\)", r.stderr).group(1).decode().split(", ")
+    assert sorted(listed) == sorted(names[1:])
+
+
+@pytest.mark.parametrize("template", every_template_name())
+def test_every_stored_template_id_runs_from_the_file_alone(template, checkpoints, tmp_path):
+    """The bug this pins: a file export.py wrote with the gemma4-large template (id 10, the last)
+    was refused by run's range check in every mode."""
+    from conftest import LLAMA_TOKENIZER
+    if template in ("none", "llama2"):  # Llama 2's SentencePiece model
+        files, vocab_size = [LLAMA_TOKENIZER.with_name("tokenizer.model")], 32000
+    else:
+        _, _, tokenizer_dir = checkpoints(TEMPLATE_SOURCES[template])
+        files = [tokenizer_dir / "tokenizer.json", tokenizer_dir / "tokenizer_config.json"]
+        vocab_size = MODELS[TEMPLATE_SOURCES[template]][1]
+    model = model_file_with_template(tmp_path, files, vocab_size, template)
+    r = run(model, "-t", 0, "-n", 4, "-p", USER1)
+    assert r.returncode == 0, r.stderr[-2000:]
+    if template == "none":
+        r = run(model, "-m", "chat", "-p", USER1, input="")
+        assert r.returncode == 2 and "pass --template NAME" in r.stderr.decode(), r.stderr
+        return
+    if template == "llama2":
+        import sentencepiece
+        sp = sentencepiece.SentencePieceProcessor(model_file=str(files[0]))
+        cases = [{"system": s, "first_ids": [1] + sp.encode(
+                      (f"[INST] <<SYS>>\n{s}\n<</SYS>>\n\n" if s else "[INST] ") + f"{USER1} [/INST]"),
+                  "second_ids": [2, 1] + sp.encode(f"[INST] {USER2} [/INST]")} for s in (None, "You are terse.")]
+    elif template == "gemma4-large":
+        cases = gemma4_large_reference(tokenizer_dir)
+    else:
+        cases = reference(TEMPLATE_SOURCES[template], tokenizer_dir)
+    for case in cases:
+        prompts = chat_prompts(model, None, None, case["system"])
+        assert prompts[1] == case["first_ids"], (template, case["system"])
+        assert prompts[2] == case["second_ids"], (template, case["system"])
