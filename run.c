@@ -6614,8 +6614,11 @@ static long threads_from_environment(void) {
         long n = strtol(p, &end, 10);
         while (*end == ' ') end++;
         if (end == p || (*end != '\0' && *end != ',') || errno == ERANGE)
-            usage_error("OMP_NUM_THREADS expects an integer or a list of them, got '%s'", value);
-        if (n < 1 || n > MAX_THREADS) usage_error("OMP_NUM_THREADS must be in [1, %d], got %ld", MAX_THREADS, n);
+            usage_error("OMP_NUM_THREADS expects an integer or a list of them, got '%s': set a number of threads "
+                        "in [1, %d], or unset it", value, MAX_THREADS);
+        if (n < 1 || n > MAX_THREADS)
+            usage_error("OMP_NUM_THREADS must be in [1, %d], got %ld: set a number in that range, or unset it",
+                        MAX_THREADS, n);
         if (p == value) first = n;
         p = *end == ',' ? end + 1 : end;
     } while (*p != '\0' || p[-1] == ',');
@@ -6623,9 +6626,12 @@ static long threads_from_environment(void) {
 }
 
 // OMP_THREAD_LIMIT and OMP_STACKSIZE, checked as the runtime reads them: a value it
-// calls invalid is refused here (it prints its own line and goes on), and a stack
+// calls invalid is refused here (it prints its own line and goes on), a stack below
+// its minimum is refused too (it warns and goes on with the minimum), and a stack
 // larger than the memory would stop the first parallel region with the runtime's
-// "Thread creation failed" and no word of ours.
+// "Thread creation failed" and no word of ours. The runtime reads its variables
+// before main, so its own line cannot be stopped: ours comes after it, the last,
+// and says what to set.
 static void check_openmp_environment(void) {
     const char *limit = getenv("OMP_THREAD_LIMIT");
     if (limit) {
@@ -6634,7 +6640,8 @@ static void check_openmp_environment(void) {
         long n = strtol(limit, &end, 10);
         while (*end == ' ') end++;
         if (end == limit || *end != '\0' || errno == ERANGE || n < 1)
-            usage_error("OMP_THREAD_LIMIT expects a positive integer, got '%s'", limit);
+            usage_error("OMP_THREAD_LIMIT expects a positive integer, got '%s': set a number of threads, or unset it",
+                        limit);
     }
     const char *stack = getenv("OMP_STACKSIZE");
     if (stack) {
@@ -6647,12 +6654,20 @@ static void check_openmp_environment(void) {
         if (*end != '\0' && strchr(units, *end)) shift = 10 * (int)((strchr(units, *end) - units) / 2), end++;
         while (*end == ' ') end++;
         if (end == stack || *end != '\0' || errno == ERANGE || stack[strspn(stack, " ")] == '-' || n == 0)
-            usage_error("OMP_STACKSIZE expects a size such as 512K or 4M (B, K, M or G), got '%s'", stack);
+            usage_error("OMP_STACKSIZE expects a size such as 512K or 4M (B, K, M or G), got '%s': set one such as "
+                        "4M, or unset it", stack);
         const char *what;
         uint64_t memory = memory_limit(&what);
+        if (n > (UINT64_MAX >> shift)) usage_error("OMP_STACKSIZE %s is larger than any memory: set a size such as "
+                                                   "4M, or unset it", stack);
         if (memory > 0 && n > (memory >> shift))
-            usage_error("OMP_STACKSIZE %s asks each thread for a stack larger than the %s of %.2f GiB", stack, what,
-                        gib(memory));
+            usage_error("OMP_STACKSIZE %s asks each thread for a stack larger than the %s of %.2f GiB: set a smaller "
+                        "size such as 4M, or unset it", stack, what, gib(memory));
+        uint64_t minimum = (uint64_t)PTHREAD_STACK_MIN; // the runtime's minimum thread stack
+        if ((n << shift) < minimum)
+            usage_error("OMP_STACKSIZE %s is below the OpenMP runtime's minimum thread stack of %lluK: set at least "
+                        "%lluK, or unset it", stack, (unsigned long long)minimum >> 10,
+                        (unsigned long long)minimum >> 10);
     }
 }
 

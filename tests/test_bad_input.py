@@ -890,6 +890,9 @@ def test_every_mode_fails_when_stdout_is_a_full_disk(tmp_path, mode):
     check(r, 1, "cannot write to standard output", argv)
 
 
+STACK_MIN_K = os.sysconf("SC_THREAD_STACK_MIN") // 1024  # glibc's PTHREAD_STACK_MIN, libgomp's minimum
+
+
 def run_with_threads(value, *argv):
     argv = [str(a) for a in argv]
     return subprocess.run(RUN_PREFIX + [RUN_BIN] + argv, capture_output=True, stdin=subprocess.DEVNULL, timeout=60,
@@ -907,14 +910,22 @@ def test_omp_num_threads_is_capped_as_t_is(value, message):
     assert t.returncode == 2 and b"-T must be in [1, 1024]" in t.stderr
 
 
-@pytest.mark.parametrize("value", ["0", "-3", "two", "", "2,", "1,0", "2,,1"])
+def assert_our_line_comes_last(r, name):
+    """libgomp reads its variables before main and may print its own line then: run's one error line
+    (exit 2) is the last, after anything of libgomp's, and says what to set."""
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.decode().splitlines()
+    assert lines[-1].startswith("run: error: ") and name in lines[-1] and "or unset it" in lines[-1], r.stderr
+    assert all(line == "" or line.startswith("libgomp: ") for line in lines[:-1]), r.stderr
+    assert r.stdout == b""
+    return lines[-1]
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "two", "abc", "", "2,", "1,0", "2,,1"])
 def test_omp_num_threads_that_the_runtime_refuses_too(value):
     """Values libgomp itself calls invalid (it prints its own line first, before main runs): exit 2 and our line."""
     r, argv = run_with_threads(value, STORIES, "-z", TOK512, "-t", "0", "-n", "4", "-p", "Once")
-    assert r.returncode == 2, r.stderr
-    errors = [line for line in r.stderr.decode().splitlines() if line.startswith("run: error:")]
-    assert len(errors) == 1 and "OMP_NUM_THREADS" in errors[0], r.stderr
-    assert r.stdout == b""
+    assert_our_line_comes_last(r, "OMP_NUM_THREADS")
 
 
 @pytest.mark.parametrize("name, value, message", [
@@ -922,20 +933,41 @@ def test_omp_num_threads_that_the_runtime_refuses_too(value):
     ("OMP_THREAD_LIMIT", "many", "OMP_THREAD_LIMIT expects a positive integer, got 'many'"),
     ("OMP_STACKSIZE", "1T", "OMP_STACKSIZE expects a size such as 512K or 4M (B, K, M or G), got '1T'"),
     ("OMP_STACKSIZE", "-4M", "OMP_STACKSIZE expects a size such as 512K or 4M (B, K, M or G), got '-4M'"),
-    ("OMP_STACKSIZE", "100000G", "OMP_STACKSIZE 100000G asks each thread for a stack larger than the")])
+    ("OMP_STACKSIZE", "100000G", "OMP_STACKSIZE 100000G asks each thread for a stack larger than the"),
+    ("OMP_STACKSIZE", "99999999999999999G", "OMP_STACKSIZE 99999999999999999G is larger than any memory"),
+    # below the runtime's minimum thread stack (glibc's PTHREAD_STACK_MIN): libgomp warns and goes on
+    ("OMP_STACKSIZE", "1", f"OMP_STACKSIZE 1 is below the OpenMP runtime's minimum thread stack of {STACK_MIN_K}K"),
+    ("OMP_STACKSIZE", "4k", f"OMP_STACKSIZE 4k is below the OpenMP runtime's minimum thread stack of {STACK_MIN_K}K"),
+    ("OMP_STACKSIZE", f"{STACK_MIN_K * 1024 - 1}B", "is below the OpenMP runtime's minimum thread stack")])
 def test_openmp_settings_the_runtime_refuses_or_cannot_start_get_our_line(name, value, message):
-    """libgomp prints "Invalid value" and goes on, or stops at the first parallel region with
-    "Thread creation failed" and exit 1: run refuses such a value first, exit 2 with its own line."""
+    """libgomp prints "Invalid value" and goes on, warns of a stack below its minimum and goes on,
+    or stops at the first parallel region with "Thread creation failed" and exit 1: run refuses
+    such a value first, exit 2 with its own line."""
     argv = [str(a) for a in (STORIES, "-z", TOK512, "-t", "0", "-n", "4", "-p", "Once", "-T", "2")]
     r = subprocess.run(RUN_PREFIX + [RUN_BIN] + argv, capture_output=True, stdin=subprocess.DEVNULL, timeout=60,
                        env=dict(os.environ, **{name: value}))
-    assert r.returncode == 2, r.stderr
-    errors = [line for line in r.stderr.decode().splitlines() if line.startswith("run: error:")]
-    assert len(errors) == 1 and message in errors[0], r.stderr
-    assert r.stdout == b""
+    assert message in assert_our_line_comes_last(r, name), r.stderr
+
+
+def openmp_rows_of_the_testing_doc():
+    """docs/testing.md's table of OpenMP settings: (variable, value, libgomp prints a line too)."""
+    text = (Path(__file__).parent.parent / "docs" / "testing.md").read_text()
+    rows = re.findall(r"^\| `(OMP_\w+)=([^`]*)` \| (yes|no) \|", text, re.M)
+    assert len(rows) >= 8, "docs/testing.md: the table of OpenMP settings run refuses"
+    return rows
+
+
+@pytest.mark.skipif(b"libgomp.so" not in Path(RUN_BIN).read_bytes(), reason="libgomp's lines: a build with OpenMP")
+def test_the_testing_docs_table_says_which_refused_openmp_values_libgomp_also_prints_for():
+    for name, value, libgomp in openmp_rows_of_the_testing_doc():
+        r = subprocess.run(RUN_PREFIX + [RUN_BIN, str(STORIES), "-z", str(TOK512), "-n", "2", "-T", "2"],
+                           capture_output=True, stdin=subprocess.DEVNULL, timeout=60, env=dict(os.environ, **{name: value}))
+        assert_our_line_comes_last(r, name)
+        assert (b"libgomp: " in r.stderr) == (libgomp == "yes"), (name, value, r.stderr)
 
 
 @pytest.mark.parametrize("name, value", [("OMP_STACKSIZE", "4M"), ("OMP_STACKSIZE", " 2 g "),
+                                         ("OMP_STACKSIZE", f"{STACK_MIN_K}K"),
                                          ("OMP_THREAD_LIMIT", "1"), ("OMP_NUM_THREADS", "2,1")])
 def test_openmp_settings_the_runtime_accepts_still_run(name, value):
     r = subprocess.run(RUN_PREFIX + [RUN_BIN, str(STORIES), "-z", str(TOK512), "-t", "0", "-n", "4", "-p", "Once"],
