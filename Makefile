@@ -34,8 +34,12 @@ OPENMP := -Wno-unknown-pragmas
 else
 OPENMP := $(shell echo 'int main(void){return 0;}' | $(CC) -fopenmp -x c - -o /dev/null 2>/dev/null && echo -fopenmp || echo -Wno-unknown-pragmas)
 endif
-# the sanitizer builds leave OpenMP out (one thread; libgomp is not instrumented)
-SANITIZE = -O1 -g $(NATIVE) -ffp-contract=off -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all -Wno-unknown-pragmas
+# the sanitizer builds: run-asan and test_rope-asan without OpenMP (one thread, the whole
+# suite), run-asan-omp and test_rope-asan-omp with it (libgomp itself is not instrumented,
+# but every parallel region of run.c is), run at two threads over the bit-identity and
+# every-mode tests (test-asan-omp)
+SANITIZE_FLAGS = -O1 -g $(NATIVE) -ffp-contract=off -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all
+SANITIZE = $(SANITIZE_FLAGS) -Wno-unknown-pragmas
 TEST_WARN = $(WARN) -Wno-unused-function
 
 # ARM64 under emulation: run.c and the unit tests cross-built for aarch64 and run
@@ -73,11 +77,17 @@ tests/test_rope: tests/test_rope.c run.c
 tests/test_rope-asan: tests/test_rope.c run.c
 	$(CC) $(SANITIZE) $(TEST_WARN) -o $@ tests/test_rope.c -lm
 
+run-asan-omp: run.c
+	$(CC) $(SANITIZE_FLAGS) $(OPENMP) $(WARN) -o $@ run.c -lm
+
+tests/test_rope-asan-omp: tests/test_rope.c run.c
+	$(CC) $(SANITIZE_FLAGS) $(OPENMP) $(TEST_WARN) -o $@ tests/test_rope.c -lm
+
 .PHONY: demo test test-unit test-py test-asan valgrind clean experiment
 demo: run
 	./run $(MODELS)/stories260K.bin -z $(MODELS)/tok512.bin -t 0.8 -s 42 -n 200 -p "Once upon a time"
 
-test: test-unit test-py test-asan fuzz-short valgrind $(TEST_ARM)
+test: test-unit test-py test-asan test-asan-omp fuzz-short valgrind $(TEST_ARM)
 
 # test_rope also runs built for the AVX2 kernels (no AVX-512; on x86-64 only) and
 # for the plain C loops (no AVX, no FMA): each build's block and token paths must
@@ -99,6 +109,23 @@ test-py: run
 test-asan: run-asan tests/test_rope-asan
 	ASAN_OPTIONS=detect_leaks=1 tests/test_rope-asan $(MODELS)/stories260K.bin
 	ASAN_OPTIONS=detect_leaks=1 RUN_BIN=run-asan MODELS=$(MODELS) $(PYTHON) -m pytest -q tests
+
+# the parallel paths under ASan + UBSan: decode's row bands, prefill's tiles, the grouped
+# experts and attention over heads at two threads (OMP_NUM_THREADS=2 where a test sets no
+# -T): test_rope.c's threaded checks and the tests that compare modes, builds, reading
+# orders and thread counts bit for bit
+ASAN_OMP_PYTESTS = tests/test_weight_types.py tests/test_plain_run.py tests/test_read_order.py \
+    tests/test_moe_export.py tests/test_gemma4_export.py
+.PHONY: test-asan-omp
+ifeq ($(OPENMP),-fopenmp)
+test-asan-omp: run-asan-omp tests/test_rope-asan-omp
+	ASAN_OPTIONS=detect_leaks=1 OMP_NUM_THREADS=2 tests/test_rope-asan-omp $(MODELS)/stories260K.bin
+	ASAN_OPTIONS=detect_leaks=1 OMP_NUM_THREADS=2 RUN_BIN=run-asan-omp MODELS=$(MODELS) $(PYTHON) -m pytest -q \
+	    $(ASAN_OMP_PYTESTS)
+else
+test-asan-omp:
+	@echo "test-asan-omp: skipped, $(CC) has no OpenMP (or NO_OPENMP is set)"
+endif
 
 # valgrind on the demo: no leaks, no invalid reads. A build without OpenMP (whose
 # thread pool valgrind reports as "possibly lost") and, on x86-64, without AVX-512
@@ -132,7 +159,7 @@ test-arm-skipped:
 	@echo "test-arm: skipped, $(ARM_MISSING) not on PATH (apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)"
 
 clean:
-	rm -f run run-asan run-valgrind tests/test_rope tests/test_rope-asan tests/test_rope-avx2 tests/test_rope-plain \
+	rm -f run run-asan run-asan-omp run-valgrind tests/test_rope tests/test_rope-asan tests/test_rope-asan-omp tests/test_rope-avx2 tests/test_rope-plain \
 	    run-aarch64 tests/test_rope-aarch64 bench/peak bench/in_cache
 
 # README, "Train your own": RoPE, p-RoPE and NoPE trained alike on the KJV Bible
