@@ -355,17 +355,24 @@ class Config:
                               "run.c's limit")
         if self.dim % self.n_heads and not self.head_size:
             raise ExportError(f"dim {self.dim} is not a multiple of n_heads {self.n_heads}")
-        if self.n_heads * self.head_dim > RUN_LIMITS["dim"]:
-            raise ExportError(f"n_heads {self.n_heads} x head_dim {self.head_dim} is above run.c's limit of "
-                              f"{RUN_LIMITS['dim']}")
         if self.n_heads % self.n_kv_heads:
             raise ExportError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
-        if self.head_dim % 2:
-            raise ExportError(f"head_dim {self.head_dim} is odd: rotary pairs need an even head_dim")
+        why = head_size_problem(self.head_dim, self.n_heads)
+        if why:
+            raise ExportError(f"head_dim {self.head_dim}: {why}")
         if not (math.isfinite(f32(self.norm_eps)) and f32(self.norm_eps) > 0):
             raise ExportError(f"norm_eps {self.norm_eps} must be finite and > 0 (in float32, as it is stored)")
         check_rope_values(self)
         check_block_values(self)
+
+
+def head_size_problem(head_size, n_heads):
+    """Why a head size cannot be stored, or None: run.c's limits (validate_config, parse_layer_table)."""
+    if head_size < 2 or head_size % 2:
+        return "a head size must be even and at least 2 (RoPE rotates pairs of dimensions)"
+    if n_heads * head_size > RUN_LIMITS["dim"]:
+        return f"n_heads {n_heads} heads of it are above run.c's limit of {RUN_LIMITS['dim']} wide"
+    return None
 
 
 def check_block_values(c):
@@ -425,9 +432,8 @@ def check_layer_records(c):
             raise ExportError(f"{where}: rope {rope} is not a setting of this file")
         if window < 0 or values not in (0, 1):
             raise ExportError(f"{where}: window {window} or values {values} out of range")
-        if head_size and (head_size < 2 or head_size % 2 or c.n_heads * head_size > RUN_LIMITS["dim"]):
-            raise ExportError(f"{where}: head_size {head_size} must be even, >= 2, with n_heads {c.n_heads} x it at "
-                              f"most {RUN_LIMITS['dim']} (run.c's limit)")
+        if head_size and head_size_problem(head_size, c.n_heads):
+            raise ExportError(f"{where}: head_size {head_size}: {head_size_problem(head_size, c.n_heads)}")
         if kv_heads and (kv_heads < 1 or c.n_heads % kv_heads):
             raise ExportError(f"{where}: n_kv_heads {kv_heads} does not divide n_heads {c.n_heads}")
         if hidden and not 1 <= hidden <= RUN_LIMITS["hidden_dim"]:
@@ -1932,6 +1938,9 @@ def gemma4_config(t):
     global_head_dim = t.get("global_head_dim", GEMMA4_DEFAULTS["global_head_dim"]) or head_dim
     if not is_int(global_head_dim) or global_head_dim < 1:
         raise ExportError(f"config.json: global_head_dim {json.dumps(global_head_dim)} must be a positive integer")
+    for key, size in (("head_dim", head_dim), ("global_head_dim", global_head_dim)):  # before the row orders
+        if head_size_problem(size, n_heads):
+            raise ExportError(f"config.json: {key} {size}: {head_size_problem(size, n_heads)}")
     intermediate = gemma4_int(t, "intermediate_size")
     seq_len = hf_int(t, "max_position_embeddings", HF_DEFAULTS["max_position_embeddings"])
     kinds = gemma4_layer_types(t, n_layers)
@@ -2004,6 +2013,23 @@ def gemma4_config(t):
     return c, kinds, orders
 
 
+def check_gemma4_head_sizes(c, files, prefix):
+    """Refuse head sizes the checkpoint's do not match, naming the config key: a layer's q_norm
+    holds one weight per dimension of its heads (the sliding layers' head_dim, the full layers'
+    global_head_dim)."""
+    checked = set()
+    for l, s in enumerate(layer_shapes(c)):
+        key = "global_head_dim" if s.rope == LAYER_ROPE_FIRST else "head_dim"
+        name = f"{prefix}layers.{l}.self_attn.q_norm.weight"
+        if key in checked or name not in files:
+            continue
+        checked.add(key)
+        stored = files[name].entries[name]["shape"]
+        if stored != [s.head_size]:
+            raise ExportError(f"config.json: {key} {s.head_size}: the checkpoint's heads of layer {l} are not "
+                              f"{s.head_size} wide ({name} has shape {stored})")
+
+
 def read_gemma4(model_dir, config):
     """Read a Gemma 4 checkpoint (its text decoder): (Config, {name: [loaders]}, the matrices' type).
 
@@ -2024,6 +2050,7 @@ def read_gemma4(model_dir, config):
     if not c.shared_classifier and head_name not in files:
         c.shared_classifier = True  # transformers ties it then
     c.check()
+    check_gemma4_head_sizes(c, files, prefix)
     matrix_types = set()
 
     def piece(ours, name, shape, heads=None, order=None, column_order=None):

@@ -442,6 +442,14 @@ def test_gemma4_26b_31b_chat_template_is_stored_as_gemma4_large(tmp_path):
     ({"vocab_size_per_layer_input": 1024}, "vocab_size_per_layer_input"),
     ({"use_bidirectional_attention": "all"}, "use_bidirectional_attention 'all'"),
     ({"attention_bias": True}, "attention_bias"),
+    # head sizes: even (RoPE rotates pairs), within run.c's limit, and the checkpoint's (issue 50)
+    ({"head_dim": 15}, "config.json: head_dim 15: a head size must be even"),
+    ({"global_head_dim": 33}, "config.json: global_head_dim 33: a head size must be even"),
+    ({"head_dim": 0}, "config.json: head_dim 0 must be an integer >= 1"),
+    ({"global_head_dim": 2**14}, "config.json: global_head_dim 16384: n_heads 8 heads of it are above run.c's limit"),
+    ({"head_dim": 14}, "config.json: head_dim 14: the checkpoint's heads of layer 0 are not 14 wide "
+                       "(model.language_model.layers.0.self_attn.q_norm.weight has shape [16])"),
+    ({"global_head_dim": 64}, "config.json: global_head_dim 64: the checkpoint's heads of layer 4 are not 64 wide"),
 ])
 def test_unsupported_gemma4_configs_are_refused_in_one_line(tmp_path, change, words):
     d = tmp_path / "e2b"
