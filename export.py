@@ -102,6 +102,7 @@ ROPE_V2_SECOND = struct.Struct("<3f2i5f")
 FLAG_QKV_BIAS, FLAG_QK_NORM, FLAG_POST_NORMS = 1, 2, 4
 FLAG_V_NORM, FLAG_LAYER_SCALARS, FLAG_PER_LAYER_INPUTS = 8, 16, 32  # Gemma 4
 FLAG_EXPERTS = 64  # a mixture of experts (Qwen3-MoE, Mixtral)
+KNOWN_FLAGS = 127  # the bits above; run.c refuses a file with any other
 # the header's routing codes (byte 212): softmax over the experts, the top k, renormalized
 # over them (Mixtral; Qwen3-MoE with norm_topk_prob) or not (Qwen3-MoE without); Gemma 4's
 # (renormalized, times a per-expert scale, the experts beside the feed-forward)
@@ -190,6 +191,11 @@ RULE_FIELDS = [
     ("llama3_low_freq_factor", RULE_LLAMA3, 1.0),
     ("llama3_high_freq_factor", RULE_LLAMA3, 4.0),
 ]
+# the second RoPE setting's fields, in ROPE_V2_SECOND's order, and what each is when Config.rope2
+# does not give it (p 1, factor 1, no rule, the trained length and the rule fields 0: their defaults)
+ROPE2_FIELDS = ["rope_theta", "rope_fraction", "rope_factor", "rope_scaling", "rope_original_len"] + [
+    name for name, _, _ in RULE_FIELDS]
+ROPE2_DEFAULTS = dict(zip(ROPE2_FIELDS[1:], [1.0, 1.0, RULE_NONE, 0] + [0.0] * len(RULE_FIELDS)))
 PROGRESS_BYTES = 100_000_000  # writing a bigger file shows a progress line on stderr
 
 
@@ -286,8 +292,8 @@ class Config:
         self.final_softcap = 0.0      # 0: none
         self.layers = None            # per layer (rope, window), or None: every layer rotates, full attention;
         #                               Gemma 4: per layer the eight fields of LAYER_RECORD_WIDE
-        self.rope2 = None             # the second RoPE setting: {"rope_theta": theta} (no rule; optional
-        #                               "rope_fraction", and "head_size": its layers' head size), or None
+        self.rope2 = None             # the second RoPE setting: {"rope_theta": theta, and any other of
+        #                               ROPE2_FIELDS it gives (else ROPE2_DEFAULTS)}, or None
         self.v_norm = False           # Gemma 4: a weightless RMSNorm over each value head
         self.layer_scalars = False    # Gemma 4: the residual stream times a scalar after each layer
         self.per_layer_dim = 0        # Gemma 4 E2B / E4B: P, the width of each layer's input slice (0: none)
@@ -385,11 +391,20 @@ def check_block_values(c):
         value = getattr(c, name)
         if value and not (value > 0 and math.isfinite(f32(value)) and f32(value) > 0):
             raise ExportError(f"{name} {value} must be finite and > 0 in float32 (0: the default)")
+    if c.n_experts:
+        check_experts(c)
+    if c.layers is not None:
+        check_layer_records(c)
     if c.rope2 is not None:
+        second = second_setting(c)
         try:
-            check_rope_values(second_setting(c))
+            check_rope_values(second)
         except ExportError as e:
             raise ExportError(f"the second RoPE setting: {e}")
+        if second.rope_scaling == RULE_LONGROPE or (second.rope_scaling == RULE_NONE and f32(second.rope_factor) != 1):
+            raise ExportError(f"the second RoPE setting: rope_scaling {second.rope_scaling} with rope_factor "
+                              f"{show(second.rope_factor)}: longrope is the first setting's only, and the factor of "
+                              "no rule is 1 (run.c refuses the rest)")
     if c.rope_scaling == RULE_LONGROPE and c.longrope_factors is not None:  # (a ROPE file's: once mapped)
         shape = np.shape(c.longrope_factors)
         if shape != (2, rotated_pairs(c)):
@@ -400,10 +415,6 @@ def check_block_values(c):
                           f"{c.n_layers} x it at most {RUN_LIMITS['hidden_dim']} (run.c's limits)")
     if c.per_layer_dim and not (c.per_layer_multiplier > 0 and math.isfinite(f32(c.per_layer_multiplier))):
         raise ExportError(f"per_layer_embedding_multiplier {c.per_layer_multiplier} must be finite and > 0")
-    if c.n_experts:
-        check_experts(c)
-    if c.wide_records:
-        check_layer_records(c)
 
 
 def check_experts(c):
@@ -421,10 +432,11 @@ def check_experts(c):
 
 
 def check_layer_records(c):
-    """Refuse Gemma 4's per-layer records as run.c's parse_layer_table refuses them."""
+    """Refuse the per-layer records, (rope, window) or Gemma 4's eight fields, as run.c's
+    parse_layer_table refuses them."""
     rope2_head = None
     for l, record in enumerate(c.layers):
-        rope, window, head_size, kv_heads, hidden, source, values, experts = record
+        rope, window, head_size, kv_heads, hidden, source, values, experts = (tuple(record) + (0,) * 8)[:8]
         where = f"layer {l}"
         if experts not in ((0, 1) if c.n_experts else (0,)) or (experts and hidden and c.routing != ROUTING_GEMMA4):
             raise ExportError(f"{where}: experts {experts} (with hidden_dim {hidden}) out of range")
@@ -459,13 +471,14 @@ def check_layer_records(c):
 
 
 def second_setting(c):
-    """A Config whose first RoPE setting is c's second one (theta, p 1 unless given, no rule), for the checks."""
-    second = copy.copy(c)
-    second.rope_theta, second.rope_fraction, second.rope2, second.longrope_factors = (
-        c.rope2["rope_theta"], c.rope2.get("rope_fraction", 1.0), None, None)
-    second.head_size = c.rope2.get("head_size", c.head_size)  # its layers' head size (Gemma 4: head_dim)
-    second.layers = None
-    second.set_scaling()
+    """A Config whose first RoPE setting is c's second one (ROPE2_FIELDS), over the head size of the
+    layers that use it (Gemma 4's sliding layers: head_dim; else the header's), for the checks."""
+    second, fields = copy.copy(c), {**ROPE2_DEFAULTS, **c.rope2}
+    second.rope_theta, second.rope_fraction = fields["rope_theta"], fields["rope_fraction"]
+    second.set_scaling(fields["rope_scaling"], fields["rope_factor"], fields["rope_original_len"],
+                       **{name: fields[name] for name, _, _ in RULE_FIELDS})
+    second.head_size = next((s.head_size for s in layer_shapes(c) if s.rope == LAYER_ROPE_SECOND), c.head_dim)
+    second.rope2 = second.longrope_factors = second.layers = None
     return second
 
 
@@ -687,10 +700,20 @@ def map_floats(path, offset, shapes):
     return tensors
 
 
-def check_padding(path, data, start):
-    """Refuse a 256-byte header whose padding (reserved bytes) is not all zero."""
-    if any(data[start:HEADER_BYTES]):
-        raise ExportError(f"{path}: header bytes {start}..{HEADER_BYTES - 1} are not all zero (a newer format?)")
+def check_padding(path, data, start, end=HEADER_BYTES, why="a newer format?"):
+    """Refuse a 256-byte header whose padding (reserved bytes, or the fields of an option the file does
+    not have) is not all zero."""
+    if any(data[start:end]):
+        raise ExportError(f"{path}: header bytes {start}..{end - 1} are not all zero ({why})")
+
+
+def file_bytes(path, offset, count):
+    """count bytes of a file from offset, or None when the file ends before them."""
+    if offset + count > os.path.getsize(path):
+        return None
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(count)
 
 
 def check_size(path, what, expected):
@@ -718,9 +741,64 @@ def map_aligned(path, c, weight_type):
     return tensors, end
 
 
+def read_rope_v2_fields(path, data, c):
+    """Set c's version 2 fields (bytes 84..255, docs/format.md: head_size, the block options, the second
+    RoPE setting, the per-layer inputs' and the experts' fields), refused as run.c's parse_header_v2
+    refuses them; Config.check checks their values. Returns (the matrices' type, (the tokenizer
+    section's offset, bytes), (the per-layer table's offset, bytes))."""
+    head_size, type_code, reserved, tok_offset, tok_bytes = ROPE_V2_FIELDS.unpack_from(data, ROPE_HEADER.size)
+    if reserved != 0:
+        raise ExportError(f"{path}: the reserved field at byte 92 is {reserved}, not 0")
+    if not 0 <= type_code < len(WEIGHT_TYPES):
+        raise ExportError(f"{path}: weight_type {type_code} is not one of 0 f32, 1 bf16, 2 f16, 3 q8_0")
+    (flags, c.activation, c.embedding_multiplier, c.attention_scale, c.attention_softcap, c.final_softcap,
+     table_offset, table_bytes) = ROPE_V2_BLOCK.unpack_from(data, ROPE_HEADER.size + ROPE_V2_FIELDS.size)
+    if flags & ~KNOWN_FLAGS:
+        raise ExportError(f"{path}: block_flags {flags:#x} has bits this format does not define")
+    c.head_size = head_size
+    c.qkv_bias, c.qk_norm, c.post_norms, c.v_norm, c.layer_scalars = (
+        bool(flags & flag) for flag in (FLAG_QKV_BIAS, FLAG_QK_NORM, FLAG_POST_NORMS, FLAG_V_NORM, FLAG_LAYER_SCALARS))
+    second = dict(zip(ROPE2_FIELDS, ROPE_V2_SECOND.unpack_from(data, PER_LAYER_BYTES_AT - ROPE_V2_SECOND.size)))
+    if second["rope_theta"]:
+        c.rope2 = second
+    else:
+        check_padding(path, data, PER_LAYER_BYTES_AT - ROPE_V2_SECOND.size, PER_LAYER_BYTES_AT,
+                      "a second RoPE setting's fields, but rope2_theta is 0: none")
+    for flag, at, fields, names in ((FLAG_PER_LAYER_INPUTS, PER_LAYER_BYTES_AT, ROPE_V2_PER_LAYER,
+                                     ("per_layer_dim", "per_layer_multiplier")),
+                                    (FLAG_EXPERTS, EXPERTS_BYTES_AT, ROPE_V2_EXPERTS,
+                                     ("n_experts", "n_experts_used", "expert_hidden", "routing"))):
+        if flags & flag:
+            for name, value in zip(names, fields.unpack_from(data, at)):
+                setattr(c, name, value)
+        else:
+            check_padding(path, data, at, at + fields.size, f"fields of block flag {flag}, which is not set")
+    if c.block_flags != flags:  # bit 5 or 6 with a width of 0
+        raise ExportError(f"{path}: block_flags {flags:#x}, but per_layer_input_dim is {c.per_layer_dim} and "
+                          f"n_experts {c.n_experts} (each must be >= 1 with its bit, 32 and 64)")
+    check_padding(path, data, EXPERTS_BYTES_AT + ROPE_V2_EXPERTS.size)
+    return WEIGHT_TYPES[type_code], (tok_offset, tok_bytes), (table_offset, table_bytes)
+
+
+def read_layer_table(path, c, offset, count):
+    """The per-layer table's records (docs/format.md: two int32 per layer, or Gemma 4's eight), or
+    None when the header gives none (offset and bytes 0); checked by Config.check, its place by the
+    caller once the tensors' end is known."""
+    if offset == 0 and count == 0:
+        return None
+    sizes = {LAYER_RECORD.size * c.n_layers: LAYER_RECORD, LAYER_RECORD_WIDE.size * c.n_layers: LAYER_RECORD_WIDE}
+    record = sizes.get(count) if c.n_layers >= 1 else None
+    if record is None:
+        raise ExportError(f"{path}: layer_table_bytes {count} is not 8 x n_layers {c.n_layers} (or 32 x it)")
+    table = file_bytes(path, offset, count)
+    if table is None:
+        raise ExportError(f"{path}: the per-layer table ({count} bytes at {offset}) runs past the end of the file")
+    return [record.unpack_from(table, l * record.size) for l in range(c.n_layers)]
+
+
 def read_rope(path, data):
-    """Read a ROPE file (docs/format.md), version 1 or 2: (Config, tensors, the matrices' type,
-    its tokenizer section's bytes or None)."""
+    """Read a ROPE file (docs/format.md), version 1 or 2, every field and section a version 2 file
+    has: (Config, tensors, the matrices' type, its tokenizer section's bytes or None)."""
     (_, version, dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared,
      eps, theta, fraction, factor, rule, original_len, *rule_values) = ROPE_HEADER.unpack_from(data)
     if version not in (ROPE_VERSION, ROPE_VERSION_2):
@@ -728,19 +806,14 @@ def read_rope(path, data):
                           f"{ROPE_VERSION_2})")
     if shared not in (0, 1):
         raise ExportError(f"{path}: shared_classifier is {shared}, expected 0 or 1")
-    weight_type, tok_offset, tok_bytes = "f32", 0, 0
-    if version == ROPE_VERSION_2:
-        head_size, type_code, reserved, tok_offset, tok_bytes = ROPE_V2_FIELDS.unpack_from(data, ROPE_HEADER.size)
-        if head_size != 0 or reserved != 0:
-            raise ExportError(f"{path}: head_size {head_size} and the reserved field {reserved} must be 0")
-        if not 0 <= type_code < len(WEIGHT_TYPES):
-            raise ExportError(f"{path}: weight_type {type_code} is not one of 0 f32, 1 bf16, 2 f16, 3 q8_0")
-        weight_type = WEIGHT_TYPES[type_code]
-        check_padding(path, data, ROPE_HEADER.size + ROPE_V2_FIELDS.size)
-    else:
-        check_padding(path, data, ROPE_HEADER.size)
     c = Config(dim, hidden, layers, heads, kv_heads, vocab, seq_len, bool(shared), eps, theta, fraction, factor,
                rule, original_len, **{name: value for (name, _, _), value in zip(RULE_FIELDS, rule_values)})
+    weight_type, (tok_offset, tok_bytes), table = "f32", (0, 0), (0, 0)
+    if version == ROPE_VERSION_2:
+        weight_type, (tok_offset, tok_bytes), table = read_rope_v2_fields(path, data, c)
+        c.layers = read_layer_table(path, c, *table)
+    else:
+        check_padding(path, data, ROPE_HEADER.size)
     try:
         c.check()
     except ExportError as e:
@@ -756,6 +829,11 @@ def read_rope(path, data):
             c.check()
         except ExportError as e:
             raise ExportError(f"{path}: {e}")
+    if c.layers is not None:
+        if table != layer_table_place(c, end):
+            raise ExportError(f"{path}: the per-layer table is at {table[0]} ({table[1]} bytes); the format puts it "
+                              f"at {layer_table_place(c, end)[0]}, the first multiple of 64 after the tensors")
+        end = sum(table)
     tokenizer = None
     if tok_offset or tok_bytes:
         if tok_offset != end + -end % TENSOR_ALIGNMENT or tok_bytes < TOKN_HEADER_BYTES:
@@ -764,8 +842,7 @@ def read_rope(path, data):
         end = tok_offset + tok_bytes
     check_size(path, f"ROPE version 2 ({weight_type})", end)
     if tok_bytes:
-        data = np.memmap(path, dtype=np.uint8, mode="r")
-        tokenizer = bytes(data[tok_offset:tok_offset + tok_bytes])
+        tokenizer = file_bytes(path, tok_offset, tok_bytes)
         magic, _, _, n_tokens = struct.unpack_from("<I3i", tokenizer)
         if magic != TOKN_MAGIC or not 0 < n_tokens <= c.vocab_size:
             raise ExportError(f"{path}: the tokenizer section is not a TOKN section of at most {c.vocab_size} tokens")
@@ -1990,7 +2067,7 @@ def gemma4_config(t):
         if scaling2.get("rule", RULE_NONE) != RULE_NONE:
             raise ExportError("config.json: rope_parameters.sliding_attention: a scaling rule on the sliding layers "
                               "is not supported (the second setting stores theta and p only)")
-        c.rope2 = {"rope_theta": theta2, "rope_fraction": p2, "head_size": head_dim}
+        c.rope2 = {"rope_theta": theta2, "rope_fraction": p2}
         orders[LAYER_ROPE_SECOND] = pair_permutation(head_dim, sliding_rotary)
     records = []
     for i, kind in enumerate(kinds):
@@ -2261,7 +2338,7 @@ def write_tensor(f, pieces, progress, weight_type="f32", name=""):
         check_finite(array, getattr(piece, "source", name))
         array = convert_weights(array, weight_type, name)
         storage = Q8_0_STORAGE if weight_type == "q8_0" else NUMPY_STORAGE[weight_type]
-        data = memoryview(np.ascontiguousarray(array, dtype=storage).view(np.uint8)).cast("B")
+        data = memoryview(np.ascontiguousarray(array, dtype=storage).view(np.uint8).reshape(-1)).cast("B")
         f.write(data)
         progress.add(len(data), tensor_done=i == len(pieces) - 1)
 
@@ -2296,9 +2373,8 @@ def rope_header(c, weight_type="f32", version=ROPE_VERSION, tensors_end=0, token
                                       tokenizer_bytes)
         fields += ROPE_V2_BLOCK.pack(c.block_flags, c.activation, c.embedding_multiplier, c.attention_scale,
                                      c.attention_softcap, c.final_softcap, *layer_table_place(c, tensors_end))
-        if c.rope2 is not None:  # theta, p (1 unless given), factor 1, no rule, the trained length and the rule fields 0
-            fields += ROPE_V2_SECOND.pack(c.rope2["rope_theta"], c.rope2.get("rope_fraction", 1.0), 1.0, 0, 0, 0, 0, 0,
-                                          0, 0)
+        if c.rope2 is not None:  # the fields not given are ROPE2_DEFAULTS
+            fields += ROPE_V2_SECOND.pack(*({**ROPE2_DEFAULTS, **c.rope2}[name] for name in ROPE2_FIELDS))
         if c.per_layer_dim:  # Gemma 4's per-layer inputs (bytes 192..199)
             fields += bytes(PER_LAYER_BYTES_AT - len(fields))
             fields += ROPE_V2_PER_LAYER.pack(c.per_layer_dim, c.per_layer_multiplier)
