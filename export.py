@@ -302,7 +302,6 @@ class Config:
         self.n_experts_used = 0       # k, the experts a token uses
         self.expert_hidden = 0        # each expert's feed-forward width
         self.routing = 0              # ROUTING_SOFTMAX_TOPK_NORM, ROUTING_SOFTMAX_TOPK or ROUTING_GEMMA4
-        self.gemma4 = False           # export only: a Gemma 4 model
         self.gemma_norms = False      # export only: the source's norms are x * (1 + w)
         self.longrope_factors = None  # longrope: [short, long], rotated-pairs floats each (the tensor rope_factors)
 
@@ -2039,7 +2038,6 @@ def gemma4_config(t):
                vocab_size=gemma4_int(t, "vocab_size"), seq_len=seq_len,
                shared_classifier=json_bool(t, "tie_word_embeddings", True),
                norm_eps=hf_number(t.get("rms_norm_eps", GEMMA4_DEFAULTS["rms_norm_eps"]), "rms_norm_eps"))
-    c.gemma4 = True
     c.head_size = global_head_dim  # the first setting's (full) layers' head size
     c.qk_norm = c.post_norms = c.v_norm = c.layer_scalars = True
     c.activation = ACTIVATIONS.index("geglu-tanh")
@@ -2449,14 +2447,15 @@ def llama2c_freq_cis(head_dim, seq_len):
 
 def check_legacy(c):
     """Refuse what llama2.c's legacy format cannot carry; warn about norm_eps and the original length."""
-    if c.gemma4:
-        raise ExportError("--legacy: llama2.c's legacy format holds Llama's block only; Gemma 4's (per-layer head "
-                          "sizes, norms, KV sharing, per-layer inputs) needs ROPE version 2 (leave out --legacy)")
     no_rule = c.rule == RULE_NONE and f32(c.rope_attention_factor) in (0, 1)
     if f32(c.rope_theta) != LLAMA2C_THETA or f32(c.rope_fraction) != 1 or not no_rule:
         raise ExportError(f"--legacy: llama2.c's legacy format has no rotary settings: it needs theta 10000, "
                           f"p 1 and no scaling rule (this model: theta {show(c.rope_theta)}, "
                           f"p {show(c.rope_fraction)}, rope {describe_rope(c)})")
+    if c.needs_block_fields():
+        raise ExportError("--legacy: llama2.c's legacy format holds Llama's block only; this model's needs ROPE "
+                          "version 2's block fields (its head size, block flags, activation, scales, per-layer table "
+                          "or second RoPE setting; leave out --legacy)")
     if f32(c.norm_eps) != f32(LLAMA2C_NORM_EPS):
         warn(f"norm_eps {show(c.norm_eps)} is not stored in llama2.c's legacy format; its readers use 1e-05")
     if c.rope_original_len not in (0, c.seq_len):

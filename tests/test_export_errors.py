@@ -1061,3 +1061,14 @@ def test_a_version_2_field_that_run_refuses_is_refused_when_read_back(gemma4_fil
     assert_fails(export_run(tmp_path / "bad.bin", tmp_path / "out.bin"), EXIT_BAD_INPUT, *words)
     assert not os.path.exists(tmp_path / "out.bin")
 
+
+def test_legacy_refuses_a_block_it_cannot_carry(tmp_path, export_run):
+    """Qwen2's biases (with theta set to llama2.c's): the legacy file had them written after its tensors,
+    and run refused its size."""
+    model = family_model(tmp_path, "Qwen2.5-0.5B")
+    for source in (model, tmp_path / "q.bin"):
+        if source.suffix:
+            assert export_run(model, source).returncode == 0
+        r = export_run(source, tmp_path / "out.bin", "--legacy", "--rope-theta", "10000")
+        assert_fails(r, EXIT_BAD_INPUT, "--legacy: llama2.c's legacy format holds Llama's block only")
+        assert not os.path.exists(tmp_path / "out.bin")
