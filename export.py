@@ -2088,6 +2088,29 @@ def gemma4_config(t):
     return c, kinds, orders
 
 
+def check_gemma4_parts(t, c, files, prefix):
+    """Refuse a config.json that contradicts the checkpoint's tensors about a part the model may
+    have or not, naming both: exported as the config says, the part's weights would be dropped
+    (or looked for in vain). The parts: the per-layer inputs, the experts, and the full layers'
+    value projection (none with attention_k_eq_v)."""
+    shapes = layer_shapes(c)
+    full = next((l for l, s in enumerate(shapes) if s.rope == LAYER_ROPE_FIRST and s.source == l), None)
+    parts = [("hidden_size_per_layer_input", c.per_layer_dim > 0, prefix + "embed_tokens_per_layer.weight",
+              "the per-layer inputs"),
+             ("enable_moe_block", c.n_experts > 0, prefix + "layers.0.router.proj.weight", "the experts")]
+    if full is not None:
+        parts.append(("attention_k_eq_v", not shapes[full].values, f"{prefix}layers.{full}.self_attn.v_proj.weight",
+                      "the full layers' value projection"))
+    for key, configured, name, what in parts:
+        if configured == (name in files):
+            continue
+        value = json.dumps(t[key]) if key in t else f"{json.dumps(GEMMA4_DEFAULTS.get(key, False))} (its default: not given)"
+        if configured:
+            raise ExportError(f"config.json: {key} {value}, but the checkpoint has no {name} ({what})")
+        raise ExportError(f"config.json: {key} {value}, but the checkpoint has {what} ({name}): exported as the "
+                          "config says, they would be dropped")
+
+
 def check_gemma4_head_sizes(c, files, prefix):
     """Refuse head sizes the checkpoint's do not match, naming the config key: a layer's q_norm
     holds one weight per dimension of its heads (the sliding layers' head_dim, the full layers'
@@ -2126,6 +2149,7 @@ def read_gemma4(model_dir, config):
         c.shared_classifier = True  # transformers ties it then
     c.check()
     check_gemma4_head_sizes(c, files, prefix)
+    check_gemma4_parts(t, c, files, prefix)
     matrix_types = set()
 
     def piece(ours, name, shape, heads=None, order=None, column_order=None):

@@ -542,3 +542,53 @@ def test_gemma4_and_expert_config_reading_fuzz(name):
 
 def is_size(value):
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+# ----------------------------------------------------------------------------
+# The property for Gemma 4 and the experts: a checkpoint whose config.json then changes
+
+N_GEMMA4_CHECKPOINTS = 30
+ISSUE_50_KEYS = {"head_dim", "global_head_dim", "hidden_size_per_layer_input", "num_kv_shared_layers", "sliding_window",
+                 "rope_parameters", "attention_k_eq_v", "enable_moe_block", "moe_intermediate_size", "top_k_experts",
+                 "num_experts", "num_local_experts", "num_experts_per_tok", "decoder_sparse_step", "mlp_only_layers"}
+
+
+def write_shrunk(directory, name):
+    """The small checkpoint of `name` (its weights are the unchanged config's); its config."""
+    if name == "gemma-4-26B-A4B":
+        return moe_fixtures.write_checkpoint_gemma4(directory, name, "F32", seed=1)[0]
+    if name.startswith("gemma-4"):
+        return gemma4_fixtures.write_checkpoint(directory, name, "F32", seed=1)[0]
+    return moe_fixtures.write_checkpoint(directory, name, "F32", seed=1)[0]
+
+
+def test_every_gemma4_and_expert_export_writes_run_loads(tmp_path):
+    """A checkpoint's config.json with one to three keys changed (a size near its own, null, removed, a
+    boolean flipped), so that it may contradict the tensors: export.py refuses in one line (naming what
+    contradicts what), or writes a file ./run loads and generates with."""
+    rng = random.Random(3235)
+    names = GEMMA4_MODELS + EXPERT_MODELS
+    written = 0
+    for case in range(N_GEMMA4_CHECKPOINTS):
+        name = names[case % len(names)]
+        directory = tmp_path / f"hf{case}"
+        config = write_shrunk(directory, name)
+        text = config.get("text_config", config)
+        keys = GEMMA4_KEYS[:-1] if name.startswith("gemma-4") else EXPERT_KEYS  # text_config's own keys
+        # half of them the keys issue 50 names (head sizes, per-layer inputs, KV sharing, window, experts)
+        named = [key for key in keys if key in ISSUE_50_KEYS]
+        for key in {rng.choice(named if rng.random() < 0.5 else keys) for _ in range(rng.randint(1, 3))}:
+            value = text.get(key)
+            change = rng.choice(["near", "null", "remove", "flip"])
+            if change == "remove":
+                text.pop(key, None)
+            elif change == "null":
+                text[key] = None
+            elif is_size(value) and change == "near":
+                text[key] = rng.choice([value - 1, value + 1, value // 2, 2 * value, 0])
+            elif isinstance(value, bool):
+                text[key] = not value
+        (directory / "config.json").write_text(json.dumps(config))
+        what = f"case {case} ({name}): {json.dumps(text)[:3000]}"
+        written += export_and_load(directory, tmp_path / f"out{case}.bin", TOK512, what)
+    assert N_GEMMA4_CHECKPOINTS // 5 <= written <= N_GEMMA4_CHECKPOINTS - N_GEMMA4_CHECKPOINTS // 5, written

@@ -450,6 +450,14 @@ def test_gemma4_26b_31b_chat_template_is_stored_as_gemma4_large(tmp_path):
     ({"head_dim": 14}, "config.json: head_dim 14: the checkpoint's heads of layer 0 are not 14 wide "
                        "(model.language_model.layers.0.self_attn.q_norm.weight has shape [16])"),
     ({"global_head_dim": 64}, "config.json: global_head_dim 64: the checkpoint's heads of layer 4 are not 64 wide"),
+    # a config that contradicts the checkpoint's tensors, naming both (issue 50): exported as the config says,
+    # the per-layer inputs, or the full layers' v_proj, would be dropped
+    ({"hidden_size_per_layer_input": 0}, "config.json: hidden_size_per_layer_input 0, but the checkpoint has the "
+                                         "per-layer inputs (model.language_model.embed_tokens_per_layer.weight)"),
+    ({"hidden_size_per_layer_input": None}, "config.json: hidden_size_per_layer_input null, but the checkpoint has"),
+    ({"attention_k_eq_v": True, "num_global_key_value_heads": 1},
+     "config.json: attention_k_eq_v true, but the checkpoint has the full layers' value projection "
+     "(model.language_model.layers.4.self_attn.v_proj.weight)"),
 ])
 def test_unsupported_gemma4_configs_are_refused_in_one_line(tmp_path, change, words):
     d = tmp_path / "e2b"
