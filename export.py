@@ -56,8 +56,12 @@ vision and audio towers left out; or gemma4_text) is written with docs/format.md
 records (head size, KV heads, width, KV sharing, k = v), v norm, layer scalars and per-layer
 inputs: the full layers' proportional RoPE is the first setting (p-RoPE over global_head_dim),
 the sliding layers' the second. On k = v layers the values are wk's permuted rows, so wo's
-columns are permuted per head the same way. Mixture of experts, bidirectional attention
-"all" and attention biases are refused; the chat template is not stored yet.
+columns are permuted per head the same way; 26B-A4B's experts (enable_moe_block) beside each
+feed-forward. Bidirectional attention "all" and attention biases are refused, and so is a
+config.json that contradicts the tensors (per-layer inputs, experts or the full layers' v_proj
+present where it says none, or the reverse; head sizes other than the checkpoint's; a null
+sliding_window with sliding layers); a key it does not give takes Gemma4TextConfig's published
+default, with a note.
 """
 
 import argparse
@@ -1915,13 +1919,21 @@ def config_from_json(config):
 
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 G4_SLIDING, G4_FULL = "sliding_attention", "full_attention"
-# Gemma4TextConfig's defaults (transformers' configuration_gemma4.py) for the keys read here
+GEMMA4_DEFAULT_ROPE = {G4_SLIDING: {"rope_type": "default", "rope_theta": 10000.0},
+                       G4_FULL: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0}}
+# Gemma4TextConfig's published defaults (transformers' configuration_gemma4.py) for the keys read
+# here: a key config.json does not give takes its default, and gemma4_defaults_note says so
+# (layer_types None: five sliding layers to one full)
 GEMMA4_DEFAULTS = {"hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 30, "num_attention_heads": 8,
                    "num_key_value_heads": 4, "head_dim": 256, "global_head_dim": 512, "vocab_size": 262144,
                    "vocab_size_per_layer_input": 262144, "hidden_size_per_layer_input": 256, "sliding_window": 512,
-                   "rms_norm_eps": 1e-6}
-GEMMA4_DEFAULT_ROPE = {G4_SLIDING: {"rope_type": "default", "rope_theta": 10000.0},
-                       G4_FULL: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0}}
+                   "rms_norm_eps": 1e-6, "max_position_embeddings": 131072, "num_kv_shared_layers": 0,
+                   "tie_word_embeddings": True, "attention_k_eq_v": False, "use_double_wide_mlp": False,
+                   "enable_moe_block": False, "final_logit_softcapping": None, "rope_parameters": GEMMA4_DEFAULT_ROPE,
+                   "layer_types": None}
+# the keys whose null transformers also reads as their default (the booleans, the two it computes)
+GEMMA4_NULL_IS_DEFAULT = {"tie_word_embeddings", "attention_k_eq_v", "use_double_wide_mlp", "enable_moe_block",
+                          "rope_parameters", "layer_types"}
 # where the text decoder's tensors are: (prefix of model.*, the classifier's name)
 GEMMA4_PREFIXES = [("model.language_model.", "lm_head.weight"),              # Gemma4ForConditionalGeneration
                    ("language_model.model.", "language_model.lm_head.weight"),
@@ -1937,12 +1949,12 @@ def gemma4_text_config(config):
 
 
 def gemma4_int(t, key, low=1):
-    """A config integer with Gemma4TextConfig's default (when absent), >= low. A null
-    hidden_size_per_layer_input or num_kv_shared_layers is 0 (none), as transformers reads it."""
-    value = t.get(key, GEMMA4_DEFAULTS.get(key))
+    """A config integer, >= low; Gemma4TextConfig's default when config.json does not give the key. A
+    null hidden_size_per_layer_input or num_kv_shared_layers is 0 (none), as transformers reads it;
+    any other null is refused (transformers' typed config refuses it too)."""
+    value = t[key] if key in t else GEMMA4_DEFAULTS.get(key)
     if value is None and key in ("hidden_size_per_layer_input", "num_kv_shared_layers"):
         value = 0
-    value = GEMMA4_DEFAULTS.get(key) if value is None else value
     if not is_int(value) or not low <= value <= INT32_MAX:
         raise ExportError(f"config.json: {key} {json.dumps(value)} must be an integer >= {low}")
     return value
@@ -2018,10 +2030,10 @@ def gemma4_config(t):
         if head_size_problem(size, n_heads):
             raise ExportError(f"config.json: {key} {size}: {head_size_problem(size, n_heads)}")
     intermediate = gemma4_int(t, "intermediate_size")
-    seq_len = hf_int(t, "max_position_embeddings", HF_DEFAULTS["max_position_embeddings"])
+    seq_len = gemma4_int(t, "max_position_embeddings")
     kinds = gemma4_layer_types(t, n_layers)
-    window = gemma4_int(t, "sliding_window")
-    k_eq_v = json_bool(t, "attention_k_eq_v", False)
+    window = gemma4_sliding_window(t, kinds)
+    k_eq_v = json_bool(t, "attention_k_eq_v", GEMMA4_DEFAULTS["attention_k_eq_v"])
     global_kv_heads = n_kv_heads
     if k_eq_v:
         if not t.get("num_global_key_value_heads"):
@@ -2032,11 +2044,12 @@ def gemma4_config(t):
         raise ExportError(f"config.json: num_kv_shared_layers {n_shared} leaves no layer of the {n_layers} that "
                           "computes its own keys and values")
     first_shared = n_layers - n_shared
-    double_wide = json_bool(t, "use_double_wide_mlp", False) and n_shared > 0
-    moe = json_bool(t, "enable_moe_block", False)  # 26B-A4B: experts beside every layer's feed-forward
+    double_wide = json_bool(t, "use_double_wide_mlp", GEMMA4_DEFAULTS["use_double_wide_mlp"]) and n_shared > 0
+    # 26B-A4B: experts beside every layer's feed-forward
+    moe = json_bool(t, "enable_moe_block", GEMMA4_DEFAULTS["enable_moe_block"])
     c = Config(dim=dim, hidden_dim=intermediate, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,
                vocab_size=gemma4_int(t, "vocab_size"), seq_len=seq_len,
-               shared_classifier=json_bool(t, "tie_word_embeddings", True),
+               shared_classifier=json_bool(t, "tie_word_embeddings", GEMMA4_DEFAULTS["tie_word_embeddings"]),
                norm_eps=hf_number(t.get("rms_norm_eps", GEMMA4_DEFAULTS["rms_norm_eps"]), "rms_norm_eps"))
     c.head_size = global_head_dim  # the first setting's (full) layers' head size
     c.qk_norm = c.post_norms = c.v_norm = c.layer_scalars = True
@@ -2064,7 +2077,7 @@ def gemma4_config(t):
         theta2, p2, scaling2, sliding_rotary = gemma4_rope(t, G4_SLIDING, head_dim, seq_len)
         if scaling2.get("rule", RULE_NONE) != RULE_NONE:
             raise ExportError("config.json: rope_parameters.sliding_attention: a scaling rule on the sliding layers "
-                              "is not supported (the second setting stores theta and p only)")
+                              "is not supported (export.py stores their theta and p only)")
         c.rope2 = {"rope_theta": theta2, "rope_fraction": p2}
         orders[LAYER_ROPE_SECOND] = pair_permutation(head_dim, sliding_rotary)
     records = []
@@ -2085,7 +2098,37 @@ def gemma4_config(t):
                         int(full and k_eq_v and not source),
                         int(moe)))
     c.layers = records
+    gemma4_defaults_note(t, c, kinds)
     return c, kinds, orders
+
+
+def gemma4_sliding_window(t, kinds):
+    """The sliding layers' window (0 without sliding layers). A null one with sliding layers is
+    refused: transformers refuses it too (its typed config wants an integer, and its sliding mask
+    raises without one); taking 512 or full attention would silently change the model."""
+    if G4_SLIDING not in kinds:
+        return 0
+    if "sliding_window" in t and t["sliding_window"] is None:
+        layers = [i for i, kind in enumerate(kinds) if kind == G4_SLIDING]
+        raise ExportError(f"config.json: sliding_window null, but layer_types has {len(layers)} sliding layers "
+                          f"({', '.join(map(str, layers[:4]))}{', ...' if len(layers) > 4 else ''}): their window "
+                          "is not given (transformers refuses it too)")
+    return gemma4_int(t, "sliding_window")
+
+
+def gemma4_defaults_note(t, c, kinds):
+    """One note line (on success) naming the keys config.json does not give that Gemma4TextConfig's
+    published defaults fill: the model they make is not necessarily the checkpoint's."""
+    unused = {"vocab_size_per_layer_input"} if not c.per_layer_dim else set()
+    if G4_SLIDING not in kinds:
+        unused.add("sliding_window")
+    taken = [key for key in GEMMA4_DEFAULTS if key not in unused
+             and (key not in t or (t[key] is None and key in GEMMA4_NULL_IS_DEFAULT))]
+    if taken:
+        values = ["five sliding layers to one full" if key == "layer_types" else json.dumps(GEMMA4_DEFAULTS[key])
+                  for key in taken]
+        say_later(f"note: config.json gives no {', '.join(taken)}: Gemma4TextConfig's published defaults taken "
+                  f"({', '.join(f'{key} {value}' for key, value in zip(taken, values))})")
 
 
 def check_gemma4_parts(t, c, files, prefix):
@@ -2104,7 +2147,7 @@ def check_gemma4_parts(t, c, files, prefix):
     for key, configured, name, what in parts:
         if configured == (name in files):
             continue
-        value = json.dumps(t[key]) if key in t else f"{json.dumps(GEMMA4_DEFAULTS.get(key, False))} (its default: not given)"
+        value = json.dumps(t[key]) if key in t else f"{json.dumps(GEMMA4_DEFAULTS[key])} (its default: not given)"
         if configured:
             raise ExportError(f"config.json: {key} {value}, but the checkpoint has no {name} ({what})")
         raise ExportError(f"config.json: {key} {value}, but the checkpoint has {what} ({name}): exported as the "
