@@ -13,12 +13,15 @@ type a model cannot take (q8_0 with rows that are not whole blocks) is refused a
 
 Run with: /usr/bin/python3 -m pytest tests/test_export_round_trip.py
 """
+import subprocess
+
 import pytest
 
 import family_fixtures
 import gemma4_fixtures
 import moe_fixtures
-from conftest import TOK512, export, run
+from conftest import TOK512, run
+from test_export_property import call_export
 from test_export_tokenizer import sentencepiece_json, write_tokenizer
 
 FAMILIES = ["Qwen2.5-0.5B", "Qwen3-0.6B", "SmolLM3-3B", "Mistral-7B-v0.1", "Gemma-2B", "Gemma-2-2B", "Gemma-3-1B",
@@ -39,6 +42,13 @@ def write_source(directory, name):
     else:
         moe_fixtures.write_checkpoint(directory, name, "BF16", seed=7)
     write_tokenizer(directory, sentencepiece_json(), {"bos_token": "<s>", "eos_token": "</s>"})
+
+
+def export(*args, check=True):
+    """export.py's main() in this process (no interpreter start per export), as a CompletedProcess."""
+    code, out, err = call_export(*args)
+    assert code == 0 or not check, err
+    return subprocess.CompletedProcess(args, code, out, err)
 
 
 def ppl(model):
