@@ -56,8 +56,12 @@ vision and audio towers left out; or gemma4_text) is written with docs/format.md
 records (head size, KV heads, width, KV sharing, k = v), v norm, layer scalars and per-layer
 inputs: the full layers' proportional RoPE is the first setting (p-RoPE over global_head_dim),
 the sliding layers' the second. On k = v layers the values are wk's permuted rows, so wo's
-columns are permuted per head the same way. Mixture of experts, bidirectional attention
-"all" and attention biases are refused; the chat template is not stored yet.
+columns are permuted per head the same way; 26B-A4B's experts (enable_moe_block) beside each
+feed-forward. Bidirectional attention "all" and attention biases are refused, and so is a
+config.json that contradicts the tensors (per-layer inputs, experts or the full layers' v_proj
+present where it says none, or the reverse; head sizes other than the checkpoint's; a null
+sliding_window with sliding layers); a key it does not give takes Gemma4TextConfig's published
+default, with a note.
 """
 
 import argparse
@@ -102,6 +106,7 @@ ROPE_V2_SECOND = struct.Struct("<3f2i5f")
 FLAG_QKV_BIAS, FLAG_QK_NORM, FLAG_POST_NORMS = 1, 2, 4
 FLAG_V_NORM, FLAG_LAYER_SCALARS, FLAG_PER_LAYER_INPUTS = 8, 16, 32  # Gemma 4
 FLAG_EXPERTS = 64  # a mixture of experts (Qwen3-MoE, Mixtral)
+KNOWN_FLAGS = 127  # the bits above; run.c refuses a file with any other
 # the header's routing codes (byte 212): softmax over the experts, the top k, renormalized
 # over them (Mixtral; Qwen3-MoE with norm_topk_prob) or not (Qwen3-MoE without); Gemma 4's
 # (renormalized, times a per-expert scale, the experts beside the feed-forward)
@@ -190,6 +195,11 @@ RULE_FIELDS = [
     ("llama3_low_freq_factor", RULE_LLAMA3, 1.0),
     ("llama3_high_freq_factor", RULE_LLAMA3, 4.0),
 ]
+# the second RoPE setting's fields, in ROPE_V2_SECOND's order, and what each is when Config.rope2
+# does not give it (p 1, factor 1, no rule, the trained length and the rule fields 0: their defaults)
+ROPE2_FIELDS = ["rope_theta", "rope_fraction", "rope_factor", "rope_scaling", "rope_original_len"] + [
+    name for name, _, _ in RULE_FIELDS]
+ROPE2_DEFAULTS = dict(zip(ROPE2_FIELDS[1:], [1.0, 1.0, RULE_NONE, 0] + [0.0] * len(RULE_FIELDS)))
 PROGRESS_BYTES = 100_000_000  # writing a bigger file shows a progress line on stderr
 
 
@@ -286,8 +296,8 @@ class Config:
         self.final_softcap = 0.0      # 0: none
         self.layers = None            # per layer (rope, window), or None: every layer rotates, full attention;
         #                               Gemma 4: per layer the eight fields of LAYER_RECORD_WIDE
-        self.rope2 = None             # the second RoPE setting: {"rope_theta": theta} (no rule; optional
-        #                               "rope_fraction", and "head_size": its layers' head size), or None
+        self.rope2 = None             # the second RoPE setting: {"rope_theta": theta, and any other of
+        #                               ROPE2_FIELDS it gives (else ROPE2_DEFAULTS)}, or None
         self.v_norm = False           # Gemma 4: a weightless RMSNorm over each value head
         self.layer_scalars = False    # Gemma 4: the residual stream times a scalar after each layer
         self.per_layer_dim = 0        # Gemma 4 E2B / E4B: P, the width of each layer's input slice (0: none)
@@ -296,7 +306,6 @@ class Config:
         self.n_experts_used = 0       # k, the experts a token uses
         self.expert_hidden = 0        # each expert's feed-forward width
         self.routing = 0              # ROUTING_SOFTMAX_TOPK_NORM, ROUTING_SOFTMAX_TOPK or ROUTING_GEMMA4
-        self.gemma4 = False           # export only: a Gemma 4 model
         self.gemma_norms = False      # export only: the source's norms are x * (1 + w)
         self.longrope_factors = None  # longrope: [short, long], rotated-pairs floats each (the tensor rope_factors)
 
@@ -355,17 +364,24 @@ class Config:
                               "run.c's limit")
         if self.dim % self.n_heads and not self.head_size:
             raise ExportError(f"dim {self.dim} is not a multiple of n_heads {self.n_heads}")
-        if self.n_heads * self.head_dim > RUN_LIMITS["dim"]:
-            raise ExportError(f"n_heads {self.n_heads} x head_dim {self.head_dim} is above run.c's limit of "
-                              f"{RUN_LIMITS['dim']}")
         if self.n_heads % self.n_kv_heads:
             raise ExportError(f"n_heads {self.n_heads} is not a multiple of n_kv_heads {self.n_kv_heads}")
-        if self.head_dim % 2:
-            raise ExportError(f"head_dim {self.head_dim} is odd: rotary pairs need an even head_dim")
+        why = head_size_problem(self.head_dim, self.n_heads)
+        if why:
+            raise ExportError(f"head_dim {self.head_dim}: {why}")
         if not (math.isfinite(f32(self.norm_eps)) and f32(self.norm_eps) > 0):
             raise ExportError(f"norm_eps {self.norm_eps} must be finite and > 0 (in float32, as it is stored)")
         check_rope_values(self)
         check_block_values(self)
+
+
+def head_size_problem(head_size, n_heads):
+    """Why a head size cannot be stored, or None: run.c's limits (validate_config, parse_layer_table)."""
+    if head_size < 2 or head_size % 2:
+        return "a head size must be even and at least 2 (RoPE rotates pairs of dimensions)"
+    if n_heads * head_size > RUN_LIMITS["dim"]:
+        return f"n_heads {n_heads} heads of it are above run.c's limit of {RUN_LIMITS['dim']} wide"
+    return None
 
 
 def check_block_values(c):
@@ -378,11 +394,20 @@ def check_block_values(c):
         value = getattr(c, name)
         if value and not (value > 0 and math.isfinite(f32(value)) and f32(value) > 0):
             raise ExportError(f"{name} {value} must be finite and > 0 in float32 (0: the default)")
+    if c.n_experts:
+        check_experts(c)
+    if c.layers is not None:
+        check_layer_records(c)
     if c.rope2 is not None:
+        second = second_setting(c)
         try:
-            check_rope_values(second_setting(c))
+            check_rope_values(second)
         except ExportError as e:
             raise ExportError(f"the second RoPE setting: {e}")
+        if second.rope_scaling == RULE_LONGROPE or (second.rope_scaling == RULE_NONE and f32(second.rope_factor) != 1):
+            raise ExportError(f"the second RoPE setting: rope_scaling {second.rope_scaling} with rope_factor "
+                              f"{show(second.rope_factor)}: longrope is the first setting's only, and the factor of "
+                              "no rule is 1 (run.c refuses the rest)")
     if c.rope_scaling == RULE_LONGROPE and c.longrope_factors is not None:  # (a ROPE file's: once mapped)
         shape = np.shape(c.longrope_factors)
         if shape != (2, rotated_pairs(c)):
@@ -393,10 +418,6 @@ def check_block_values(c):
                           f"{c.n_layers} x it at most {RUN_LIMITS['hidden_dim']} (run.c's limits)")
     if c.per_layer_dim and not (c.per_layer_multiplier > 0 and math.isfinite(f32(c.per_layer_multiplier))):
         raise ExportError(f"per_layer_embedding_multiplier {c.per_layer_multiplier} must be finite and > 0")
-    if c.n_experts:
-        check_experts(c)
-    if c.wide_records:
-        check_layer_records(c)
 
 
 def check_experts(c):
@@ -414,10 +435,11 @@ def check_experts(c):
 
 
 def check_layer_records(c):
-    """Refuse Gemma 4's per-layer records as run.c's parse_layer_table refuses them."""
+    """Refuse the per-layer records, (rope, window) or Gemma 4's eight fields, as run.c's
+    parse_layer_table refuses them."""
     rope2_head = None
     for l, record in enumerate(c.layers):
-        rope, window, head_size, kv_heads, hidden, source, values, experts = record
+        rope, window, head_size, kv_heads, hidden, source, values, experts = (tuple(record) + (0,) * 8)[:8]
         where = f"layer {l}"
         if experts not in ((0, 1) if c.n_experts else (0,)) or (experts and hidden and c.routing != ROUTING_GEMMA4):
             raise ExportError(f"{where}: experts {experts} (with hidden_dim {hidden}) out of range")
@@ -425,9 +447,8 @@ def check_layer_records(c):
             raise ExportError(f"{where}: rope {rope} is not a setting of this file")
         if window < 0 or values not in (0, 1):
             raise ExportError(f"{where}: window {window} or values {values} out of range")
-        if head_size and (head_size < 2 or head_size % 2 or c.n_heads * head_size > RUN_LIMITS["dim"]):
-            raise ExportError(f"{where}: head_size {head_size} must be even, >= 2, with n_heads {c.n_heads} x it at "
-                              f"most {RUN_LIMITS['dim']} (run.c's limit)")
+        if head_size and head_size_problem(head_size, c.n_heads):
+            raise ExportError(f"{where}: head_size {head_size}: {head_size_problem(head_size, c.n_heads)}")
         if kv_heads and (kv_heads < 1 or c.n_heads % kv_heads):
             raise ExportError(f"{where}: n_kv_heads {kv_heads} does not divide n_heads {c.n_heads}")
         if hidden and not 1 <= hidden <= RUN_LIMITS["hidden_dim"]:
@@ -453,13 +474,14 @@ def check_layer_records(c):
 
 
 def second_setting(c):
-    """A Config whose first RoPE setting is c's second one (theta, p 1 unless given, no rule), for the checks."""
-    second = copy.copy(c)
-    second.rope_theta, second.rope_fraction, second.rope2, second.longrope_factors = (
-        c.rope2["rope_theta"], c.rope2.get("rope_fraction", 1.0), None, None)
-    second.head_size = c.rope2.get("head_size", c.head_size)  # its layers' head size (Gemma 4: head_dim)
-    second.layers = None
-    second.set_scaling()
+    """A Config whose first RoPE setting is c's second one (ROPE2_FIELDS), over the head size of the
+    layers that use it (Gemma 4's sliding layers: head_dim; else the header's), for the checks."""
+    second, fields = copy.copy(c), {**ROPE2_DEFAULTS, **c.rope2}
+    second.rope_theta, second.rope_fraction = fields["rope_theta"], fields["rope_fraction"]
+    second.set_scaling(fields["rope_scaling"], fields["rope_factor"], fields["rope_original_len"],
+                       **{name: fields[name] for name, _, _ in RULE_FIELDS})
+    second.head_size = next((s.head_size for s in layer_shapes(c) if s.rope == LAYER_ROPE_SECOND), c.head_dim)
+    second.rope2 = second.longrope_factors = second.layers = None
     return second
 
 
@@ -681,10 +703,20 @@ def map_floats(path, offset, shapes):
     return tensors
 
 
-def check_padding(path, data, start):
-    """Refuse a 256-byte header whose padding (reserved bytes) is not all zero."""
-    if any(data[start:HEADER_BYTES]):
-        raise ExportError(f"{path}: header bytes {start}..{HEADER_BYTES - 1} are not all zero (a newer format?)")
+def check_padding(path, data, start, end=HEADER_BYTES, why="a newer format?"):
+    """Refuse a 256-byte header whose padding (reserved bytes, or the fields of an option the file does
+    not have) is not all zero."""
+    if any(data[start:end]):
+        raise ExportError(f"{path}: header bytes {start}..{end - 1} are not all zero ({why})")
+
+
+def file_bytes(path, offset, count):
+    """count bytes of a file from offset, or None when the file ends before them."""
+    if offset + count > os.path.getsize(path):
+        return None
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(count)
 
 
 def check_size(path, what, expected):
@@ -712,9 +744,64 @@ def map_aligned(path, c, weight_type):
     return tensors, end
 
 
+def read_rope_v2_fields(path, data, c):
+    """Set c's version 2 fields (bytes 84..255, docs/format.md: head_size, the block options, the second
+    RoPE setting, the per-layer inputs' and the experts' fields), refused as run.c's parse_header_v2
+    refuses them; Config.check checks their values. Returns (the matrices' type, (the tokenizer
+    section's offset, bytes), (the per-layer table's offset, bytes))."""
+    head_size, type_code, reserved, tok_offset, tok_bytes = ROPE_V2_FIELDS.unpack_from(data, ROPE_HEADER.size)
+    if reserved != 0:
+        raise ExportError(f"{path}: the reserved field at byte 92 is {reserved}, not 0")
+    if not 0 <= type_code < len(WEIGHT_TYPES):
+        raise ExportError(f"{path}: weight_type {type_code} is not one of 0 f32, 1 bf16, 2 f16, 3 q8_0")
+    (flags, c.activation, c.embedding_multiplier, c.attention_scale, c.attention_softcap, c.final_softcap,
+     table_offset, table_bytes) = ROPE_V2_BLOCK.unpack_from(data, ROPE_HEADER.size + ROPE_V2_FIELDS.size)
+    if flags & ~KNOWN_FLAGS:
+        raise ExportError(f"{path}: block_flags {flags:#x} has bits this format does not define")
+    c.head_size = head_size
+    c.qkv_bias, c.qk_norm, c.post_norms, c.v_norm, c.layer_scalars = (
+        bool(flags & flag) for flag in (FLAG_QKV_BIAS, FLAG_QK_NORM, FLAG_POST_NORMS, FLAG_V_NORM, FLAG_LAYER_SCALARS))
+    second = dict(zip(ROPE2_FIELDS, ROPE_V2_SECOND.unpack_from(data, PER_LAYER_BYTES_AT - ROPE_V2_SECOND.size)))
+    if second["rope_theta"]:
+        c.rope2 = second
+    else:
+        check_padding(path, data, PER_LAYER_BYTES_AT - ROPE_V2_SECOND.size, PER_LAYER_BYTES_AT,
+                      "a second RoPE setting's fields, but rope2_theta is 0: none")
+    for flag, at, fields, names in ((FLAG_PER_LAYER_INPUTS, PER_LAYER_BYTES_AT, ROPE_V2_PER_LAYER,
+                                     ("per_layer_dim", "per_layer_multiplier")),
+                                    (FLAG_EXPERTS, EXPERTS_BYTES_AT, ROPE_V2_EXPERTS,
+                                     ("n_experts", "n_experts_used", "expert_hidden", "routing"))):
+        if flags & flag:
+            for name, value in zip(names, fields.unpack_from(data, at)):
+                setattr(c, name, value)
+        else:
+            check_padding(path, data, at, at + fields.size, f"fields of block flag {flag}, which is not set")
+    if c.block_flags != flags:  # bit 5 or 6 with a width of 0
+        raise ExportError(f"{path}: block_flags {flags:#x}, but per_layer_input_dim is {c.per_layer_dim} and "
+                          f"n_experts {c.n_experts} (each must be >= 1 with its bit, 32 and 64)")
+    check_padding(path, data, EXPERTS_BYTES_AT + ROPE_V2_EXPERTS.size)
+    return WEIGHT_TYPES[type_code], (tok_offset, tok_bytes), (table_offset, table_bytes)
+
+
+def read_layer_table(path, c, offset, count):
+    """The per-layer table's records (docs/format.md: two int32 per layer, or Gemma 4's eight), or
+    None when the header gives none (offset and bytes 0); checked by Config.check, its place by the
+    caller once the tensors' end is known."""
+    if offset == 0 and count == 0:
+        return None
+    sizes = {LAYER_RECORD.size * c.n_layers: LAYER_RECORD, LAYER_RECORD_WIDE.size * c.n_layers: LAYER_RECORD_WIDE}
+    record = sizes.get(count) if c.n_layers >= 1 else None
+    if record is None:
+        raise ExportError(f"{path}: layer_table_bytes {count} is not 8 x n_layers {c.n_layers} (or 32 x it)")
+    table = file_bytes(path, offset, count)
+    if table is None:
+        raise ExportError(f"{path}: the per-layer table ({count} bytes at {offset}) runs past the end of the file")
+    return [record.unpack_from(table, l * record.size) for l in range(c.n_layers)]
+
+
 def read_rope(path, data):
-    """Read a ROPE file (docs/format.md), version 1 or 2: (Config, tensors, the matrices' type,
-    its tokenizer section's bytes or None)."""
+    """Read a ROPE file (docs/format.md), version 1 or 2, every field and section a version 2 file
+    has: (Config, tensors, the matrices' type, its tokenizer section's bytes or None)."""
     (_, version, dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared,
      eps, theta, fraction, factor, rule, original_len, *rule_values) = ROPE_HEADER.unpack_from(data)
     if version not in (ROPE_VERSION, ROPE_VERSION_2):
@@ -722,19 +809,14 @@ def read_rope(path, data):
                           f"{ROPE_VERSION_2})")
     if shared not in (0, 1):
         raise ExportError(f"{path}: shared_classifier is {shared}, expected 0 or 1")
-    weight_type, tok_offset, tok_bytes = "f32", 0, 0
-    if version == ROPE_VERSION_2:
-        head_size, type_code, reserved, tok_offset, tok_bytes = ROPE_V2_FIELDS.unpack_from(data, ROPE_HEADER.size)
-        if head_size != 0 or reserved != 0:
-            raise ExportError(f"{path}: head_size {head_size} and the reserved field {reserved} must be 0")
-        if not 0 <= type_code < len(WEIGHT_TYPES):
-            raise ExportError(f"{path}: weight_type {type_code} is not one of 0 f32, 1 bf16, 2 f16, 3 q8_0")
-        weight_type = WEIGHT_TYPES[type_code]
-        check_padding(path, data, ROPE_HEADER.size + ROPE_V2_FIELDS.size)
-    else:
-        check_padding(path, data, ROPE_HEADER.size)
     c = Config(dim, hidden, layers, heads, kv_heads, vocab, seq_len, bool(shared), eps, theta, fraction, factor,
                rule, original_len, **{name: value for (name, _, _), value in zip(RULE_FIELDS, rule_values)})
+    weight_type, (tok_offset, tok_bytes), table = "f32", (0, 0), (0, 0)
+    if version == ROPE_VERSION_2:
+        weight_type, (tok_offset, tok_bytes), table = read_rope_v2_fields(path, data, c)
+        c.layers = read_layer_table(path, c, *table)
+    else:
+        check_padding(path, data, ROPE_HEADER.size)
     try:
         c.check()
     except ExportError as e:
@@ -750,6 +832,11 @@ def read_rope(path, data):
             c.check()
         except ExportError as e:
             raise ExportError(f"{path}: {e}")
+    if c.layers is not None:
+        if table != layer_table_place(c, end):
+            raise ExportError(f"{path}: the per-layer table is at {table[0]} ({table[1]} bytes); the format puts it "
+                              f"at {layer_table_place(c, end)[0]}, the first multiple of 64 after the tensors")
+        end = sum(table)
     tokenizer = None
     if tok_offset or tok_bytes:
         if tok_offset != end + -end % TENSOR_ALIGNMENT or tok_bytes < TOKN_HEADER_BYTES:
@@ -758,8 +845,7 @@ def read_rope(path, data):
         end = tok_offset + tok_bytes
     check_size(path, f"ROPE version 2 ({weight_type})", end)
     if tok_bytes:
-        data = np.memmap(path, dtype=np.uint8, mode="r")
-        tokenizer = bytes(data[tok_offset:tok_offset + tok_bytes])
+        tokenizer = file_bytes(path, tok_offset, tok_bytes)
         magic, _, _, n_tokens = struct.unpack_from("<I3i", tokenizer)
         if magic != TOKN_MAGIC or not 0 < n_tokens <= c.vocab_size:
             raise ExportError(f"{path}: the tokenizer section is not a TOKN section of at most {c.vocab_size} tokens")
@@ -1833,13 +1919,21 @@ def config_from_json(config):
 
 GEMMA4_TYPES = ("gemma4", "gemma4_text")
 G4_SLIDING, G4_FULL = "sliding_attention", "full_attention"
-# Gemma4TextConfig's defaults (transformers' configuration_gemma4.py) for the keys read here
+GEMMA4_DEFAULT_ROPE = {G4_SLIDING: {"rope_type": "default", "rope_theta": 10000.0},
+                       G4_FULL: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0}}
+# Gemma4TextConfig's published defaults (transformers' configuration_gemma4.py) for the keys read
+# here: a key config.json does not give takes its default, and gemma4_defaults_note says so
+# (layer_types None: five sliding layers to one full)
 GEMMA4_DEFAULTS = {"hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 30, "num_attention_heads": 8,
                    "num_key_value_heads": 4, "head_dim": 256, "global_head_dim": 512, "vocab_size": 262144,
                    "vocab_size_per_layer_input": 262144, "hidden_size_per_layer_input": 256, "sliding_window": 512,
-                   "rms_norm_eps": 1e-6}
-GEMMA4_DEFAULT_ROPE = {G4_SLIDING: {"rope_type": "default", "rope_theta": 10000.0},
-                       G4_FULL: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0}}
+                   "rms_norm_eps": 1e-6, "max_position_embeddings": 131072, "num_kv_shared_layers": 0,
+                   "tie_word_embeddings": True, "attention_k_eq_v": False, "use_double_wide_mlp": False,
+                   "enable_moe_block": False, "final_logit_softcapping": None, "rope_parameters": GEMMA4_DEFAULT_ROPE,
+                   "layer_types": None}
+# the keys whose null transformers also reads as their default (the booleans, the two it computes)
+GEMMA4_NULL_IS_DEFAULT = {"tie_word_embeddings", "attention_k_eq_v", "use_double_wide_mlp", "enable_moe_block",
+                          "rope_parameters", "layer_types"}
 # where the text decoder's tensors are: (prefix of model.*, the classifier's name)
 GEMMA4_PREFIXES = [("model.language_model.", "lm_head.weight"),              # Gemma4ForConditionalGeneration
                    ("language_model.model.", "language_model.lm_head.weight"),
@@ -1855,12 +1949,12 @@ def gemma4_text_config(config):
 
 
 def gemma4_int(t, key, low=1):
-    """A config integer with Gemma4TextConfig's default (when absent), >= low. A null
-    hidden_size_per_layer_input or num_kv_shared_layers is 0 (none), as transformers reads it."""
-    value = t.get(key, GEMMA4_DEFAULTS.get(key))
+    """A config integer, >= low; Gemma4TextConfig's default when config.json does not give the key. A
+    null hidden_size_per_layer_input or num_kv_shared_layers is 0 (none), as transformers reads it;
+    any other null is refused (transformers' typed config refuses it too)."""
+    value = t[key] if key in t else GEMMA4_DEFAULTS.get(key)
     if value is None and key in ("hidden_size_per_layer_input", "num_kv_shared_layers"):
         value = 0
-    value = GEMMA4_DEFAULTS.get(key) if value is None else value
     if not is_int(value) or not low <= value <= INT32_MAX:
         raise ExportError(f"config.json: {key} {json.dumps(value)} must be an integer >= {low}")
     return value
@@ -1932,11 +2026,14 @@ def gemma4_config(t):
     global_head_dim = t.get("global_head_dim", GEMMA4_DEFAULTS["global_head_dim"]) or head_dim
     if not is_int(global_head_dim) or global_head_dim < 1:
         raise ExportError(f"config.json: global_head_dim {json.dumps(global_head_dim)} must be a positive integer")
+    for key, size in (("head_dim", head_dim), ("global_head_dim", global_head_dim)):  # before the row orders
+        if head_size_problem(size, n_heads):
+            raise ExportError(f"config.json: {key} {size}: {head_size_problem(size, n_heads)}")
     intermediate = gemma4_int(t, "intermediate_size")
-    seq_len = hf_int(t, "max_position_embeddings", HF_DEFAULTS["max_position_embeddings"])
+    seq_len = gemma4_int(t, "max_position_embeddings")
     kinds = gemma4_layer_types(t, n_layers)
-    window = gemma4_int(t, "sliding_window")
-    k_eq_v = json_bool(t, "attention_k_eq_v", False)
+    window = gemma4_sliding_window(t, kinds)
+    k_eq_v = json_bool(t, "attention_k_eq_v", GEMMA4_DEFAULTS["attention_k_eq_v"])
     global_kv_heads = n_kv_heads
     if k_eq_v:
         if not t.get("num_global_key_value_heads"):
@@ -1947,13 +2044,13 @@ def gemma4_config(t):
         raise ExportError(f"config.json: num_kv_shared_layers {n_shared} leaves no layer of the {n_layers} that "
                           "computes its own keys and values")
     first_shared = n_layers - n_shared
-    double_wide = json_bool(t, "use_double_wide_mlp", False) and n_shared > 0
-    moe = json_bool(t, "enable_moe_block", False)  # 26B-A4B: experts beside every layer's feed-forward
+    double_wide = json_bool(t, "use_double_wide_mlp", GEMMA4_DEFAULTS["use_double_wide_mlp"]) and n_shared > 0
+    # 26B-A4B: experts beside every layer's feed-forward
+    moe = json_bool(t, "enable_moe_block", GEMMA4_DEFAULTS["enable_moe_block"])
     c = Config(dim=dim, hidden_dim=intermediate, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads,
                vocab_size=gemma4_int(t, "vocab_size"), seq_len=seq_len,
-               shared_classifier=json_bool(t, "tie_word_embeddings", True),
+               shared_classifier=json_bool(t, "tie_word_embeddings", GEMMA4_DEFAULTS["tie_word_embeddings"]),
                norm_eps=hf_number(t.get("rms_norm_eps", GEMMA4_DEFAULTS["rms_norm_eps"]), "rms_norm_eps"))
-    c.gemma4 = True
     c.head_size = global_head_dim  # the first setting's (full) layers' head size
     c.qk_norm = c.post_norms = c.v_norm = c.layer_scalars = True
     c.activation = ACTIVATIONS.index("geglu-tanh")
@@ -1980,8 +2077,8 @@ def gemma4_config(t):
         theta2, p2, scaling2, sliding_rotary = gemma4_rope(t, G4_SLIDING, head_dim, seq_len)
         if scaling2.get("rule", RULE_NONE) != RULE_NONE:
             raise ExportError("config.json: rope_parameters.sliding_attention: a scaling rule on the sliding layers "
-                              "is not supported (the second setting stores theta and p only)")
-        c.rope2 = {"rope_theta": theta2, "rope_fraction": p2, "head_size": head_dim}
+                              "is not supported (export.py stores their theta and p only)")
+        c.rope2 = {"rope_theta": theta2, "rope_fraction": p2}
         orders[LAYER_ROPE_SECOND] = pair_permutation(head_dim, sliding_rotary)
     records = []
     for i, kind in enumerate(kinds):
@@ -2001,7 +2098,77 @@ def gemma4_config(t):
                         int(full and k_eq_v and not source),
                         int(moe)))
     c.layers = records
+    gemma4_defaults_note(t, c, kinds)
     return c, kinds, orders
+
+
+def gemma4_sliding_window(t, kinds):
+    """The sliding layers' window (0 without sliding layers). A null one with sliding layers is
+    refused: transformers refuses it too (its typed config wants an integer, and its sliding mask
+    raises without one); taking 512 or full attention would silently change the model."""
+    if G4_SLIDING not in kinds:
+        return 0
+    if "sliding_window" in t and t["sliding_window"] is None:
+        layers = [i for i, kind in enumerate(kinds) if kind == G4_SLIDING]
+        raise ExportError(f"config.json: sliding_window null, but layer_types has {len(layers)} sliding layers "
+                          f"({', '.join(map(str, layers[:4]))}{', ...' if len(layers) > 4 else ''}): their window "
+                          "is not given (transformers refuses it too)")
+    return gemma4_int(t, "sliding_window")
+
+
+def gemma4_defaults_note(t, c, kinds):
+    """One note line (on success) naming the keys config.json does not give that Gemma4TextConfig's
+    published defaults fill: the model they make is not necessarily the checkpoint's."""
+    unused = {"vocab_size_per_layer_input"} if not c.per_layer_dim else set()
+    if G4_SLIDING not in kinds:
+        unused.add("sliding_window")
+    taken = [key for key in GEMMA4_DEFAULTS if key not in unused
+             and (key not in t or (t[key] is None and key in GEMMA4_NULL_IS_DEFAULT))]
+    if taken:
+        values = ["five sliding layers to one full" if key == "layer_types" else json.dumps(GEMMA4_DEFAULTS[key])
+                  for key in taken]
+        say_later(f"note: config.json gives no {', '.join(taken)}: Gemma4TextConfig's published defaults taken "
+                  f"({', '.join(f'{key} {value}' for key, value in zip(taken, values))})")
+
+
+def check_gemma4_parts(t, c, files, prefix):
+    """Refuse a config.json that contradicts the checkpoint's tensors about a part the model may
+    have or not, naming both: exported as the config says, the part's weights would be dropped
+    (or looked for in vain). The parts: the per-layer inputs, the experts, and the full layers'
+    value projection (none with attention_k_eq_v)."""
+    shapes = layer_shapes(c)
+    full = next((l for l, s in enumerate(shapes) if s.rope == LAYER_ROPE_FIRST and s.source == l), None)
+    parts = [("hidden_size_per_layer_input", c.per_layer_dim > 0, prefix + "embed_tokens_per_layer.weight",
+              "the per-layer inputs"),
+             ("enable_moe_block", c.n_experts > 0, prefix + "layers.0.router.proj.weight", "the experts")]
+    if full is not None:
+        parts.append(("attention_k_eq_v", not shapes[full].values, f"{prefix}layers.{full}.self_attn.v_proj.weight",
+                      "the full layers' value projection"))
+    for key, configured, name, what in parts:
+        if configured == (name in files):
+            continue
+        value = json.dumps(t[key]) if key in t else f"{json.dumps(GEMMA4_DEFAULTS[key])} (its default: not given)"
+        if configured:
+            raise ExportError(f"config.json: {key} {value}, but the checkpoint has no {name} ({what})")
+        raise ExportError(f"config.json: {key} {value}, but the checkpoint has {what} ({name}): exported as the "
+                          "config says, they would be dropped")
+
+
+def check_gemma4_head_sizes(c, files, prefix):
+    """Refuse head sizes the checkpoint's do not match, naming the config key: a layer's q_norm
+    holds one weight per dimension of its heads (the sliding layers' head_dim, the full layers'
+    global_head_dim)."""
+    checked = set()
+    for l, s in enumerate(layer_shapes(c)):
+        key = "global_head_dim" if s.rope == LAYER_ROPE_FIRST else "head_dim"
+        name = f"{prefix}layers.{l}.self_attn.q_norm.weight"
+        if key in checked or name not in files:
+            continue
+        checked.add(key)
+        stored = files[name].entries[name]["shape"]
+        if stored != [s.head_size]:
+            raise ExportError(f"config.json: {key} {s.head_size}: the checkpoint's heads of layer {l} are not "
+                              f"{s.head_size} wide ({name} has shape {stored})")
 
 
 def read_gemma4(model_dir, config):
@@ -2024,6 +2191,8 @@ def read_gemma4(model_dir, config):
     if not c.shared_classifier and head_name not in files:
         c.shared_classifier = True  # transformers ties it then
     c.check()
+    check_gemma4_head_sizes(c, files, prefix)
+    check_gemma4_parts(t, c, files, prefix)
     matrix_types = set()
 
     def piece(ours, name, shape, heads=None, order=None, column_order=None):
@@ -2234,7 +2403,7 @@ def write_tensor(f, pieces, progress, weight_type="f32", name=""):
         check_finite(array, getattr(piece, "source", name))
         array = convert_weights(array, weight_type, name)
         storage = Q8_0_STORAGE if weight_type == "q8_0" else NUMPY_STORAGE[weight_type]
-        data = memoryview(np.ascontiguousarray(array, dtype=storage).view(np.uint8)).cast("B")
+        data = memoryview(np.ascontiguousarray(array, dtype=storage).view(np.uint8).reshape(-1)).cast("B")
         f.write(data)
         progress.add(len(data), tensor_done=i == len(pieces) - 1)
 
@@ -2269,9 +2438,8 @@ def rope_header(c, weight_type="f32", version=ROPE_VERSION, tensors_end=0, token
                                       tokenizer_bytes)
         fields += ROPE_V2_BLOCK.pack(c.block_flags, c.activation, c.embedding_multiplier, c.attention_scale,
                                      c.attention_softcap, c.final_softcap, *layer_table_place(c, tensors_end))
-        if c.rope2 is not None:  # theta, p (1 unless given), factor 1, no rule, the trained length and the rule fields 0
-            fields += ROPE_V2_SECOND.pack(c.rope2["rope_theta"], c.rope2.get("rope_fraction", 1.0), 1.0, 0, 0, 0, 0, 0,
-                                          0, 0)
+        if c.rope2 is not None:  # the fields not given are ROPE2_DEFAULTS
+            fields += ROPE_V2_SECOND.pack(*({**ROPE2_DEFAULTS, **c.rope2}[name] for name in ROPE2_FIELDS))
         if c.per_layer_dim:  # Gemma 4's per-layer inputs (bytes 192..199)
             fields += bytes(PER_LAYER_BYTES_AT - len(fields))
             fields += ROPE_V2_PER_LAYER.pack(c.per_layer_dim, c.per_layer_multiplier)
@@ -2346,14 +2514,15 @@ def llama2c_freq_cis(head_dim, seq_len):
 
 def check_legacy(c):
     """Refuse what llama2.c's legacy format cannot carry; warn about norm_eps and the original length."""
-    if c.gemma4:
-        raise ExportError("--legacy: llama2.c's legacy format holds Llama's block only; Gemma 4's (per-layer head "
-                          "sizes, norms, KV sharing, per-layer inputs) needs ROPE version 2 (leave out --legacy)")
     no_rule = c.rule == RULE_NONE and f32(c.rope_attention_factor) in (0, 1)
     if f32(c.rope_theta) != LLAMA2C_THETA or f32(c.rope_fraction) != 1 or not no_rule:
         raise ExportError(f"--legacy: llama2.c's legacy format has no rotary settings: it needs theta 10000, "
                           f"p 1 and no scaling rule (this model: theta {show(c.rope_theta)}, "
                           f"p {show(c.rope_fraction)}, rope {describe_rope(c)})")
+    if c.needs_block_fields():
+        raise ExportError("--legacy: llama2.c's legacy format holds Llama's block only; this model's needs ROPE "
+                          "version 2's block fields (its head size, block flags, activation, scales, per-layer table "
+                          "or second RoPE setting; leave out --legacy)")
     if f32(c.norm_eps) != f32(LLAMA2C_NORM_EPS):
         warn(f"norm_eps {show(c.norm_eps)} is not stored in llama2.c's legacy format; its readers use 1e-05")
     if c.rope_original_len not in (0, c.seq_len):

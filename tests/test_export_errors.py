@@ -1007,3 +1007,68 @@ def test_nan_weight_in_a_rope_file_is_refused(tmp_path, export_run):
     (tmp_path / "nan.bin").write_bytes(data)
     assert_fails(export_run(tmp_path / "nan.bin", tmp_path / "out.bin"), EXIT_BAD_INPUT,
                  "tensor token_embedding: the weight at [0, 7] is nan")
+
+
+# ----------------------------------------------------------------------------
+# Version 2 files read back (issue 50): every field checked as run checks it, one line naming it
+
+
+@pytest.fixture(scope="module")
+def gemma4_file(tmp_path_factory):
+    """A Gemma 4 E2B export (tests/gemma4_fixtures.py): version 2 with head_size, the block flags, the
+    second RoPE setting, the per-layer inputs' fields and eight-field layer records."""
+    import gemma4_fixtures
+    d = tmp_path_factory.mktemp("e2b")
+    gemma4_fixtures.write_checkpoint(d / "m", "gemma-4-E2B-it", "F32")
+    assert export_module.main([str(d / "m"), str(d / "e2b.bin")]) == 0
+    return d / "e2b.bin"
+
+
+def table_at(data):
+    return struct.unpack_from("<Q", data, 136)[0]
+
+
+def table_moved(data):
+    """The per-layer table 64 bytes further on, zero bytes before it, and the header saying so."""
+    at = table_at(data)
+    data[at:at] = bytes(64)
+    struct.pack_into("<Q", data, 136, at + 64)
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda d: struct.pack_into("<i", d, 84, 15), ["head_dim 15: a head size must be even"]),
+    (lambda d: struct.pack_into("<i", d, 92, 1), ["the reserved field at byte 92 is 1, not 0"]),
+    (lambda d: struct.pack_into("<I", d, 112, 0x3e | 0x80), ["block_flags 0xbe has bits this format does not define"]),
+    (lambda d: struct.pack_into("<I", d, 112, 0x3e | 0x40), ["block_flags 0x7e, but", "n_experts 0"]),
+    (lambda d: struct.pack_into("<i", d, 192, 0), ["block_flags 0x3e, but per_layer_input_dim is 0"]),
+    (lambda d: struct.pack_into("<i", d, 200, 8), ["header bytes 200..215 are not all zero (fields of block flag 64"]),
+    (lambda d: struct.pack_into("<i", d, 116, 7), ["activation 7 is not one of"]),
+    (lambda d: struct.pack_into("<f", d, 152, 0.0), ["header bytes 152..191 are not all zero",
+                                                     "rope2_theta is 0"]),
+    (lambda d: struct.pack_into("<i", d, 164, 5), ["the second RoPE setting: rope_scaling 5"]),
+    (lambda d: struct.pack_into("<f", d, 160, 2.0), ["the second RoPE setting: rope_scaling 0 with rope_factor 2"]),
+    (table_moved, ["the per-layer table is at", "the format puts it at"]),
+    (lambda d: struct.pack_into("<Q", d, 144, 33), ["layer_table_bytes 33 is not 8 x n_layers 10"]),
+    (lambda d: struct.pack_into("<i", d, table_at(d) + 8, 7), ["layer 0: head_size 7: a head size must be even"]),
+    (lambda d: struct.pack_into("<i", d, table_at(d) + 32 * 9 + 20, 10), ["layer 9: kv_source 10"]),
+    (lambda d: struct.pack_into("<i", d, 216, 1), ["header bytes 216..255 are not all zero"]),
+])
+def test_a_version_2_field_that_run_refuses_is_refused_when_read_back(gemma4_file, tmp_path, export_run, edit,
+                                                                       words):
+    data = bytearray(gemma4_file.read_bytes())
+    edit(data)
+    (tmp_path / "bad.bin").write_bytes(bytes(data))
+    assert_fails(export_run(tmp_path / "bad.bin", tmp_path / "out.bin"), EXIT_BAD_INPUT, *words)
+    assert not os.path.exists(tmp_path / "out.bin")
+
+
+def test_legacy_refuses_a_block_it_cannot_carry(tmp_path, export_run):
+    """Qwen2's biases (with theta set to llama2.c's): the legacy file had them written after its tensors,
+    and run refused its size."""
+    model = family_model(tmp_path, "Qwen2.5-0.5B")
+    for source in (model, tmp_path / "q.bin"):
+        if source.suffix:
+            assert export_run(model, source).returncode == 0
+        r = export_run(source, tmp_path / "out.bin", "--legacy", "--rope-theta", "10000")
+        assert_fails(r, EXIT_BAD_INPUT, "--legacy: llama2.c's legacy format holds Llama's block only")
+        assert not os.path.exists(tmp_path / "out.bin")

@@ -254,12 +254,12 @@ def read_config(config):
     return c
 
 
-def fuzz_read(config, what, outcomes):
-    """read_config(config), or None when it is refused in one line; counted in outcomes. Any other
+def fuzz_read(config, what, outcomes, reader=read_config):
+    """reader(config), or None when it is refused in one line; counted in outcomes. Any other
     exception fails the test: the reader met a value it did not check."""
     try:
         with contextlib.redirect_stderr(io.StringIO()):  # warnings
-            c = read_config(config)
+            c = reader(config)
     except export.ExportError as e:
         outcomes["refused"] += 1
         assert "\n" not in " ".join(str(e).split()), (what, config, e)
@@ -465,3 +465,130 @@ def test_every_family_export_writes_run_loads(tmp_path):
         family_fixtures.write_checkpoint(tmp_path / f"hf{case}", name, config=config)
         written += export_and_load(tmp_path / f"hf{case}", tmp_path / f"out{case}.bin", TOK512, what)
     assert N_FAMILY_CONFIGS // 5 <= written <= N_FAMILY_CONFIGS - N_FAMILY_CONFIGS // 5, written
+
+
+# ----------------------------------------------------------------------------
+# Fuzz target: Gemma 4's text_config and the mixtures of experts' keys
+
+import gemma4_fixtures  # noqa: E402
+import moe_fixtures  # noqa: E402
+
+GEMMA4_MODELS = ["gemma-4-E2B-it", "gemma-4-E4B", "gemma-4-31B", "gemma-4-26B-A4B"]
+EXPERT_MODELS = ["Qwen3-30B-A3B", "Mixtral-8x7B-v0.1"]
+# every key of Gemma 4's published text_config (E2B's and 26B-A4B's: the per-layer inputs, KV
+# sharing, k = v, the head sizes, the experts), and of the experts families' config.json
+GEMMA4_KEYS = sorted(set(gemma4_fixtures._E2B_TEXT) | set(moe_fixtures.GEMMA4_26B_TEXT) | {"text_config"})
+EXPERT_KEYS = sorted(set(moe_fixtures.REAL_CONFIGS["Qwen3-30B-A3B"]) | set(moe_fixtures.REAL_CONFIGS["Mixtral-8x7B-v0.1"]))
+N_GEMMA4_FUZZ = 500  # per model
+
+
+def shrunk(name):
+    """A small config of a Gemma 4 or experts model (tests/gemma4_fixtures.py, tests/moe_fixtures.py)."""
+    if name == "gemma-4-26B-A4B":
+        return moe_fixtures.shrink_gemma4(name)
+    if name.startswith("gemma-4"):
+        return gemma4_fixtures.shrink(name)
+    return moe_fixtures.shrink(name)
+
+
+def near(rng, value):
+    """An integer near a size the config gives (one off, odd, halved, doubled), or at the edges."""
+    return rng.choice([value - 1, value + 1, value // 2, 2 * value, value + 1 - value % 2, 0, -value, 1, 15,
+                       2**16, 2**20 + 1, 2**31 - 1, 2**31])
+
+
+def read_any_config(config):
+    """export.py's reading of a config.json up to the checks before a tensor is read: Gemma 4's
+    reader for gemma4 and gemma4_text, config_from_json for the others."""
+    if config.get("model_type") in export.GEMMA4_TYPES:
+        c = export.gemma4_config(export.gemma4_text_config(config)[0])[0]
+        c.check()
+        return c
+    return read_config(config)
+
+
+@pytest.mark.parametrize("name", GEMMA4_MODELS + EXPERT_MODELS)
+def test_gemma4_and_expert_config_reading_fuzz(name):
+    """Every key of text_config (Gemma 4) or config.json (Qwen3-MoE, Mixtral), the head sizes, the
+    per-layer inputs, KV sharing and the experts' among them, with values of random JSON types and
+    sizes near the real ones: an ExportError (one line) or a Config that passes its checks and packs
+    into a header; never another exception (main's "unexpected" handler)."""
+    rng = random.Random(f"gemma4 and experts {name}")
+    outcomes = {"accepted": 0, "refused": 0}
+    for case in range(N_GEMMA4_FUZZ):
+        config = shrunk(name)
+        text = config.get("text_config", config)
+        keys = GEMMA4_KEYS if name.startswith("gemma-4") else EXPERT_KEYS
+        for _ in range(rng.randint(1, 3)):
+            rope = text.get("rope_parameters") if isinstance(text, dict) else None
+            if isinstance(rope, dict) and rng.random() < 0.2:
+                kind = rope.get(rng.choice(["full_attention", "sliding_attention"]))
+                if isinstance(kind, dict):
+                    kind[rng.choice(ROPE_KEYS)] = family_json(rng, 1)
+                    continue
+            key = rng.choice(keys)
+            target = config if key == "text_config" or not isinstance(text, dict) else text
+            value = text.get(key) if isinstance(text, dict) else None
+            if is_size(value) and rng.random() < 0.6:
+                target[key] = near(rng, value)
+            else:
+                layers = text.get("num_hidden_layers") if isinstance(text, dict) else None
+                target[key] = family_json(rng, layers if is_size(layers) and layers < 100 else 2)
+        c = fuzz_read(config, f"{name} case {case}", outcomes, read_any_config)
+        if c is not None:
+            export.rope_header(c, "f32", export.ROPE_VERSION_2)  # every value fits the field it is stored in
+    assert outcomes["accepted"] > N_GEMMA4_FUZZ // 20 and outcomes["refused"] > N_GEMMA4_FUZZ // 20, outcomes
+
+
+def is_size(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+# ----------------------------------------------------------------------------
+# The property for Gemma 4 and the experts: a checkpoint whose config.json then changes
+
+N_GEMMA4_CHECKPOINTS = 30
+ISSUE_50_KEYS = {"head_dim", "global_head_dim", "hidden_size_per_layer_input", "num_kv_shared_layers", "sliding_window",
+                 "rope_parameters", "attention_k_eq_v", "enable_moe_block", "moe_intermediate_size", "top_k_experts",
+                 "num_experts", "num_local_experts", "num_experts_per_tok", "decoder_sparse_step", "mlp_only_layers"}
+
+
+def write_shrunk(directory, name):
+    """The small checkpoint of `name` (its weights are the unchanged config's); its config."""
+    if name == "gemma-4-26B-A4B":
+        return moe_fixtures.write_checkpoint_gemma4(directory, name, "F32", seed=1)[0]
+    if name.startswith("gemma-4"):
+        return gemma4_fixtures.write_checkpoint(directory, name, "F32", seed=1)[0]
+    return moe_fixtures.write_checkpoint(directory, name, "F32", seed=1)[0]
+
+
+def test_every_gemma4_and_expert_export_writes_run_loads(tmp_path):
+    """A checkpoint's config.json with one to three keys changed (a size near its own, null, removed, a
+    boolean flipped), so that it may contradict the tensors: export.py refuses in one line (naming what
+    contradicts what), or writes a file ./run loads and generates with."""
+    rng = random.Random(3235)
+    names = GEMMA4_MODELS + EXPERT_MODELS
+    written = 0
+    for case in range(N_GEMMA4_CHECKPOINTS):
+        name = names[case % len(names)]
+        directory = tmp_path / f"hf{case}"
+        config = write_shrunk(directory, name)
+        text = config.get("text_config", config)
+        keys = GEMMA4_KEYS[:-1] if name.startswith("gemma-4") else EXPERT_KEYS  # text_config's own keys
+        # half of them the keys issue 50 names (head sizes, per-layer inputs, KV sharing, window, experts)
+        named = [key for key in keys if key in ISSUE_50_KEYS]
+        for key in {rng.choice(named if rng.random() < 0.5 else keys) for _ in range(rng.randint(1, 3))}:
+            value = text.get(key)
+            change = rng.choice(["near", "null", "remove", "flip"])
+            if change == "remove":
+                text.pop(key, None)
+            elif change == "null":
+                text[key] = None
+            elif is_size(value) and change == "near":
+                text[key] = rng.choice([value - 1, value + 1, value // 2, 2 * value, 0])
+            elif isinstance(value, bool):
+                text[key] = not value
+        (directory / "config.json").write_text(json.dumps(config))
+        what = f"case {case} ({name}): {json.dumps(text)[:3000]}"
+        written += export_and_load(directory, tmp_path / f"out{case}.bin", TOK512, what)
+    assert N_GEMMA4_CHECKPOINTS // 5 <= written <= N_GEMMA4_CHECKPOINTS - N_GEMMA4_CHECKPOINTS // 5, written

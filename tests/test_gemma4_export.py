@@ -284,6 +284,30 @@ def test_success_says_what_was_left_out(exported):
     _, _, _, stderr = exported
     lines = stderr.splitlines()
     assert sum("vision and audio towers are left out" in x for x in lines) == 1, lines
+    assert not any("defaults taken" in x for x in lines), lines  # the fixtures give every key
+
+
+@pytest.mark.parametrize("key, default", [
+    ("rope_parameters", F.ROPE),  # the fixtures' are the published defaults
+    ("sliding_window", 512),
+    ("max_position_embeddings", 131072),
+    ("final_logit_softcapping", None),
+])
+def test_a_key_config_json_does_not_give_takes_its_published_default_and_says_so(tmp_path, key, default):
+    """Without the key: Gemma4TextConfig's default, one note line naming it, and the file the config that
+    gives the default explicitly exports."""
+    d = tmp_path / "e2b"
+    config, _ = F.write_checkpoint(d, "gemma-4-E2B-it", "F32")
+    config["text_config"][key] = default
+    (d / "config.json").write_text(json.dumps(config))
+    export(d, tmp_path / "given.bin")
+    del config["text_config"][key]
+    (d / "config.json").write_text(json.dumps(config))
+    r = export(d, tmp_path / "taken.bin")
+    notes = [x for x in r.stderr.splitlines() if "defaults taken" in x]
+    assert len(notes) == 1 and notes[0].startswith(f"export.py: note: config.json gives no {key}:"), r.stderr
+    assert f"{key} {json.dumps(default)}" in notes[0] or isinstance(default, dict), notes
+    assert (tmp_path / "taken.bin").read_bytes() == (tmp_path / "given.bin").read_bytes()
 
 
 # ----------------------------------------------------------------------------
@@ -442,6 +466,24 @@ def test_gemma4_26b_31b_chat_template_is_stored_as_gemma4_large(tmp_path):
     ({"vocab_size_per_layer_input": 1024}, "vocab_size_per_layer_input"),
     ({"use_bidirectional_attention": "all"}, "use_bidirectional_attention 'all'"),
     ({"attention_bias": True}, "attention_bias"),
+    # head sizes: even (RoPE rotates pairs), within run.c's limit, and the checkpoint's (issue 50)
+    ({"head_dim": 15}, "config.json: head_dim 15: a head size must be even"),
+    ({"global_head_dim": 33}, "config.json: global_head_dim 33: a head size must be even"),
+    ({"head_dim": 0}, "config.json: head_dim 0 must be an integer >= 1"),
+    ({"global_head_dim": 2**14}, "config.json: global_head_dim 16384: n_heads 8 heads of it are above run.c's limit"),
+    ({"head_dim": 14}, "config.json: head_dim 14: the checkpoint's heads of layer 0 are not 14 wide "
+                       "(model.language_model.layers.0.self_attn.q_norm.weight has shape [16])"),
+    ({"global_head_dim": 64}, "config.json: global_head_dim 64: the checkpoint's heads of layer 4 are not 64 wide"),
+    # a config that contradicts the checkpoint's tensors, naming both (issue 50): exported as the config says,
+    # the per-layer inputs, or the full layers' v_proj, would be dropped; the sliding layers' window is not given
+    ({"hidden_size_per_layer_input": 0}, "config.json: hidden_size_per_layer_input 0, but the checkpoint has the "
+                                         "per-layer inputs (model.language_model.embed_tokens_per_layer.weight)"),
+    ({"hidden_size_per_layer_input": None}, "config.json: hidden_size_per_layer_input null, but the checkpoint has"),
+    ({"attention_k_eq_v": True, "num_global_key_value_heads": 1},
+     "config.json: attention_k_eq_v true, but the checkpoint has the full layers' value projection "
+     "(model.language_model.layers.4.self_attn.v_proj.weight)"),
+    ({"sliding_window": None}, "config.json: sliding_window null, but layer_types has 8 sliding layers"),
+    ({"hidden_size": None}, "config.json: hidden_size null must be an integer >= 1"),
 ])
 def test_unsupported_gemma4_configs_are_refused_in_one_line(tmp_path, change, words):
     d = tmp_path / "e2b"

@@ -162,12 +162,16 @@ def test_qwen3_moe_without_norm_topk_prob_keeps_the_softmax_weights(tmp_path):
     ("Mixtral-8x7B-v0.1", {"num_experts_per_tok": 0}, "num_experts_per_tok"),
     ("Mixtral-8x7B-v0.1", {"model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"]},
      "mixtures of experts are supported for qwen3_moe, mixtral and gemma4 only"),
+    # a config that contradicts the checkpoint (issue 50): exported dense, the experts would be dropped
+    ("gemma-4-26B-A4B", {"enable_moe_block": False}, "config.json: enable_moe_block false, but the checkpoint has "
+                                                      "the experts (model.language_model.layers.0.router.proj.weight)"),
+    ("gemma-4-26B-A4B", {"enable_moe_block": None}, "config.json: enable_moe_block null, but the checkpoint has the "
+                                                     "experts"),
 ])
 def test_bad_expert_configs_are_refused_in_one_line_before_writing(tmp_path, name, change, words):
-    config = moe_fixtures.shrink(name)
     d = tmp_path / "m"
-    moe_fixtures.write_checkpoint(d, name, "F32", seed=3)
-    config.update(change)
+    config, _ = write(d, name, "F32")
+    config.get("text_config", config).update(change)
     (d / "config.json").write_text(__import__("json").dumps(config))
     r = export(d, tmp_path / "out.bin", check=False)
     assert r.returncode == 1
