@@ -115,7 +115,11 @@ test-asan: run-asan tests/test_rope-asan
 # -T): test_rope.c's threaded checks and the tests that compare modes, builds, reading
 # orders and thread counts bit for bit
 ASAN_OMP_PYTESTS = tests/test_weight_types.py tests/test_plain_run.py tests/test_read_order.py \
-    tests/test_moe_export.py tests/test_gemma4_export.py
+    $(foreach t,threads_and_plain_loops_give_the_same_bytes perplexity_matches_the_moe_reference \
+        greedy_tokens_match_the_moe_reference \
+        q8_0_experts_compute_what_the_float32_file_of_their_dequantized_weights_computes,tests/test_moe_export.py::test_$(t)) \
+    $(foreach t,plain_loops_and_threads_give_the_same_bytes perplexity_matches_the_reference \
+        sliding_layers_past_their_ring_match_the_reference,tests/test_gemma4_export.py::test_$(t))
 .PHONY: test-asan-omp
 ifeq ($(OPENMP),-fopenmp)
 test-asan-omp: run-asan-omp tests/test_rope-asan-omp
