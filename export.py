@@ -1918,6 +1918,30 @@ def lazy_tensor(file, name, heads=None, order=None, plus_one=False, rows=None, c
     return load
 
 
+def checked_tensor(files, ours, name, expected, matrix_types):
+    """The file that holds tensor `name` (a piece of our tensor `ours`), refusing now, before
+    anything is written, a tensor that is missing, of a shape other than `expected` (a list) or
+    not of a float type; a matrix's stored type is added to the set matrix_types. Every
+    Hugging Face reader (read_hf, read_gemma4) checks its pieces with it."""
+    if name not in files:
+        raise ExportError(f"missing tensor {name}")
+    stored = files[name].entries[name]["shape"]
+    if stored != expected:
+        raise ExportError(f"tensor {name} has shape {stored}, expected {expected}")
+    dtype, _ = files[name].raw(name)
+    if ours in MATRIX_TENSORS:
+        matrix_types.add(SAFETENSORS_TYPES[dtype])
+    return files[name]
+
+
+def matrices_type(matrix_types):
+    """The matrices' stored type: the one type they all share, else "f32" (exact for all of
+    them, said on stderr)."""
+    if len(matrix_types) > 1:
+        warn("the matrices are stored in more than one type; writing float32 (exact for all of them)")
+    return next(iter(matrix_types)) if len(matrix_types) == 1 else "f32"
+
+
 def text_config(config):
     """(the text model's config, True when config.json is a multimodal one): a multimodal config.json
     (Gemma 3 4B and larger, Gemma 4) nests its text model's in text_config, which takes the keys
@@ -2258,15 +2282,8 @@ def read_gemma4(model_dir, t, multimodal):
     matrix_types = set()
 
     def piece(ours, name, shape, heads=None, order=None, column_order=None):
-        if name not in files:
-            raise ExportError(f"missing tensor {name}")
-        stored = files[name].entries[name]["shape"]
-        if stored != list(shape):
-            raise ExportError(f"tensor {name} has shape {stored}, expected {list(shape)}")
-        dtype, _ = files[name].raw(name)  # refuse non-float dtypes now, before writing
-        if ours in MATRIX_TENSORS:
-            matrix_types.add(SAFETENSORS_TYPES[dtype])
-        return lazy_tensor(files[name], name, heads, order, column_order=column_order)
+        file = checked_tensor(files, ours, name, list(shape), matrix_types)
+        return lazy_tensor(file, name, heads, order, column_order=column_order)
 
     def expert_pieces(name, shape, first, end):
         """Rows first..end of each expert of a stacked (experts, rows, cols) tensor, one loader each."""
@@ -2340,9 +2357,7 @@ def read_gemma4(model_dir, t, multimodal):
                                                     prefix + "per_layer_model_projection.weight", (L * P, dim))]
         tensors["per_layer_projection_norm"] = [piece("per_layer_projection_norm",
                                                       prefix + "per_layer_projection_norm.weight", (P,))]
-    source_type = next(iter(matrix_types)) if len(matrix_types) == 1 else "f32"
-    if len(matrix_types) > 1:
-        warn("the matrices are stored in more than one type; writing float32 (exact for all of them)")
+    source_type = matrices_type(matrix_types)
     if multimodal:
         say_later("note: gemma4: the text decoder is exported; the vision and audio towers are left out")
     return c, tensors, source_type
@@ -2385,21 +2400,11 @@ def read_hf(model_dir):
             rows = None
             if family.fused and ours in family.fused:  # Phi-3: this tensor is a band of rows of a fused one
                 name, rows, expected = fused_piece(c, name, family.fused[ours], expected)
-            if name not in files:
-                raise ExportError(f"missing tensor {name}")
-            stored = files[name].entries[name]["shape"]
-            if stored != expected:
-                raise ExportError(f"tensor {name} has shape {stored}, expected {expected}")
-            dtype, _ = files[name].raw(name)  # refuse non-float dtypes now, before writing
-            if ours in MATRIX_TENSORS:
-                matrix_types.add(SAFETENSORS_TYPES[dtype])
-            pieces.append(lazy_tensor(files[name], name, heads.get(ours), order if ours in heads else None,
+            file = checked_tensor(files, ours, name, expected, matrix_types)
+            pieces.append(lazy_tensor(file, name, heads.get(ours), order if ours in heads else None,
                                       c.gemma_norms and ours in NORM_TENSORS, rows))
         tensors[ours] = pieces
-    source_type = next(iter(matrix_types)) if len(matrix_types) == 1 else "f32"
-    if len(matrix_types) > 1:
-        warn("the matrices are stored in more than one type; writing float32 (exact for all of them)")
-    return c, tensors, source_type
+    return c, tensors, matrices_type(matrix_types)
 
 
 # ----------------------------------------------------------------------------
