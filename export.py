@@ -1550,9 +1550,9 @@ def moe_pieces(c, ours, names):
     dense = [(l, s) for l, s in enumerate(layers) if not s.experts]
     sparse = [l for l, s in enumerate(layers) if s.experts]
     if ours in ("w1", "w3"):
-        return [(f"model.layers.{l}.{HF_LAYER_TENSORS[ours]}", [s.hidden_dim, dim]) for l, s in dense]
+        return [(HF_TENSORS[ours].format(i=l), [s.hidden_dim, dim]) for l, s in dense]
     if ours == "w2":
-        return [(f"model.layers.{l}.{HF_LAYER_TENSORS[ours]}", [dim, s.hidden_dim]) for l, s in dense]
+        return [(HF_TENSORS[ours].format(i=l), [dim, s.hidden_dim]) for l, s in dense]
     if ours == "router":
         return [(f"model.layers.{l}.{names['router']}", [c.n_experts, dim]) for l in sparse]
     shape = [dim, c.expert_hidden] if ours == "expert_w2" else [c.expert_hidden, dim]
@@ -1856,41 +1856,57 @@ def permute_heads(w, n_heads, order):
 # Reading a Hugging Face checkpoint directory
 
 
-HF_LAYER_TENSORS = {  # ROPE name: Hugging Face name within model.layers.{i}.
-    "rms_att": "input_layernorm.weight",
-    "wq": "self_attn.q_proj.weight",
-    "wk": "self_attn.k_proj.weight",
-    "wv": "self_attn.v_proj.weight",
-    "wo": "self_attn.o_proj.weight",
-    "rms_ffn": "post_attention_layernorm.weight",
-    "w1": "mlp.gate_proj.weight",
-    "w2": "mlp.down_proj.weight",
-    "w3": "mlp.up_proj.weight",
+# The one map of the Hugging Face names of the tensors the format stores (ROPE name: name; {i}
+# the layer), as a Llama checkpoint names them and Gemma 4's own; the text model of a multimodal
+# checkpoint has another prefix for "model." (hf_text_model_names, read_gemma4). A family's own
+# names are in its record (Family.fused, Family.expert_tensors) or below (HF_FOUR_NORMS); Gemma
+# 4's router and experts in read_gemma4. A GGUF map (token_embd, blk.{i}.attn_q, ...) is to
+# stand beside this one.
+HF_TENSORS = {
+    "token_embedding": "model.embed_tokens.weight",
+    "rms_final": "model.norm.weight",
+    "wcls": "lm_head.weight",
+    "rms_att": "model.layers.{i}.input_layernorm.weight",
+    "wq": "model.layers.{i}.self_attn.q_proj.weight",
+    "wk": "model.layers.{i}.self_attn.k_proj.weight",
+    "wv": "model.layers.{i}.self_attn.v_proj.weight",
+    "wo": "model.layers.{i}.self_attn.o_proj.weight",
+    "rms_ffn": "model.layers.{i}.post_attention_layernorm.weight",
+    "w1": "model.layers.{i}.mlp.gate_proj.weight",
+    "w2": "model.layers.{i}.mlp.down_proj.weight",
+    "w3": "model.layers.{i}.mlp.up_proj.weight",
+    # version 2's optional tensors
+    "bq": "model.layers.{i}.self_attn.q_proj.bias",
+    "bk": "model.layers.{i}.self_attn.k_proj.bias",
+    "bv": "model.layers.{i}.self_attn.v_proj.bias",
+    "q_norm": "model.layers.{i}.self_attn.q_norm.weight",
+    "k_norm": "model.layers.{i}.self_attn.k_norm.weight",
+    # Gemma 4's
+    "layer_scalars": "model.layers.{i}.layer_scalar",
+    "rms_pre_experts": "model.layers.{i}.pre_feedforward_layernorm_2.weight",
+    "rms_post_dense": "model.layers.{i}.post_feedforward_layernorm_1.weight",
+    "rms_post_experts": "model.layers.{i}.post_feedforward_layernorm_2.weight",
+    "per_layer_embedding": "model.embed_tokens_per_layer.weight",
+    "per_layer_projection_in": "model.per_layer_model_projection.weight",
+    "per_layer_projection_norm": "model.per_layer_projection_norm.weight",
+    "per_layer_gate": "model.layers.{i}.per_layer_input_gate.weight",
+    "per_layer_projection_out": "model.layers.{i}.per_layer_projection.weight",
+    "rms_per_layer": "model.layers.{i}.post_per_layer_input_norm.weight",
 }
-HF_LAYER_TENSORS.update({  # version 2's optional tensors
-    "bq": "self_attn.q_proj.bias",
-    "bk": "self_attn.k_proj.bias",
-    "bv": "self_attn.v_proj.bias",
-    "q_norm": "self_attn.q_norm.weight",
-    "k_norm": "self_attn.k_norm.weight",
-})
-HF_MODEL_TENSORS = {"token_embedding": "model.embed_tokens.weight", "rms_final": "model.norm.weight",
-                    "wcls": "lm_head.weight"}
-
-
-# Gemma 2 and 3 (four norms per layer): post_attention_layernorm is the attention output's
+# Gemma 2, 3 and 4 (four norms per layer): post_attention_layernorm is the attention output's
 # norm, pre_feedforward_layernorm the one before the feed-forward
-HF_FOUR_NORMS = {"rms_ffn": "pre_feedforward_layernorm.weight", "rms_post_att": "post_attention_layernorm.weight",
-                 "rms_post_ffn": "post_feedforward_layernorm.weight"}
+HF_FOUR_NORMS = {"rms_ffn": "model.layers.{i}.pre_feedforward_layernorm.weight",
+                 "rms_post_att": "model.layers.{i}.post_attention_layernorm.weight",
+                 "rms_post_ffn": "model.layers.{i}.post_feedforward_layernorm.weight"}
 NORM_TENSORS = {"rms_att", "rms_ffn", "rms_final", "q_norm", "k_norm", "rms_post_att", "rms_post_ffn"}
 
 
 def hf_pieces(ours, shape, n_layers, post_norms=False):
     """[(Hugging Face tensor name, its expected shape)] that make up one ROPE tensor."""
-    names = {**HF_LAYER_TENSORS, **HF_FOUR_NORMS} if post_norms else HF_LAYER_TENSORS
-    if ours in names:
-        return [(f"model.layers.{i}.{names[ours]}", list(shape[1:])) for i in range(n_layers)]
-    return [(HF_MODEL_TENSORS[ours], list(shape))]
+    name = {**HF_TENSORS, **HF_FOUR_NORMS}[ours] if post_norms else HF_TENSORS[ours]
+    if "{i}" in name:  # a piece from each layer
+        return [(name.format(i=i), list(shape[1:])) for i in range(n_layers)]
+    return [(name, list(shape))]
 
 
 def permute_head_columns(w, n_heads, order):
@@ -2303,11 +2319,17 @@ def read_gemma4(model_dir, t, multimodal):
             raise ExportError(f"tensor {name} has shape {stored}, expected [1]")
         return lambda: widen(files[name].raw(name)[1]).reshape(1)
 
+    names = {**HF_TENSORS, **HF_FOUR_NORMS}
+
+    def stored(ours, layer=None):
+        """Our tensor's name in this checkpoint (the text decoder's under prefix)."""
+        return prefix + names[ours].format(i=layer).removeprefix("model.")
+
     dim, nh, L, P, V = c.dim, c.n_heads, c.n_layers, c.per_layer_dim, c.vocab_size
     shapes = layer_shapes(c)
     tensors = {name: [] for name, _ in tensor_shapes(c)}
-    tensors["token_embedding"] = [piece("token_embedding", prefix + "embed_tokens.weight", (V, dim))]
-    tensors["rms_final"] = [piece("rms_final", prefix + "norm.weight", (dim,))]
+    tensors["token_embedding"] = [piece("token_embedding", stored("token_embedding"), (V, dim))]
+    tensors["rms_final"] = [piece("rms_final", stored("rms_final"), (dim,))]
     if not c.shared_classifier:
         tensors["wcls"] = [piece("wcls", head_name, (V, dim))]
     for l, s in enumerate(shapes):
@@ -2315,48 +2337,49 @@ def read_gemma4(model_dir, t, multimodal):
         order, hs, own = orders[s.rope], s.head_size, s.source == l
         q_dim, kv_dim = nh * hs, s.n_kv_heads * hs
 
-        def add(ours, name, shape, **kw):
-            tensors[ours].append(piece(ours, at + name, shape, **kw))
+        def add(ours, shape, own_name=None, **kw):
+            """Layer l's piece of our tensor: named in HF_TENSORS, or own_name within the layer."""
+            name = at + own_name if own_name else stored(ours, l)
+            tensors[ours].append(piece(ours, name, shape, **kw))
 
-        add("rms_att", "input_layernorm.weight", (dim,))
-        add("rms_post_att", "post_attention_layernorm.weight", (dim,))
-        add("rms_ffn", "pre_feedforward_layernorm.weight", (dim,))
-        add("rms_post_ffn", "post_feedforward_layernorm.weight", (dim,))
-        add("wq", "self_attn.q_proj.weight", (q_dim, dim), heads=nh, order=order)
-        add("q_norm", "self_attn.q_norm.weight", (hs,), heads=1, order=order)
+        add("rms_att", (dim,))
+        add("rms_post_att", (dim,))
+        add("rms_ffn", (dim,))
+        add("rms_post_ffn", (dim,))
+        add("wq", (q_dim, dim), heads=nh, order=order)
+        add("q_norm", (hs,), heads=1, order=order)
         if own:
-            add("wk", "self_attn.k_proj.weight", (kv_dim, dim), heads=s.n_kv_heads, order=order)
-            add("k_norm", "self_attn.k_norm.weight", (hs,), heads=1, order=order)
+            add("wk", (kv_dim, dim), heads=s.n_kv_heads, order=order)
+            add("k_norm", (hs,), heads=1, order=order)
             if not s.values:
-                add("wv", "self_attn.v_proj.weight", (kv_dim, dim))
+                add("wv", (kv_dim, dim))
         permuted_values = shapes[s.source].values  # the cache's values are the permuted key projection
-        add("wo", "self_attn.o_proj.weight", (dim, q_dim), column_order=(nh, order) if permuted_values else None)
-        add("w1", "mlp.gate_proj.weight", (s.hidden_dim, dim))
-        add("w2", "mlp.down_proj.weight", (dim, s.hidden_dim))
-        add("w3", "mlp.up_proj.weight", (s.hidden_dim, dim))
-        tensors["layer_scalars"].append(scalar(at + "layer_scalar"))
+        add("wo", (dim, q_dim), column_order=(nh, order) if permuted_values else None)
+        add("w1", (s.hidden_dim, dim))
+        add("w2", (dim, s.hidden_dim))
+        add("w3", (s.hidden_dim, dim))
+        tensors["layer_scalars"].append(scalar(stored("layer_scalars", l)))
         if s.experts:  # 26B-A4B: the router, the experts (gate and up fused, gate first) and their norms
             E, H = c.n_experts, c.expert_hidden
-            add("router", "router.proj.weight", (E, dim))
+            add("router", (E, dim), "router.proj.weight")
             tensors["expert_w1"] += expert_pieces(at + "experts.gate_up_proj", (E, 2 * H, dim), 0, H)
             tensors["expert_w2"] += expert_pieces(at + "experts.down_proj", (E, dim, H), 0, dim)
             tensors["expert_w3"] += expert_pieces(at + "experts.gate_up_proj", (E, 2 * H, dim), H, 2 * H)
-            add("router_scale", "router.scale", (dim,))
-            add("expert_scale", "router.per_expert_scale", (E,))
-            add("rms_pre_experts", "pre_feedforward_layernorm_2.weight", (dim,))
-            add("rms_post_dense", "post_feedforward_layernorm_1.weight", (dim,))
-            add("rms_post_experts", "post_feedforward_layernorm_2.weight", (dim,))
+            add("router_scale", (dim,), "router.scale")
+            add("expert_scale", (E,), "router.per_expert_scale")
+            add("rms_pre_experts", (dim,))
+            add("rms_post_dense", (dim,))
+            add("rms_post_experts", (dim,))
         if P:
-            add("per_layer_gate", "per_layer_input_gate.weight", (P, dim))
-            add("per_layer_projection_out", "per_layer_projection.weight", (dim, P))
-            add("rms_per_layer", "post_per_layer_input_norm.weight", (dim,))
+            add("per_layer_gate", (P, dim))
+            add("per_layer_projection_out", (dim, P))
+            add("rms_per_layer", (dim,))
     if P:
-        tensors["per_layer_embedding"] = [piece("per_layer_embedding", prefix + "embed_tokens_per_layer.weight",
-                                                (V, L * P))]
-        tensors["per_layer_projection_in"] = [piece("per_layer_projection_in",
-                                                    prefix + "per_layer_model_projection.weight", (L * P, dim))]
+        tensors["per_layer_embedding"] = [piece("per_layer_embedding", stored("per_layer_embedding"), (V, L * P))]
+        tensors["per_layer_projection_in"] = [piece("per_layer_projection_in", stored("per_layer_projection_in"),
+                                                    (L * P, dim))]
         tensors["per_layer_projection_norm"] = [piece("per_layer_projection_norm",
-                                                      prefix + "per_layer_projection_norm.weight", (P,))]
+                                                      stored("per_layer_projection_norm"), (P,))]
     source_type = matrices_type(matrix_types)
     if multimodal:
         say_later("note: gemma4: the text decoder is exported; the vision and audio towers are left out")
