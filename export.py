@@ -67,6 +67,7 @@ default, with a note.
 import argparse
 import collections
 import copy
+import dataclasses
 import functools
 import itertools
 import json
@@ -149,25 +150,102 @@ HF_DEFAULTS = {  # transformers' LlamaConfig defaults for keys a config.json may
     "max_position_embeddings": 2048,
     "hidden_act": "silu",
 }
-SUPPORTED_MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                         "qwen3": "Qwen3ForCausalLM", "smollm3": "SmolLM3ForCausalLM",
-                         "gemma": "GemmaForCausalLM", "gemma2": "Gemma2ForCausalLM",
-                         "gemma3_text": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM",
-                         "gemma4_text": "Gemma4ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-                         "mixtral": "MixtralForCausalLM"}
-# mixtures of experts: config.json's expert count and each family's tensors within
-# model.layers.{i}. (the router; expert e's gate, down and up under EXPERTS.{e}.)
-MOE_TYPES = {"qwen3_moe": "num_experts", "mixtral": "num_local_experts"}
-HF_MOE_TENSORS = {
-    "qwen3_moe": {"router": "mlp.gate.weight", "experts": "mlp.experts", "expert_w1": "gate_proj.weight",
-                  "expert_w2": "down_proj.weight", "expert_w3": "up_proj.weight"},
-    "mixtral": {"router": "block_sparse_moe.gate.weight", "experts": "block_sparse_moe.experts",
-                "expert_w1": "w1.weight", "expert_w2": "w2.weight", "expert_w3": "w3.weight"},
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """What one model family's checkpoints add to Llama's block, and where they keep it: the
+    functions that read a checkpoint (check_architecture, hf_config, hf_layers, hf_experts,
+    read_hf) ask a family's record instead of testing its model_type. A record says what the
+    family is, not where it is read from: config.json's keys today, GGUF's metadata later."""
+    architecture: str               # config.json's architectures entry (transformers' class)
+    gguf: str                       # the architecture's name in GGUF (llama.cpp's general.architecture)
+    head_dim: bool = False          # config.json's head_dim may differ from hidden_size / num_attention_heads
+    qkv_bias: bool = False          # the q, k and v projections carry biases (o_proj none)
+    qk_norm: bool = False           # an RMSNorm over each query and key head before RoPE
+    activation: str = "swiglu"      # ACTIVATIONS' name; "geglu-tanh": config.json's hidden_activation is checked
+    gemma_block: bool = False       # norms x * (1 + w) (1 + w is stored), the embedding times sqrt(hidden_size)
+    post_norms: bool = False        # four norms a layer, query_pre_attn_scalar and the two soft-caps
+    sliding: str = None             # which layers sliding_window applies to (the rules below)
+    local_rope: bool = False        # the sliding layers rotate with rope_local_base_freq (the second setting)
+    nope_layers: bool = False       # no_rope_layers marks the layers that do not rotate
+    fused: dict = None              # {ROPE name: (the fused tensor in model.layers.{i}., which band of its rows)}
+    experts: str = None             # config.json's number of experts (a mixture of experts)
+    expert_hidden: str = None       # config.json's width of one expert
+    dense_layers: bool = False      # decoder_sparse_step and mlp_only_layers leave some layers a feed-forward,
+    #                                 and norm_topk_prob says whether the chosen weights are renormalized
+    expert_tensors: dict = None     # the router's and experts' names in model.layers.{i}. (expert e's under
+    #                                 EXPERTS.{e}.)
+    layer_records: bool = False     # Gemma 4's per-layer records: read by read_gemma4, which sets its block itself
+    multimodal: str = None          # the model_type of the multimodal config.json that nests it in text_config
+    inherited: tuple = ()           # the keys text_config takes from the whole config.json where it has none
+
+
+# Family.sliding, which layers config.json's sliding_window applies to (hf_layers):
+#   None: none (the key is not read); "all": every layer; "max_window_layers": with
+#   use_sliding_window, the layers from max_window_layers on; "refused": use_sliding_window true
+#   is refused; "alternate", "pattern": layer_types when given, else every other layer from
+#   layer 0 ("alternate") or all but every sliding_window_pattern-th ("pattern")
+
+GEMMA_BLOCK = dict(head_dim=True, activation="geglu-tanh", gemma_block=True)  # Gemma 1, 2 and 3 alike
+
+# The families export.py reads, by config.json's model_type (in the order its refusals list them)
+FAMILIES = {
+    # Llama 2 and 3, TinyLlama, SmolLM2: the spine the others add to
+    "llama": Family("LlamaForCausalLM", "llama", head_dim=True),
+    # Mistral 7B; NeMo gives a head_dim of its own (32 heads of 128 in a hidden_size of 5120)
+    "mistral": Family("MistralForCausalLM", "llama", head_dim=True, sliding="all"),
+    # Qwen2, Qwen2.5
+    "qwen2": Family("Qwen2ForCausalLM", "qwen2", qkv_bias=True, sliding="max_window_layers"),
+    # Qwen3 (0.6B: 16 heads of 128 with hidden_size 1024)
+    "qwen3": Family("Qwen3ForCausalLM", "qwen3", head_dim=True, qk_norm=True, sliding="max_window_layers"),
+    # SmolLM3-3B: every fourth layer NoPE
+    "smollm3": Family("SmolLM3ForCausalLM", "smollm3", sliding="refused", nope_layers=True),
+    # Gemma 2B, 7B
+    "gemma": Family("GemmaForCausalLM", "gemma", **GEMMA_BLOCK),
+    # Gemma 2
+    "gemma2": Family("Gemma2ForCausalLM", "gemma2", **GEMMA_BLOCK, post_norms=True, sliding="alternate"),
+    # Gemma 3 270M and 1B; 4B and larger nest it in a gemma3 config.json (the text model only)
+    "gemma3_text": Family("Gemma3ForCausalLM", "gemma3", **GEMMA_BLOCK, qk_norm=True, post_norms=True,
+                          sliding="pattern", local_rope=True, multimodal="gemma3", inherited=("torch_dtype", "dtype")),
+    # Phi-3, Phi-4-mini: qkv_proj's rows are q, then k, then v; gate_up_proj's the gate (w1), then up (w3)
+    "phi3": Family("Phi3ForCausalLM", "phi3", sliding="all",
+                   fused={"wq": ("self_attn.qkv_proj.weight", 0), "wk": ("self_attn.qkv_proj.weight", 1),
+                          "wv": ("self_attn.qkv_proj.weight", 2), "w1": ("mlp.gate_up_proj.weight", 0),
+                          "w3": ("mlp.gate_up_proj.weight", 1)}),
+    # Gemma 4 E2B, E4B, 31B and 26B-A4B (its experts): gemma4_config reads the rest
+    "gemma4_text": Family("Gemma4ForCausalLM", "gemma4", activation="geglu-tanh", experts="num_experts",
+                          expert_hidden="moe_intermediate_size", layer_records=True, multimodal="gemma4",
+                          inherited=("torch_dtype", "dtype", "tie_word_embeddings")),
+    # Qwen3-30B-A3B
+    "qwen3_moe": Family("Qwen3MoeForCausalLM", "qwen3moe", head_dim=True, qk_norm=True, sliding="max_window_layers",
+                        experts="num_experts", expert_hidden="moe_intermediate_size", dense_layers=True,
+                        expert_tensors={"router": "mlp.gate.weight", "experts": "mlp.experts",
+                                        "expert_w1": "gate_proj.weight", "expert_w2": "down_proj.weight",
+                                        "expert_w3": "up_proj.weight"}),
+    # Mixtral 8x7B
+    "mixtral": Family("MixtralForCausalLM", "llama", head_dim=True, sliding="all", experts="num_local_experts",
+                      expert_hidden="intermediate_size",
+                      expert_tensors={"router": "block_sparse_moe.gate.weight", "experts": "block_sparse_moe.experts",
+                                      "expert_w1": "w1.weight", "expert_w2": "w2.weight", "expert_w3": "w3.weight"}),
 }
-GEMMA_FAMILIES = {"gemma", "gemma2", "gemma3_text"}
-# the families whose config.json may give a head_dim other than hidden_size / num_attention_heads
-# (Llama and Mistral read config.head_dim too: Mistral NeMo has 32 heads of 128 in a hidden_size of 5120)
-EXPLICIT_HEAD_DIM = {"qwen3", "llama", "mistral", "qwen3_moe", "mixtral"} | GEMMA_FAMILIES
+
+
+def family_of(model_type):
+    """The family of a config.json's model_type (none given: Llama's, transformers' default), or
+    None for one export.py does not read."""
+    if model_type is None:
+        return FAMILIES["llama"]
+    return FAMILIES.get(model_type) if isinstance(model_type, str) else None
+
+
+def nested_family(model_type):
+    """The model_type of the text model a multimodal config.json (Gemma 3 4B and larger, Gemma 4)
+    nests in its text_config, or None."""
+    for name, family in FAMILIES.items():
+        if family.multimodal is not None and family.multimodal == model_type:
+            return name
+    return None
+
+
 # Gemma's activations: run.c computes the tanh GELU only. transformers runs hidden_activation
 # as written ("gelu" is the exact erf GELU there, so it is refused); without one, Gemma 1's
 # hidden_act "gelu" becomes gelu_pytorch_tanh (GemmaMLP's legacy path, as gemma_pytorch runs it)
@@ -1271,29 +1349,30 @@ def hf_attention_scale(config):
 
 
 def check_architecture(config):
-    """Refuse models whose block this format cannot describe (Llama, Mistral, Qwen2, Qwen3 and
-    SmolLM3 it can), each refusal one line naming what it found."""
+    """Refuse models whose block this format cannot describe (it can the families of FAMILIES),
+    each refusal one line naming what it found."""
     if config.get("vision_config") is not None:
         raise ExportError("config.json: a vision tower (vision_config) is not supported: export the text model only")
     model_type = json_str(config, "model_type")
+    family = family_of(model_type)
     for key in ("num_experts", "num_local_experts", "n_routed_experts"):
-        moe_key = "num_experts" if model_type == "gemma4_text" else MOE_TYPES.get(model_type)  # 26B-A4B's
-        if config.get(key) and moe_key != key:
+        if config.get(key) and (family is None or family.experts != key):
             raise ExportError(f"config.json: {key} {json.dumps(config[key])}: mixtures of experts are supported for "
                               "qwen3_moe, mixtral and gemma4 only")
-    if model_type is not None and model_type not in SUPPORTED_MODEL_TYPES:
+    if family is None:
         raise ExportError(f"config.json: model_type {model_type!r} is not supported (only "
-                          f"{', '.join(SUPPORTED_MODEL_TYPES)}, and gemma3 and gemma4's text models)")
+                          f"{', '.join(FAMILIES)}, and gemma3 and gemma4's text models)")
+    architectures = [f.architecture for f in FAMILIES.values()]
     for arch in json_list(config, "architectures"):
-        if arch not in SUPPORTED_MODEL_TYPES.values():
+        if arch not in architectures:
             raise ExportError(f"config.json: architecture {arch!r} is not supported (only "
-                              f"{', '.join(SUPPORTED_MODEL_TYPES.values())})")
-        if model_type is not None and arch != SUPPORTED_MODEL_TYPES[model_type]:
+                              f"{', '.join(architectures)})")
+        if model_type is not None and arch != family.architecture:
             raise ExportError(f"config.json: architecture {arch!r} does not match model_type {model_type!r} "
-                              f"(expected {SUPPORTED_MODEL_TYPES[model_type]!r})")
+                              f"(expected {family.architecture!r})")
     act = json_str(config, "hidden_act")
     act = HF_DEFAULTS["hidden_act"] if act is None else act
-    if model_type in GEMMA_FAMILIES or model_type == "gemma4_text":
+    if family.activation == "geglu-tanh":
         explicit = json_str(config, "hidden_activation")
         if explicit == "gelu":
             raise ExportError("config.json: hidden_activation 'gelu': the exact (erf) GELU is not supported; run.c "
@@ -1317,7 +1396,7 @@ def check_architecture(config):
         raise ExportError(f"config.json: sliding_window {window} must be at least 1")
 
 
-def gemma_sliding_layers(config, model_type, n_layers):
+def gemma_sliding_layers(config, family, n_layers):
     """Which layers slide, as Gemma 2's and 3's configs build it: layer_types when given,
     else Gemma 2 every other layer from layer 0 ((i + 1) % 2 != 0), Gemma 3 all but every
     sliding_window_pattern-th ((i + 1) % pattern != 0; 6: five local to one global)."""
@@ -1328,7 +1407,7 @@ def gemma_sliding_layers(config, model_type, n_layers):
             raise ExportError(f"config.json: layer_types must be a list of {n_layers} 'sliding_attention' or "
                               "'full_attention'")
         return [t == "sliding_attention" for t in types]
-    if model_type == "gemma2":
+    if family.sliding == "alternate":
         return [(i + 1) % 2 != 0 for i in range(n_layers)]
     pattern = config.get("sliding_window_pattern", config.get("_sliding_window_pattern", 6))
     if not is_int(pattern) or pattern < 1:
@@ -1343,25 +1422,26 @@ def hf_layers(config, model_type, n_layers, seq_len):
       qwen2, qwen3: W only with use_sliding_window, on layers i >= max_window_layers;
       smollm3: no_rope_layers[i] == 0 marks a NoPE layer (every fourth in SmolLM3-3B).
     A window at least as long as the context is full attention, and is not stored."""
+    family = FAMILIES[model_type]
     window = config.get("sliding_window")
     windows = [0] * n_layers
-    if model_type in ("mistral", "phi3", "mixtral") and window is not None:
+    if family.sliding == "all" and window is not None:
         windows = [window] * n_layers
-    elif model_type in ("qwen2", "qwen3", "qwen3_moe") and json_bool(config, "use_sliding_window", False) and window is not None:
+    elif family.sliding == "max_window_layers" and json_bool(config, "use_sliding_window", False) and window is not None:
         first = config.get("max_window_layers", n_layers)
         if not is_int(first) or first < 0:
             raise ExportError(f"config.json: max_window_layers {json.dumps(first)} must be an integer >= 0")
         windows = [window if i >= first else 0 for i in range(n_layers)]
-    elif model_type == "smollm3" and json_bool(config, "use_sliding_window", False):
-        raise ExportError("config.json: use_sliding_window true is not supported for smollm3")
-    elif model_type in ("gemma2", "gemma3_text"):
-        sliding = gemma_sliding_layers(config, model_type, n_layers)
+    elif family.sliding == "refused" and json_bool(config, "use_sliding_window", False):
+        raise ExportError(f"config.json: use_sliding_window true is not supported for {model_type}")
+    elif family.sliding in ("alternate", "pattern"):
+        sliding = gemma_sliding_layers(config, family, n_layers)
         if any(sliding) and window is None:
             raise ExportError(f"config.json: {model_type} has sliding layers but no sliding_window")
         windows = [window if slides else 0 for slides in sliding]
     windows = [w if w < seq_len else 0 for w in windows]
     ropes = [LAYER_ROPE_FIRST] * n_layers
-    if model_type == "smollm3":
+    if family.nope_layers:
         flags = config.get("no_rope_layers")
         if flags is None:  # configuration_smollm3.py's default: every no_rope_layer_interval-th layer is NoPE
             every = config.get("no_rope_layer_interval", 4)
@@ -1373,9 +1453,9 @@ def hf_layers(config, model_type, n_layers, seq_len):
             raise ExportError(f"config.json: no_rope_layers must be a list of {n_layers} zeros and ones "
                               "(1: the layer rotates)")
         ropes = [LAYER_ROPE_FIRST if f else LAYER_NOPE for f in flags]
-    if model_type == "gemma3_text":  # the local (sliding) layers' own theta: the second setting
+    if family.local_rope:  # the local (sliding) layers' own theta: the second setting
         ropes = [LAYER_ROPE_SECOND if slides else LAYER_ROPE_FIRST
-                 for slides in gemma_sliding_layers(config, model_type, n_layers)]
+                 for slides in gemma_sliding_layers(config, family, n_layers)]
     if all(w == 0 for w in windows) and all(r == LAYER_ROPE_FIRST for r in ropes):
         return None
     return list(zip(ropes, windows))
@@ -1396,34 +1476,35 @@ def hf_config(config):
                shared_classifier=json_bool(config, "tie_word_embeddings", False),
                norm_eps=hf_number(config.get("rms_norm_eps", HF_DEFAULTS["rms_norm_eps"]), "rms_norm_eps"))
     model_type = config.get("model_type") or "llama"
+    family = FAMILIES[model_type]
     head_dim = config.get("head_dim")
     if head_dim is not None and (not is_int(head_dim) or head_dim < 1):
         raise ExportError(f"config.json: head_dim {json.dumps(head_dim)} must be an integer or null")
-    if model_type in EXPLICIT_HEAD_DIM and head_dim is not None and head_dim * n_heads != dim:
+    if family.head_dim and head_dim is not None and head_dim * n_heads != dim:
         c.head_size = head_dim  # Qwen3-0.6B: 16 heads of 128 with hidden_size 1024
     elif dim % n_heads:
         raise ExportError(f"config.json: hidden_size {dim} is not a multiple of num_attention_heads {n_heads}")
     elif head_dim is not None and head_dim != dim // n_heads:
         raise ExportError(f"config.json: head_dim {head_dim} differs from hidden_size / num_attention_heads = "
-                          f"{dim // n_heads}; export.py takes a head_dim of its own only for {', '.join(sorted(EXPLICIT_HEAD_DIM))}")
-    c.qkv_bias = model_type == "qwen2"  # Qwen2's q, k and v projections carry biases (o_proj none)
-    # Qwen3, Gemma 3: an RMSNorm over each query and key head before RoPE
-    c.qk_norm = model_type in ("qwen3", "gemma3_text", "qwen3_moe")
+                          f"{dim // n_heads}; export.py takes a head_dim of its own only for "
+                          f"{', '.join(sorted(name for name, f in FAMILIES.items() if f.head_dim))}")
+    c.qkv_bias = family.qkv_bias
+    c.qk_norm = family.qk_norm
     c.layers = hf_layers(config, model_type, c.n_layers, c.seq_len)
-    if model_type in MOE_TYPES:
-        hf_experts(config, model_type, c)
-    c.gemma_norms = model_type in GEMMA_FAMILIES  # x * (1 + w): 1 + w is stored
-    if model_type in GEMMA_FAMILIES:
-        c.activation = ACTIVATIONS.index("geglu-tanh")
+    if family.experts:
+        hf_experts(config, family, c)
+    c.gemma_norms = family.gemma_block  # x * (1 + w): 1 + w is stored
+    c.activation = ACTIVATIONS.index(family.activation)
+    if family.gemma_block:
         # the embedding times sqrt(hidden_size), rounded to the model's dtype as Gemma computes it
         c.embedding_multiplier = float(narrow_scalar(math.sqrt(dim), hf_dtype(config)))
-    if model_type in ("gemma2", "gemma3_text"):
+    if family.post_norms:
         c.post_norms = True
         c.attention_scale = hf_attention_scale(config)
         for key, field in (("attn_logit_softcapping", "attention_softcap"), ("final_logit_softcapping", "final_softcap")):
             if config.get(key) is not None:  # null: no cap
                 setattr(c, field, hf_positive(config[key], key, "a cap; null for none, run.c refuses the rest"))
-    if model_type == "gemma3_text":  # the local layers' setting: rope_local_base_freq, no rule
+    if family.local_rope:  # the local layers' setting: rope_local_base_freq, no rule
         value = config.get("rope_local_base_freq")
         theta = 10000.0 if value is None else hf_positive(value, "rope_local_base_freq", "the local layers' theta")
         c.rope2 = {"rope_theta": theta}
@@ -1434,27 +1515,25 @@ def hf_config(config):
     return c
 
 
-def hf_experts(config, model_type, c):
+def hf_experts(config, family, c):
     """A mixture of experts' fields from config.json, and which layers have the experts:
       qwen3_moe: num_experts of moe_intermediate_size, num_experts_per_tok chosen, weights
         renormalized with norm_topk_prob; layer i has them unless in mlp_only_layers, when
         (i + 1) % decoder_sparse_step == 0 (else a feed-forward of intermediate_size);
       mixtral: num_local_experts of intermediate_size on every layer, num_experts_per_tok
         chosen, renormalized."""
-    c.n_experts = hf_int(config, MOE_TYPES[model_type])
+    c.n_experts = hf_int(config, family.experts)
     c.n_experts_used = hf_int(config, "num_experts_per_tok")
+    c.expert_hidden = hf_int(config, family.expert_hidden)
+    c.routing = ROUTING_SOFTMAX_TOPK_NORM
     sparse = [True] * c.n_layers
-    if model_type == "qwen3_moe":
-        c.expert_hidden = hf_int(config, "moe_intermediate_size")
+    if family.dense_layers:
         c.routing = ROUTING_SOFTMAX_TOPK_NORM if json_bool(config, "norm_topk_prob", False) else ROUTING_SOFTMAX_TOPK
         step = hf_int(config, "decoder_sparse_step", 1)
         dense = config.get("mlp_only_layers") or []
         if not (isinstance(dense, list) and all(is_int(l) and 0 <= l < c.n_layers for l in dense)):
             raise ExportError(f"config.json: mlp_only_layers {json.dumps(dense)} must list layers in [0, {c.n_layers})")
         sparse = [l not in dense and (l + 1) % step == 0 for l in range(c.n_layers)]
-    else:
-        c.expert_hidden = c.hidden_dim
-        c.routing = ROUTING_SOFTMAX_TOPK_NORM
     if c.n_experts_used > c.n_experts:
         raise ExportError(f"config.json: num_experts_per_tok {c.n_experts_used} is above the {c.n_experts} experts")
     if not any(sparse):
@@ -1464,16 +1543,16 @@ def hf_experts(config, model_type, c):
         c.layers = [tuple(r[:2]) + (0, 0, 0, 0, 0, int(moe)) for r, moe in zip(records, sparse)]
 
 
-def moe_pieces(c, ours, model_type):
+def moe_pieces(c, ours, names):
     """[(Hugging Face tensor name, its expected shape)] of a mixture of experts' tensors and of
     w1, w2, w3 (the feed-forwards of the layers without experts)."""
-    layers, names, dim = layer_shapes(c), HF_MOE_TENSORS[model_type], c.dim
+    layers, dim = layer_shapes(c), c.dim
     dense = [(l, s) for l, s in enumerate(layers) if not s.experts]
     sparse = [l for l, s in enumerate(layers) if s.experts]
     if ours in ("w1", "w3"):
-        return [(f"model.layers.{l}.{HF_LAYER_TENSORS[ours]}", [s.hidden_dim, dim]) for l, s in dense]
+        return [(HF_TENSORS[ours].format(i=l), [s.hidden_dim, dim]) for l, s in dense]
     if ours == "w2":
-        return [(f"model.layers.{l}.{HF_LAYER_TENSORS[ours]}", [dim, s.hidden_dim]) for l, s in dense]
+        return [(HF_TENSORS[ours].format(i=l), [dim, s.hidden_dim]) for l, s in dense]
     if ours == "router":
         return [(f"model.layers.{l}.{names['router']}", [c.n_experts, dim]) for l in sparse]
     shape = [dim, c.expert_hidden] if ours == "expert_w2" else [c.expert_hidden, dim]
@@ -1777,41 +1856,57 @@ def permute_heads(w, n_heads, order):
 # Reading a Hugging Face checkpoint directory
 
 
-HF_LAYER_TENSORS = {  # ROPE name: Hugging Face name within model.layers.{i}.
-    "rms_att": "input_layernorm.weight",
-    "wq": "self_attn.q_proj.weight",
-    "wk": "self_attn.k_proj.weight",
-    "wv": "self_attn.v_proj.weight",
-    "wo": "self_attn.o_proj.weight",
-    "rms_ffn": "post_attention_layernorm.weight",
-    "w1": "mlp.gate_proj.weight",
-    "w2": "mlp.down_proj.weight",
-    "w3": "mlp.up_proj.weight",
+# The one map of the Hugging Face names of the tensors the format stores (ROPE name: name; {i}
+# the layer), as a Llama checkpoint names them and Gemma 4's own; the text model of a multimodal
+# checkpoint has another prefix for "model." (hf_text_model_names, read_gemma4). A family's own
+# names are in its record (Family.fused, Family.expert_tensors) or below (HF_FOUR_NORMS); Gemma
+# 4's router and experts in read_gemma4. A GGUF map (token_embd, blk.{i}.attn_q, ...) is to
+# stand beside this one.
+HF_TENSORS = {
+    "token_embedding": "model.embed_tokens.weight",
+    "rms_final": "model.norm.weight",
+    "wcls": "lm_head.weight",
+    "rms_att": "model.layers.{i}.input_layernorm.weight",
+    "wq": "model.layers.{i}.self_attn.q_proj.weight",
+    "wk": "model.layers.{i}.self_attn.k_proj.weight",
+    "wv": "model.layers.{i}.self_attn.v_proj.weight",
+    "wo": "model.layers.{i}.self_attn.o_proj.weight",
+    "rms_ffn": "model.layers.{i}.post_attention_layernorm.weight",
+    "w1": "model.layers.{i}.mlp.gate_proj.weight",
+    "w2": "model.layers.{i}.mlp.down_proj.weight",
+    "w3": "model.layers.{i}.mlp.up_proj.weight",
+    # version 2's optional tensors
+    "bq": "model.layers.{i}.self_attn.q_proj.bias",
+    "bk": "model.layers.{i}.self_attn.k_proj.bias",
+    "bv": "model.layers.{i}.self_attn.v_proj.bias",
+    "q_norm": "model.layers.{i}.self_attn.q_norm.weight",
+    "k_norm": "model.layers.{i}.self_attn.k_norm.weight",
+    # Gemma 4's
+    "layer_scalars": "model.layers.{i}.layer_scalar",
+    "rms_pre_experts": "model.layers.{i}.pre_feedforward_layernorm_2.weight",
+    "rms_post_dense": "model.layers.{i}.post_feedforward_layernorm_1.weight",
+    "rms_post_experts": "model.layers.{i}.post_feedforward_layernorm_2.weight",
+    "per_layer_embedding": "model.embed_tokens_per_layer.weight",
+    "per_layer_projection_in": "model.per_layer_model_projection.weight",
+    "per_layer_projection_norm": "model.per_layer_projection_norm.weight",
+    "per_layer_gate": "model.layers.{i}.per_layer_input_gate.weight",
+    "per_layer_projection_out": "model.layers.{i}.per_layer_projection.weight",
+    "rms_per_layer": "model.layers.{i}.post_per_layer_input_norm.weight",
 }
-HF_LAYER_TENSORS.update({  # version 2's optional tensors
-    "bq": "self_attn.q_proj.bias",
-    "bk": "self_attn.k_proj.bias",
-    "bv": "self_attn.v_proj.bias",
-    "q_norm": "self_attn.q_norm.weight",
-    "k_norm": "self_attn.k_norm.weight",
-})
-HF_MODEL_TENSORS = {"token_embedding": "model.embed_tokens.weight", "rms_final": "model.norm.weight",
-                    "wcls": "lm_head.weight"}
-
-
-# Gemma 2 and 3 (four norms per layer): post_attention_layernorm is the attention output's
+# Gemma 2, 3 and 4 (four norms per layer): post_attention_layernorm is the attention output's
 # norm, pre_feedforward_layernorm the one before the feed-forward
-HF_FOUR_NORMS = {"rms_ffn": "pre_feedforward_layernorm.weight", "rms_post_att": "post_attention_layernorm.weight",
-                 "rms_post_ffn": "post_feedforward_layernorm.weight"}
+HF_FOUR_NORMS = {"rms_ffn": "model.layers.{i}.pre_feedforward_layernorm.weight",
+                 "rms_post_att": "model.layers.{i}.post_attention_layernorm.weight",
+                 "rms_post_ffn": "model.layers.{i}.post_feedforward_layernorm.weight"}
 NORM_TENSORS = {"rms_att", "rms_ffn", "rms_final", "q_norm", "k_norm", "rms_post_att", "rms_post_ffn"}
 
 
 def hf_pieces(ours, shape, n_layers, post_norms=False):
     """[(Hugging Face tensor name, its expected shape)] that make up one ROPE tensor."""
-    names = {**HF_LAYER_TENSORS, **HF_FOUR_NORMS} if post_norms else HF_LAYER_TENSORS
-    if ours in names:
-        return [(f"model.layers.{i}.{names[ours]}", list(shape[1:])) for i in range(n_layers)]
-    return [(HF_MODEL_TENSORS[ours], list(shape))]
+    name = {**HF_TENSORS, **HF_FOUR_NORMS}[ours] if post_norms else HF_TENSORS[ours]
+    if "{i}" in name:  # a piece from each layer
+        return [(name.format(i=i), list(shape[1:])) for i in range(n_layers)]
+    return [(name, list(shape))]
 
 
 def permute_head_columns(w, n_heads, order):
@@ -1839,26 +1934,50 @@ def lazy_tensor(file, name, heads=None, order=None, plus_one=False, rows=None, c
     return load
 
 
-def multimodal_text_config(config, outer_type, inherited):
-    """The text model's config of a multimodal config.json (Gemma 3, 4: text_config, with the keys
-    `inherited` of the whole where it has none); its other towers are left out (said on stderr)."""
+def checked_tensor(files, ours, name, expected, matrix_types):
+    """The file that holds tensor `name` (a piece of our tensor `ours`), refusing now, before
+    anything is written, a tensor that is missing, of a shape other than `expected` (a list) or
+    not of a float type; a matrix's stored type is added to the set matrix_types. Every
+    Hugging Face reader (read_hf, read_gemma4) checks its pieces with it."""
+    if name not in files:
+        raise ExportError(f"missing tensor {name}")
+    stored = files[name].entries[name]["shape"]
+    if stored != expected:
+        raise ExportError(f"tensor {name} has shape {stored}, expected {expected}")
+    dtype, _ = files[name].raw(name)
+    if ours in MATRIX_TENSORS:
+        matrix_types.add(SAFETENSORS_TYPES[dtype])
+    return files[name]
+
+
+def matrices_type(matrix_types):
+    """The matrices' stored type: the one type they all share, else "f32" (exact for all of
+    them, said on stderr)."""
+    if len(matrix_types) > 1:
+        warn("the matrices are stored in more than one type; writing float32 (exact for all of them)")
+    return next(iter(matrix_types)) if len(matrix_types) == 1 else "f32"
+
+
+def text_config(config):
+    """(the text model's config, True when config.json is a multimodal one): a multimodal config.json
+    (Gemma 3 4B and larger, Gemma 4) nests its text model's in text_config, which takes the keys
+    Family.inherited of the whole where it has none; the other towers are left out (said on stderr)."""
+    outer_type = config.get("model_type")
+    text_type = nested_family(outer_type)
+    if text_type is None:
+        return dict(config), False
     inner = config.get("text_config")
     if not isinstance(inner, dict):
         raise ExportError(f"config.json: model_type '{outer_type}' without a text_config object")
     inner = dict(inner)
-    inner.setdefault("model_type", outer_type + "_text")
-    if inner["model_type"] != outer_type + "_text":
-        raise ExportError(f"config.json: text_config's model_type {inner['model_type']!r} is not '{outer_type}_text'")
-    for key in inherited:
+    inner.setdefault("model_type", text_type)
+    if inner["model_type"] != text_type:
+        raise ExportError(f"config.json: text_config's model_type {inner['model_type']!r} is not '{text_type}'")
+    for key in FAMILIES[text_type].inherited:
         if key in config and key not in inner:
             inner[key] = config[key]
     inner.pop("architectures", None)
-    return inner
-
-
-def gemma3_text_config(config):
-    """Gemma 3's text model (the dtype of the whole where text_config has none)."""
-    return multimodal_text_config(config, "gemma3", ("torch_dtype", "dtype"))
+    return inner, True
 
 
 def hf_text_model_names(files):
@@ -1873,16 +1992,10 @@ def hf_text_model_names(files):
     raise ExportError("multimodal gemma3 checkpoint: no text model's embed_tokens.weight found")
 
 
-# Phi-3's fused projections: qkv_proj's rows are q, then k, then v; gate_up_proj's the
-# gate (w1), then up (w3)
-PHI3_FUSED = {"wq": ("self_attn.qkv_proj.weight", 0), "wk": ("self_attn.qkv_proj.weight", 1),
-              "wv": ("self_attn.qkv_proj.weight", 2), "w1": ("mlp.gate_up_proj.weight", 0),
-              "w3": ("mlp.gate_up_proj.weight", 1)}
-
-
-def phi3_fused_piece(c, name, ours, expected):
-    """(the fused tensor's name, the rows (first, end) that are `ours`, the fused shape)."""
-    fused_name, part = PHI3_FUSED[ours]
+def fused_piece(c, name, fused, expected):
+    """Phi-3: (the fused tensor's name, the rows (first, end) of the band that is the tensor `name`,
+    the fused shape), for fused = Family.fused's (fused tensor, band)."""
+    fused_name, part = fused
     layer_prefix = name[:name.index("self_attn.") if "self_attn." in name else name.index("mlp.")]
     if fused_name.startswith("self_attn."):
         sizes = [c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.head_dim]
@@ -1895,8 +2008,7 @@ def phi3_fused_piece(c, name, ours, expected):
 def config_from_json(config):
     """(the text model's config dict, its Config with the rotary settings, the rotary dim that
     tells the row permutation) of a config.json: every value it gives checked as it is read."""
-    if config.get("model_type") == "gemma3":  # Gemma 3 4B and larger: the language model's config nests
-        config = gemma3_text_config(config)
+    config = text_config(config)[0]
     c = hf_config(config)
     c.rope_theta, c.rope_fraction, scaling, rotary_dim = hf_rope(config, c.head_dim, c.seq_len)
     c.longrope_factors = scaling.pop("longrope_factors", None)
@@ -1917,7 +2029,6 @@ def config_from_json(config):
 # records, v norm, layer scalars and per-layer inputs. The norms are stored as trained (x * w,
 # no Gemma 3 "1 + w"); q . k is scaled by 1.
 
-GEMMA4_TYPES = ("gemma4", "gemma4_text")
 G4_SLIDING, G4_FULL = "sliding_attention", "full_attention"
 GEMMA4_DEFAULT_ROPE = {G4_SLIDING: {"rope_type": "default", "rope_theta": 10000.0},
                        G4_FULL: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0}}
@@ -1938,14 +2049,6 @@ GEMMA4_NULL_IS_DEFAULT = {"tie_word_embeddings", "attention_k_eq_v", "use_double
 GEMMA4_PREFIXES = [("model.language_model.", "lm_head.weight"),              # Gemma4ForConditionalGeneration
                    ("language_model.model.", "language_model.lm_head.weight"),
                    ("model.", "lm_head.weight")]                             # Gemma4ForCausalLM
-
-
-def gemma4_text_config(config):
-    """(the text decoder's config, True for a multimodal gemma4 config): text_config with the
-    dtype and tie_word_embeddings of the whole when it has none, or a gemma4_text config."""
-    if config.get("model_type") != "gemma4":
-        return dict(config), False
-    return multimodal_text_config(config, "gemma4", ("torch_dtype", "dtype", "tie_word_embeddings")), True
 
 
 def gemma4_int(t, key, low=1):
@@ -2017,7 +2120,7 @@ def gemma4_rope(t, kind, head_dim, seq_len):
 
 def gemma4_config(t):
     """(Config with Gemma 4's per-layer records, the layer kinds, {rope setting: the row order of
-    its heads}) of a text config (gemma4_text_config's)."""
+    its heads}) of a text config (text_config's)."""
     gemma4_refusals(t)
     check_architecture(t)  # hidden_activation, experts, sliding_window's type
     dim, n_layers = gemma4_int(t, "hidden_size"), gemma4_int(t, "num_hidden_layers")
@@ -2171,7 +2274,7 @@ def check_gemma4_head_sizes(c, files, prefix):
                               f"{s.head_size} wide ({name} has shape {stored})")
 
 
-def read_gemma4(model_dir, config):
+def read_gemma4(model_dir, t, multimodal):
     """Read a Gemma 4 checkpoint (its text decoder): (Config, {name: [loaders]}, the matrices' type).
 
     Every layered tensor is the layers' pieces back to back (docs/format.md): q's and k's rows
@@ -2181,7 +2284,6 @@ def read_gemma4(model_dir, config):
     On a layer whose values are the key projection (attention_k_eq_v, full layers), run.c takes
     them in wk's permuted row order, so the attention output of every head arrives permuted: wo's
     columns are permuted per head the same way (on the layers that read such a cache)."""
-    t, multimodal = gemma4_text_config(config)
     c, kinds, orders = gemma4_config(t)
     files = open_safetensors(model_dir)
     found = [(p, head) for p, head in GEMMA4_PREFIXES if p + "embed_tokens.weight" in files]
@@ -2196,15 +2298,8 @@ def read_gemma4(model_dir, config):
     matrix_types = set()
 
     def piece(ours, name, shape, heads=None, order=None, column_order=None):
-        if name not in files:
-            raise ExportError(f"missing tensor {name}")
-        stored = files[name].entries[name]["shape"]
-        if stored != list(shape):
-            raise ExportError(f"tensor {name} has shape {stored}, expected {list(shape)}")
-        dtype, _ = files[name].raw(name)  # refuse non-float dtypes now, before writing
-        if ours in MATRIX_TENSORS:
-            matrix_types.add(SAFETENSORS_TYPES[dtype])
-        return lazy_tensor(files[name], name, heads, order, column_order=column_order)
+        file = checked_tensor(files, ours, name, list(shape), matrix_types)
+        return lazy_tensor(file, name, heads, order, column_order=column_order)
 
     def expert_pieces(name, shape, first, end):
         """Rows first..end of each expert of a stacked (experts, rows, cols) tensor, one loader each."""
@@ -2224,11 +2319,17 @@ def read_gemma4(model_dir, config):
             raise ExportError(f"tensor {name} has shape {stored}, expected [1]")
         return lambda: widen(files[name].raw(name)[1]).reshape(1)
 
+    names = {**HF_TENSORS, **HF_FOUR_NORMS}
+
+    def stored(ours, layer=None):
+        """Our tensor's name in this checkpoint (the text decoder's under prefix)."""
+        return prefix + names[ours].format(i=layer).removeprefix("model.")
+
     dim, nh, L, P, V = c.dim, c.n_heads, c.n_layers, c.per_layer_dim, c.vocab_size
     shapes = layer_shapes(c)
     tensors = {name: [] for name, _ in tensor_shapes(c)}
-    tensors["token_embedding"] = [piece("token_embedding", prefix + "embed_tokens.weight", (V, dim))]
-    tensors["rms_final"] = [piece("rms_final", prefix + "norm.weight", (dim,))]
+    tensors["token_embedding"] = [piece("token_embedding", stored("token_embedding"), (V, dim))]
+    tensors["rms_final"] = [piece("rms_final", stored("rms_final"), (dim,))]
     if not c.shared_classifier:
         tensors["wcls"] = [piece("wcls", head_name, (V, dim))]
     for l, s in enumerate(shapes):
@@ -2236,51 +2337,50 @@ def read_gemma4(model_dir, config):
         order, hs, own = orders[s.rope], s.head_size, s.source == l
         q_dim, kv_dim = nh * hs, s.n_kv_heads * hs
 
-        def add(ours, name, shape, **kw):
-            tensors[ours].append(piece(ours, at + name, shape, **kw))
+        def add(ours, shape, own_name=None, **kw):
+            """Layer l's piece of our tensor: named in HF_TENSORS, or own_name within the layer."""
+            name = at + own_name if own_name else stored(ours, l)
+            tensors[ours].append(piece(ours, name, shape, **kw))
 
-        add("rms_att", "input_layernorm.weight", (dim,))
-        add("rms_post_att", "post_attention_layernorm.weight", (dim,))
-        add("rms_ffn", "pre_feedforward_layernorm.weight", (dim,))
-        add("rms_post_ffn", "post_feedforward_layernorm.weight", (dim,))
-        add("wq", "self_attn.q_proj.weight", (q_dim, dim), heads=nh, order=order)
-        add("q_norm", "self_attn.q_norm.weight", (hs,), heads=1, order=order)
+        add("rms_att", (dim,))
+        add("rms_post_att", (dim,))
+        add("rms_ffn", (dim,))
+        add("rms_post_ffn", (dim,))
+        add("wq", (q_dim, dim), heads=nh, order=order)
+        add("q_norm", (hs,), heads=1, order=order)
         if own:
-            add("wk", "self_attn.k_proj.weight", (kv_dim, dim), heads=s.n_kv_heads, order=order)
-            add("k_norm", "self_attn.k_norm.weight", (hs,), heads=1, order=order)
+            add("wk", (kv_dim, dim), heads=s.n_kv_heads, order=order)
+            add("k_norm", (hs,), heads=1, order=order)
             if not s.values:
-                add("wv", "self_attn.v_proj.weight", (kv_dim, dim))
+                add("wv", (kv_dim, dim))
         permuted_values = shapes[s.source].values  # the cache's values are the permuted key projection
-        add("wo", "self_attn.o_proj.weight", (dim, q_dim), column_order=(nh, order) if permuted_values else None)
-        add("w1", "mlp.gate_proj.weight", (s.hidden_dim, dim))
-        add("w2", "mlp.down_proj.weight", (dim, s.hidden_dim))
-        add("w3", "mlp.up_proj.weight", (s.hidden_dim, dim))
-        tensors["layer_scalars"].append(scalar(at + "layer_scalar"))
+        add("wo", (dim, q_dim), column_order=(nh, order) if permuted_values else None)
+        add("w1", (s.hidden_dim, dim))
+        add("w2", (dim, s.hidden_dim))
+        add("w3", (s.hidden_dim, dim))
+        tensors["layer_scalars"].append(scalar(stored("layer_scalars", l)))
         if s.experts:  # 26B-A4B: the router, the experts (gate and up fused, gate first) and their norms
             E, H = c.n_experts, c.expert_hidden
-            add("router", "router.proj.weight", (E, dim))
+            add("router", (E, dim), "router.proj.weight")
             tensors["expert_w1"] += expert_pieces(at + "experts.gate_up_proj", (E, 2 * H, dim), 0, H)
             tensors["expert_w2"] += expert_pieces(at + "experts.down_proj", (E, dim, H), 0, dim)
             tensors["expert_w3"] += expert_pieces(at + "experts.gate_up_proj", (E, 2 * H, dim), H, 2 * H)
-            add("router_scale", "router.scale", (dim,))
-            add("expert_scale", "router.per_expert_scale", (E,))
-            add("rms_pre_experts", "pre_feedforward_layernorm_2.weight", (dim,))
-            add("rms_post_dense", "post_feedforward_layernorm_1.weight", (dim,))
-            add("rms_post_experts", "post_feedforward_layernorm_2.weight", (dim,))
+            add("router_scale", (dim,), "router.scale")
+            add("expert_scale", (E,), "router.per_expert_scale")
+            add("rms_pre_experts", (dim,))
+            add("rms_post_dense", (dim,))
+            add("rms_post_experts", (dim,))
         if P:
-            add("per_layer_gate", "per_layer_input_gate.weight", (P, dim))
-            add("per_layer_projection_out", "per_layer_projection.weight", (dim, P))
-            add("rms_per_layer", "post_per_layer_input_norm.weight", (dim,))
+            add("per_layer_gate", (P, dim))
+            add("per_layer_projection_out", (dim, P))
+            add("rms_per_layer", (dim,))
     if P:
-        tensors["per_layer_embedding"] = [piece("per_layer_embedding", prefix + "embed_tokens_per_layer.weight",
-                                                (V, L * P))]
-        tensors["per_layer_projection_in"] = [piece("per_layer_projection_in",
-                                                    prefix + "per_layer_model_projection.weight", (L * P, dim))]
+        tensors["per_layer_embedding"] = [piece("per_layer_embedding", stored("per_layer_embedding"), (V, L * P))]
+        tensors["per_layer_projection_in"] = [piece("per_layer_projection_in", stored("per_layer_projection_in"),
+                                                    (L * P, dim))]
         tensors["per_layer_projection_norm"] = [piece("per_layer_projection_norm",
-                                                      prefix + "per_layer_projection_norm.weight", (P,))]
-    source_type = next(iter(matrix_types)) if len(matrix_types) == 1 else "f32"
-    if len(matrix_types) > 1:
-        warn("the matrices are stored in more than one type; writing float32 (exact for all of them)")
+                                                      stored("per_layer_projection_norm"), (P,))]
+    source_type = matrices_type(matrix_types)
     if multimodal:
         say_later("note: gemma4: the text decoder is exported; the vision and audio towers are left out")
     return c, tensors, source_type
@@ -2293,13 +2393,13 @@ def read_hf(model_dir):
     if not os.path.isfile(config_path):
         raise ExportError(f"{model_dir}: no config.json")
     config = read_json(config_path)
-    if config.get("model_type") in GEMMA4_TYPES:
-        return read_gemma4(model_dir, config)
-    multimodal = config.get("model_type") == "gemma3"
+    text, multimodal = text_config(config)
+    family = family_of(text.get("model_type"))
+    if family is not None and family.layer_records:  # Gemma 4
+        return read_gemma4(model_dir, text, multimodal)
     config, c, rotary_dim = config_from_json(config)
     files = open_safetensors(model_dir)
     rename = hf_text_model_names(files) if multimodal else (lambda name: name)
-    fused = config.get("model_type") == "phi3"
     if rename("lm_head.weight") not in files:
         c.shared_classifier = True  # no lm_head: the embedding is the classifier
     c.check()
@@ -2316,28 +2416,18 @@ def read_hf(model_dir):
             tensors[ours] = np.asarray(c.longrope_factors, dtype=np.float32)
             continue
         pieces = []
-        moe = c.n_experts and (ours in ("w1", "w2", "w3") or ours in HF_MOE_TENSORS[config["model_type"]])
-        named = moe_pieces(c, ours, config["model_type"]) if moe else hf_pieces(ours, shape, c.n_layers, c.post_norms)
+        moe = c.n_experts and (ours in ("w1", "w2", "w3") or ours in family.expert_tensors)
+        named = moe_pieces(c, ours, family.expert_tensors) if moe else hf_pieces(ours, shape, c.n_layers, c.post_norms)
         for name, expected in named:
             name = rename(name)
             rows = None
-            if fused and ours in PHI3_FUSED:  # Phi-3: this tensor is a band of rows of a fused one
-                name, rows, expected = phi3_fused_piece(c, name, ours, expected)
-            if name not in files:
-                raise ExportError(f"missing tensor {name}")
-            stored = files[name].entries[name]["shape"]
-            if stored != expected:
-                raise ExportError(f"tensor {name} has shape {stored}, expected {expected}")
-            dtype, _ = files[name].raw(name)  # refuse non-float dtypes now, before writing
-            if ours in MATRIX_TENSORS:
-                matrix_types.add(SAFETENSORS_TYPES[dtype])
-            pieces.append(lazy_tensor(files[name], name, heads.get(ours), order if ours in heads else None,
+            if family.fused and ours in family.fused:  # Phi-3: this tensor is a band of rows of a fused one
+                name, rows, expected = fused_piece(c, name, family.fused[ours], expected)
+            file = checked_tensor(files, ours, name, expected, matrix_types)
+            pieces.append(lazy_tensor(file, name, heads.get(ours), order if ours in heads else None,
                                       c.gemma_norms and ours in NORM_TENSORS, rows))
         tensors[ours] = pieces
-    source_type = next(iter(matrix_types)) if len(matrix_types) == 1 else "f32"
-    if len(matrix_types) > 1:
-        warn("the matrices are stored in more than one type; writing float32 (exact for all of them)")
-    return c, tensors, source_type
+    return c, tensors, matrices_type(matrix_types)
 
 
 # ----------------------------------------------------------------------------

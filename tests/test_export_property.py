@@ -500,8 +500,8 @@ def near(rng, value):
 def read_any_config(config):
     """export.py's reading of a config.json up to the checks before a tensor is read: Gemma 4's
     reader for gemma4 and gemma4_text, config_from_json for the others."""
-    if config.get("model_type") in export.GEMMA4_TYPES:
-        c = export.gemma4_config(export.gemma4_text_config(config)[0])[0]
+    if config.get("model_type") in ("gemma4", "gemma4_text"):
+        c = export.gemma4_config(export.text_config(config)[0])[0]
         c.check()
         return c
     return read_config(config)
