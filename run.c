@@ -238,6 +238,25 @@ typedef struct {
     uint64_t cache_before;
 } LayerSpec;
 
+// A RoPE setting: the frequencies' base and fraction, and the rule for positions past
+// the trained length (RoPE section, "Past the training length"); a rule's parameter
+// stored as 0 takes the rule's default. Config holds one per kind of rotary layer.
+typedef struct {
+    float theta;            // base wavelength theta of the rotary frequencies
+    float fraction;         // p: the fraction of rotary pairs that rotate (p-RoPE)
+    int head_size;          // the head size its frequencies are counted over (its layers'); 0: head_size_of
+    RopeScaling scaling;    // none, linear, ntk, yarn, llama3, longrope
+    float factor;           // the rule's factor s, >= 1 (1: none)
+    int original_len;       // the trained context length the rule is relative to
+    float yarn_beta_fast;   // yarn: pairs turning more often than this over it are kept (32)
+    float yarn_beta_slow;   // yarn: pairs turning less often than this are interpolated (1)
+    float attention_factor; // cos and sin are multiplied by it (yarn: 0.1 ln s + 1; else 1)
+    float llama3_low_freq_factor;  // llama3: wavelengths above original / this are interpolated (1)
+    float llama3_high_freq_factor; // llama3: wavelengths below original / this are kept (4)
+    const float *longrope_factors; // longrope: (2, rope_angles) short then long, from the file (NULL until mapped)
+    int longrope_pairs;            // the pairs those factors are for: the file's rope_angles
+} RopeSetting;
+
 typedef struct {
     int dim;               // transformer width
     int hidden_dim;        // feed-forward width
@@ -250,20 +269,10 @@ typedef struct {
     int version;           // the header's version: ROPE 1 or 2, llama2.c v1 1, legacy 0
     WeightType weight_type; // the matrices' and the embedding's type (f32 but in ROPE version 2)
     float norm_eps;        // RMSNorm epsilon
-    float rope_theta;      // base wavelength theta of the rotary frequencies
-    float rope_fraction;   // p: the fraction of rotary pairs that rotate (p-RoPE)
-    // the rule for positions past the trained length (RoPE section, "Past the
-    // training length"); a parameter stored as 0 takes the rule's default
-    RopeScaling rope_scaling;      // none, linear, ntk, yarn, llama3
-    float rope_factor;             // the rule's factor s, >= 1 (1: none)
-    int rope_original_len;         // the trained context length the rule is relative to
-    float yarn_beta_fast;          // yarn: pairs turning more often than this over it are kept (32)
-    float yarn_beta_slow;          // yarn: pairs turning less often than this are interpolated (1)
-    float rope_attention_factor;   // cos and sin are multiplied by it (yarn: 0.1 ln s + 1; else 1)
-    float llama3_low_freq_factor;  // llama3: wavelengths above original / this are interpolated (1)
-    float llama3_high_freq_factor; // llama3: wavelengths below original / this are kept (4)
-    const float *longrope_factors; // longrope: (2, rope_angles) short then long, from the file (NULL until mapped)
-    int longrope_pairs;            // the pairs those factors are for: the file's rope_angles
+    // the RoPE settings, indexed by a layer's rope (LayerSpec): rope[LAYER_ROPE_FIRST]
+    // every model's, rope[LAYER_ROPE_SECOND] Gemma 3's and 4's local layers' (theta 0
+    // when the file has none), rope[LAYER_NOPE] all 0: no pair rotates
+    RopeSetting rope[3];
     // ROPE version 2's block options (docs/format.md); 0 everywhere is the Llama block
     int head_size;              // width of one head; 0: dim / n_heads (head_size_of)
     int qkv_bias, qk_norm, post_norms, v_norm, layer_scalars; // the flags' bits, one int each
@@ -279,16 +288,7 @@ typedef struct {
     int n_experts_used; // k, the experts a token uses (8; 2)
     int expert_hidden;  // each expert's feed-forward width (768; 14336)
     Routing routing;    // how the k experts are weighed
-    // the second RoPE setting (Gemma 3's local layers): the first setting's fields, in
-    // the same order; rope2.rope_theta == 0 when the file has none
-    struct {
-        float rope_theta, rope_fraction, rope_factor;
-        RopeScaling rope_scaling;
-        int rope_original_len;
-        float yarn_beta_fast, yarn_beta_slow, rope_attention_factor, llama3_low_freq_factor, llama3_high_freq_factor;
-    } rope2;
     uint64_t layer_table_offset, layer_table_bytes; // the per-layer table in the file; 0: none
-    int rope2_head_size; // the head size the second setting's frequencies are counted over; 0: head_size_of
     // per layer (from the table; without one, every layer as the header says, first setting, full)
     LayerSpec layer[MAX_LAYERS];
     // the layered tensors' totals over the layers (q_before etc. of a layer past the last)
@@ -394,11 +394,11 @@ typedef struct {
     // a sliding layer's ring holds its window's positions (kv_positions_of)
     float *key_cache;   // (layer, n_kv_heads, cache_positions, head_size)
     float *value_cache; // (layer, n_kv_heads, cache_positions, head_size)
-    // RoPE tables, computed once: cos/sin of pos * frequency(i) for each rotated pair
-    float *rope_cos; // (seq_len, rope_angles)
-    float *rope_sin; // (seq_len, rope_angles)
-    float *rope2_cos; // (seq_len, the second setting's rope_angles), when the file has one
-    float *rope2_sin;
+    // RoPE tables, computed once: cos/sin of pos * frequency(i) for each rotated pair,
+    // one pair of tables per setting, indexed as Config's rope (NULL for LAYER_NOPE, and
+    // for the second setting when the file has none)
+    float *rope_cos[3]; // (seq_len, the setting's rope_angles)
+    float *rope_sin[3];
     InspectStats *inspect;
 } RunState;
 
@@ -420,24 +420,7 @@ typedef struct {
 static int head_size_of(const Config *c) { return c->head_size ? c->head_size : c->dim / c->n_heads; }
 static int max_int(int a, int b) { return a > b ? a : b; }
 
-// The Config of RoPE setting `which` (LAYER_ROPE_FIRST or LAYER_ROPE_SECOND): the
-// model's, with the rotary fields replaced by the second setting's for the second,
-// so that every function of the RoPE sections serves both.
-static Config rope_setting(const Config *c, int which) {
-    Config r = *c;
-    if (which == LAYER_ROPE_SECOND) {
-        r.rope_theta = c->rope2.rope_theta, r.rope_fraction = c->rope2.rope_fraction;
-        r.rope_factor = c->rope2.rope_factor, r.rope_scaling = c->rope2.rope_scaling;
-        r.rope_original_len = c->rope2.rope_original_len;
-        r.yarn_beta_fast = c->rope2.yarn_beta_fast, r.yarn_beta_slow = c->rope2.yarn_beta_slow;
-        r.rope_attention_factor = c->rope2.rope_attention_factor;
-        r.llama3_low_freq_factor = c->rope2.llama3_low_freq_factor;
-        r.llama3_high_freq_factor = c->rope2.llama3_high_freq_factor;
-        if (c->rope2_head_size) r.head_size = c->rope2_head_size; // Gemma 4: 256 against the first's 512
-    }
-    return r;
-}
-static int has_second_rope(const Config *c) { return c->rope2.rope_theta != 0.0f; }
+static int has_second_rope(const Config *c) { return c->rope[LAYER_ROPE_SECOND].theta != 0.0f; }
 
 // Where position pos of key/value head kvh of layer l is in the KV cache: its slot
 // pos mod cache_positions (pos itself but on a sliding layer's ring) of layer l's
@@ -448,29 +431,29 @@ static size_t kv_cache_offset(const Config *c, int l, int kvh, int pos) {
     return ls->cache_before + ((size_t)kvh * positions + slot) * ls->head_size;
 }
 
-// rope_angles = floor(p * head_size / 2): the number of rotary pairs that rotate.
+// The head size RoPE setting `which` counts its frequencies over: its layers' (Gemma
+// 4's second setting 256, against the first's 512), else the model's.
+static int rope_head_size(const Config *c, int which) {
+    return c->rope[which].head_size ? c->rope[which].head_size : head_size_of(c);
+}
+
+// rope_angles = floor(p * head_size / 2): the number of rotary pairs that rotate under
+// RoPE setting `which` (0 on a NoPE layer, whose setting has p = 0).
 // p is stored as float32, so 0.7 arrives as 0.699999988 and 0.7 * 20 / 2 as
 // 6.99999988, which would floor to 6. Float32 is off by at most 6e-8 relative,
 // i.e. 3e-5 of a pair for a head size of 1024, so adding 1e-4 of a pair before
 // the floor gives the count Python's int(p * d // 2) gives for the decimal p.
-static int rotated_pairs(float fraction, int head_size) {
-    int n = (int)floor((double)fraction * (head_size / 2) + 1e-4), pairs = head_size / 2;
+static int rope_angles_of(const Config *c, int which) {
+    int pairs = rope_head_size(c, which) / 2, n = (int)floor((double)c->rope[which].fraction * pairs + 1e-4);
     return n < pairs ? n : pairs;
-}
-static int rope_angles_of(const Config *c) { return rotated_pairs(c->rope_fraction, head_size_of(c)); }
-// the same for RoPE setting `which` (rope_setting's), without copying the Config
-static int setting_angles(const Config *c, int which) {
-    if (which == LAYER_ROPE_SECOND)
-        return rotated_pairs(c->rope2.rope_fraction, c->rope2_head_size ? c->rope2_head_size : head_size_of(c));
-    return which == LAYER_ROPE_FIRST ? rope_angles_of(c) : 0;
 }
 
 // The scaling rules' parameters, with their defaults where the file stores 0.
 static float or_default(float value, float fallback) { return value != 0.0f ? value : fallback; }
-static float yarn_beta_fast(const Config *c) { return or_default(c->yarn_beta_fast, 32.0f); }
-static float yarn_beta_slow(const Config *c) { return or_default(c->yarn_beta_slow, 1.0f); }
-static float llama3_low_freq(const Config *c) { return or_default(c->llama3_low_freq_factor, 1.0f); }
-static float llama3_high_freq(const Config *c) { return or_default(c->llama3_high_freq_factor, 4.0f); }
+static float yarn_beta_fast(const RopeSetting *r) { return or_default(r->yarn_beta_fast, 32.0f); }
+static float yarn_beta_slow(const RopeSetting *r) { return or_default(r->yarn_beta_slow, 1.0f); }
+static float llama3_low_freq(const RopeSetting *r) { return or_default(r->llama3_low_freq_factor, 1.0f); }
+static float llama3_high_freq(const RopeSetting *r) { return or_default(r->llama3_high_freq_factor, 4.0f); }
 
 // ----------------------------------------------------------------------------
 // Rotary position embeddings (RoPE and p-RoPE)
@@ -486,26 +469,30 @@ static float llama3_high_freq(const Config *c) { return or_default(c->llama3_hig
 // same omega_i as full RoPE; the others keep their values (an infinite wavelength).
 // We loop over the rotated pairs only: the paper's pos / infinity is never computed.
 
+// Every function below takes the model's Config and `which` of its RoPE settings
+// (c->rope[which]: LAYER_ROPE_FIRST, or LAYER_ROPE_SECOND for Gemma 3's and 4's local
+// layers), each setting with its own theta, p, head size and scaling rule.
+
 // The unscaled frequency theta^(-2i/head_size), computed in float exactly as llama2.c
 // does, so that its outputs match ours.
-static float rope_base_frequency(const Config *c, int i) {
-    return 1.0f / powf(c->rope_theta, (float)(2 * i) / (float)head_size_of(c));
+static float rope_base_frequency(const Config *c, int which, int i) {
+    return 1.0f / powf(c->rope[which].theta, (float)(2 * i) / (float)rope_head_size(c, which));
 }
 
 // The scaling rules below (a learner may read them after the forward pass) give
 // each pair its frequency and the attention factor; with no rule they are
 // rope_base_frequency and 1.
-static float rope_frequency(const Config *c, int i);
-static float rope_attention_factor(const Config *c);
+static float rope_frequency(const Config *c, int which, int i);
+static float rope_attention_factor(const Config *c, int which);
 
 // The plain version: rotates one head vector at position pos, computing the angles
 // on the spot. The tests check it against the explicit matrix R(theta, m), and the
 // table-driven rope_apply below (what the forward pass uses) against it.
-__attribute__((unused)) static void rope_rotate_head(float *vec, const Config *c, int pos) {
-    int n_rotated = rope_angles_of(c);
-    float factor = rope_attention_factor(c);
-    for (int i = 0; i < n_rotated; i++) {
-        float angle = pos * rope_frequency(c, i);
+__attribute__((unused)) static void rope_rotate_head(float *vec, const Config *c, int which, int pos) {
+    int rope_angles = rope_angles_of(c, which);
+    float factor = rope_attention_factor(c, which);
+    for (int i = 0; i < rope_angles; i++) {
+        float angle = pos * rope_frequency(c, which, i);
         float cos_a = cosf(angle) * factor, sin_a = sinf(angle) * factor;
         float x0 = vec[2 * i], x1 = vec[2 * i + 1];
         vec[2 * i] = x0 * cos_a - x1 * sin_a;
@@ -516,25 +503,25 @@ __attribute__((unused)) static void rope_rotate_head(float *vec, const Config *c
 // The refinement used in the forward pass: cos and sin of every (pos, pair) are
 // computed once per run into tables (seq_len x rope_angles), since the same angles
 // recur for every layer, head and token. Both carry the attention factor.
-static void rope_build_tables(float *cos_table, float *sin_table, const Config *c) {
-    int n_rotated = rope_angles_of(c);
-    float factor = rope_attention_factor(c), omega[MAX_DIM / 2];
-    for (int i = 0; i < n_rotated; i++) omega[i] = rope_frequency(c, i);
+static void rope_build_tables(float *cos_table, float *sin_table, const Config *c, int which) {
+    int rope_angles = rope_angles_of(c, which);
+    float factor = rope_attention_factor(c, which), omega[MAX_DIM / 2];
+    for (int i = 0; i < rope_angles; i++) omega[i] = rope_frequency(c, which, i);
     for (int pos = 0; pos < c->seq_len; pos++) {
-        for (int i = 0; i < n_rotated; i++) {
+        for (int i = 0; i < rope_angles; i++) {
             float angle = pos * omega[i];
-            cos_table[(size_t)pos * n_rotated + i] = cosf(angle) * factor;
-            sin_table[(size_t)pos * n_rotated + i] = sinf(angle) * factor;
+            cos_table[(size_t)pos * rope_angles + i] = cosf(angle) * factor;
+            sin_table[(size_t)pos * rope_angles + i] = sinf(angle) * factor;
         }
     }
 }
 
 // Rotates n_heads consecutive head vectors at one position, from the tables.
-static void rope_apply(float *vec, int n_heads, int head_size, int n_rotated, const float *cos_pos,
+static void rope_apply(float *vec, int n_heads, int head_size, int rope_angles, const float *cos_pos,
                        const float *sin_pos) {
     for (int h = 0; h < n_heads; h++) {
         float *head = vec + h * head_size;
-        for (int i = 0; i < n_rotated; i++) {
+        for (int i = 0; i < rope_angles; i++) {
             float x0 = head[2 * i], x1 = head[2 * i + 1];
             head[2 * i] = x0 * cos_pos[i] - x1 * sin_pos[i];
             head[2 * i + 1] = x0 * sin_pos[i] + x1 * cos_pos[i];
@@ -545,11 +532,11 @@ static void rope_apply(float *vec, int n_heads, int head_size, int n_rotated, co
 // ----------------------------------------------------------------------------
 // Past the training length: the scaling rules
 //
-// A model trained on contexts of L positions (rope_original_len) has seen pair i
+// A model trained on contexts of L positions (original_len) has seen pair i
 // turn through at most L * omega_i radians. Past L, the slow pairs reach angles
 // never seen in training, and attention breaks down. Each rule changes only the
 // frequencies omega_i (and one attention factor), so that positions up to s * L
-// (s = rope_factor) look more like the trained ones. Nothing else in the forward
+// (s = factor) look more like the trained ones. Nothing else in the forward
 // pass changes, and since the KV cache holds keys rotated by R(n), a rule can be
 // chosen at inference time without retraining.
 //   none    omega_i
@@ -582,11 +569,12 @@ static double yarn_correction_pair(double rotations, int dims, double base, int 
 // yarn's weight of the interpolated frequency for pair i: 0 for the fast pairs
 // (kept), 1 for the slow ones (divided by s), linear between. The bounds are
 // rounded outwards and clamped to [0, dims - 1], as transformers does.
-static double yarn_ramp(const Config *c, int i) {
-    int dims = 2 * rope_angles_of(c); // the rotated dims
-    double base = pow(c->rope_theta, (double)dims / head_size_of(c)); // so that base^(-2i/dims) = theta^(-2i/head_size)
-    double low = floor(yarn_correction_pair(yarn_beta_fast(c), dims, base, c->rope_original_len));
-    double high = ceil(yarn_correction_pair(yarn_beta_slow(c), dims, base, c->rope_original_len));
+static double yarn_ramp(const Config *c, int which, int i) {
+    const RopeSetting *r = &c->rope[which];
+    int dims = 2 * rope_angles_of(c, which); // the rotated dims
+    double base = pow(r->theta, (double)dims / rope_head_size(c, which)); // so that base^(-2i/dims) = theta^(-2i/head_size)
+    double low = floor(yarn_correction_pair(yarn_beta_fast(r), dims, base, r->original_len));
+    double high = ceil(yarn_correction_pair(yarn_beta_slow(r), dims, base, r->original_len));
     low = fmax(low, 0.0);
     high = fmin(high, dims - 1.0);
     if (low == high) high += 0.001; // no division by zero
@@ -595,8 +583,8 @@ static double yarn_ramp(const Config *c, int i) {
 
 // llama3's frequency: interpolated past L / low_freq_factor, kept below L /
 // high_freq_factor, and between a blend weighted by how often the pair turns over L.
-static double llama3_frequency(const Config *c, double omega) {
-    double s = c->rope_factor, L = c->rope_original_len, low = llama3_low_freq(c), high = llama3_high_freq(c);
+static double llama3_frequency(const RopeSetting *r, double omega) {
+    double s = r->factor, L = r->original_len, low = llama3_low_freq(r), high = llama3_high_freq(r);
     double wavelength = 2.0 * M_PI / omega;
     if (wavelength < L / high) return omega;
     if (wavelength > L / low) return omega / s;
@@ -605,31 +593,32 @@ static double llama3_frequency(const Config *c, double omega) {
 }
 
 // omega_i of a rotating pair i under the rule in force, in radians per token.
-static float rope_frequency(const Config *c, int i) {
-    float omega = rope_base_frequency(c, i), s = c->rope_factor;
-    int d = head_size_of(c);
-    switch (c->rope_scaling) {
+static float rope_frequency(const Config *c, int which, int i) {
+    const RopeSetting *r = &c->rope[which];
+    float omega = rope_base_frequency(c, which, i), s = r->factor;
+    int d = rope_head_size(c, which);
+    switch (r->scaling) {
     case ROPE_SCALING_LINEAR:
         return omega / s;
     case ROPE_SCALING_NTK: {
         if (d <= 2) return omega; // a single pair: omega_0 = 1 whatever the base
-        double theta = (double)c->rope_theta * pow(s, (double)d / (d - 2));
+        double theta = (double)r->theta * pow(s, (double)d / (d - 2));
         return (float)pow(theta, -2.0 * i / d);
     }
     case ROPE_SCALING_YARN: {
-        double ramp = yarn_ramp(c, i);
+        double ramp = yarn_ramp(c, which, i);
         return (float)((double)omega / s * ramp + (double)omega * (1.0 - ramp));
     }
     case ROPE_SCALING_LLAMA3:
-        return (float)llama3_frequency(c, omega);
+        return (float)llama3_frequency(r, omega);
     case ROPE_SCALING_LONGROPE: {
         // Phi-3 128k, Phi-4-mini: omega_i / ext_i, ext the short factors when the
         // context in use is within the trained length, the long ones beyond it (as
         // llama.cpp chooses, by the context rather than the text so far)
-        if (!c->longrope_factors) return omega; // the header alone (no weights mapped yet)
-        if (i >= c->longrope_pairs) return NAN;  // no factor for this pair: never read past them
-        int longer = c->seq_len > c->rope_original_len;
-        return omega / c->longrope_factors[(longer ? c->longrope_pairs : 0) + i];
+        if (!r->longrope_factors) return omega; // the header alone (no weights mapped yet)
+        if (i >= r->longrope_pairs) return NAN;  // no factor for this pair: never read past them
+        int longer = c->seq_len > r->original_len;
+        return omega / r->longrope_factors[(longer ? r->longrope_pairs : 0) + i];
     }
     default:
         return omega;
@@ -638,11 +627,12 @@ static float rope_frequency(const Config *c, int i) {
 
 // The factor that multiplies cos and sin: the file's, else yarn's 0.1 ln s + 1 (1
 // for s <= 1), else 1.
-static float rope_attention_factor(const Config *c) {
-    if (c->rope_attention_factor != 0.0f) return c->rope_attention_factor;
-    if (c->rope_scaling == ROPE_SCALING_YARN && c->rope_factor > 1) return (float)(0.1 * log(c->rope_factor) + 1.0);
-    if (c->rope_scaling == ROPE_SCALING_LONGROPE && c->rope_factor > 1 && c->rope_original_len > 1) // sqrt(1 + ln s / ln L)
-        return (float)sqrt(1.0 + log(c->rope_factor) / log(c->rope_original_len));
+static float rope_attention_factor(const Config *c, int which) {
+    const RopeSetting *r = &c->rope[which];
+    if (r->attention_factor != 0.0f) return r->attention_factor;
+    if (r->scaling == ROPE_SCALING_YARN && r->factor > 1) return (float)(0.1 * log(r->factor) + 1.0);
+    if (r->scaling == ROPE_SCALING_LONGROPE && r->factor > 1 && r->original_len > 1) // sqrt(1 + ln s / ln L)
+        return (float)sqrt(1.0 + log(r->factor) / log(r->original_len));
     return 1.0f;
 }
 
@@ -1045,8 +1035,6 @@ static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, 
     RunState *s = &t->state;
     int dim = c->dim;
     float eps = c->norm_eps;
-    int n_rotated[3] = {0, setting_angles(c, LAYER_ROPE_FIRST), setting_angles(c, LAYER_ROPE_SECOND)}; // per setting
-    const float *cos_tables[3] = {NULL, s->rope_cos, s->rope2_cos}, *sin_tables[3] = {NULL, s->rope_sin, s->rope2_sin};
 
     // the token embeddings: x[b] = embedding[token b], widened to float32
     for (int b = 0; b < B; b++) embedding_row(s->x + (size_t)b * dim, w->token_embedding, tokens[b], dim);
@@ -1100,20 +1088,20 @@ static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, 
                 rmsnorm(s->v + h * head_size, s->v + h * head_size, NULL, head_size, eps);
 
         // RoPE: rotate q and k by their position with the layer's setting. Only the
-        // first n_rotated = floor(p head_size / 2) pairs turn (p-RoPE; p = 1 is full
+        // first rope_angles = floor(p head_size / 2) pairs turn (p-RoPE; p = 1 is full
         // RoPE, all head_size / 2), the rest keep their values; a NoPE layer (SmolLM3's
         // every fourth) turns none. Then k, rotated, and v, never rotated, are cached:
         // a cached key already holds R(pos) k, so no step rotates it again.
-        int rope = ls->rope;
+        int rope = ls->rope, rope_angles = rope_angles_of(c, rope);
         for (int b = 0; b < B; b++) {
             int pos = pos0 + b;
             float *q = s->q + (size_t)b * q_dim, *k = s->k + (size_t)b * kv_dim, *v = s->v + (size_t)b * kv_dim;
             if (s->inspect) inspect_record_chunks(s->inspect, t, l, q, k, pos); // -m inspect only
             if (rope != LAYER_NOPE) {
-                const float *cos_pos = cos_tables[rope] + (size_t)pos * n_rotated[rope];
-                const float *sin_pos = sin_tables[rope] + (size_t)pos * n_rotated[rope];
-                rope_apply(q, c->n_heads, head_size, n_rotated[rope], cos_pos, sin_pos);
-                if (owns_cache) rope_apply(k, n_kv_heads, head_size, n_rotated[rope], cos_pos, sin_pos);
+                const float *cos_pos = s->rope_cos[rope] + (size_t)pos * rope_angles;
+                const float *sin_pos = s->rope_sin[rope] + (size_t)pos * rope_angles;
+                rope_apply(q, c->n_heads, head_size, rope_angles, cos_pos, sin_pos);
+                if (owns_cache) rope_apply(k, n_kv_heads, head_size, rope_angles, cos_pos, sin_pos);
             }
             for (int kvh = 0; owns_cache && kvh < n_kv_heads; kvh++) {
                 size_t at = kv_cache_offset(c, l, kvh, pos);
@@ -1394,13 +1382,12 @@ static int kv_cache_shift(Transformer *t, int to, int from, int n) {
     RunState *s = &t->state;
     int delta = from - to;
     static float cos_delta[3][MAX_DIM / 2], minus_sin_delta[3][MAX_DIM / 2]; // R(-delta) per setting, for rope_apply
-    int rotated[3] = {0, 0, 0}; // LAYER_NOPE: nothing turns
+    int rope_angles[3] = {0, 0, 0}; // LAYER_NOPE: nothing turns
     for (int which = LAYER_ROPE_FIRST; which <= LAYER_ROPE_SECOND; which++) {
         if (which == LAYER_ROPE_SECOND && !has_second_rope(c)) break;
-        Config setting = rope_setting(c, which), *r = &setting;
-        rotated[which] = rope_angles_of(r);
-        for (int i = 0; i < rotated[which]; i++) { // the tables' angles for position delta, without the attention factor
-            float angle = delta * rope_frequency(r, i);
+        rope_angles[which] = rope_angles_of(c, which);
+        for (int i = 0; i < rope_angles[which]; i++) { // the tables' angles for position delta, without the attention factor
+            float angle = delta * rope_frequency(c, which, i);
             cos_delta[which][i] = cosf(angle);
             minus_sin_delta[which][i] = -sinf(angle);
         }
@@ -1416,7 +1403,7 @@ static int kv_cache_shift(Transformer *t, int to, int from, int n) {
         // each layer's keys turn back by its own setting's angles; a NoPE layer's keys carry no
         // position; a layer that shares another's cache (Gemma 4) moves with it
         const LayerSpec *ls = &c->layer[l];
-        int which = ls->rope, n_rotated = rotated[which], head_size = ls->head_size;
+        int which = ls->rope, head_size = ls->head_size;
         if (ls->kv_source != l) continue;
         int ring = ls->cache_positions < c->seq_len, moved = ring && n > ls->window - 1 ? ls->window - 1 : n;
         for (int kvh = 0; kvh < ls->n_kv_heads; kvh++) {
@@ -1428,7 +1415,7 @@ static int kv_cache_shift(Transformer *t, int to, int from, int n) {
                 float *value = ring ? key + head_size : s->value_cache + dst;
                 memcpy(value, s->value_cache + src, head_size * sizeof(float));
                 memcpy(key, s->key_cache + src, head_size * sizeof(float));
-                rope_apply(key, 1, head_size, n_rotated, cos_delta[which], minus_sin_delta[which]);
+                rope_apply(key, 1, head_size, rope_angles[which], cos_delta[which], minus_sin_delta[which]);
             }
             for (int j = n - moved; ring && j < n; j++) {
                 size_t dst = kv_cache_offset(c, l, kvh, to + j);
@@ -1580,59 +1567,59 @@ static int check_range(const char *name, long value, long lo, long hi) {
 
 // A rule's parameter: 0 (the default), or finite and > 0. `allowed`: whether the
 // rule in force has this parameter at all (if not, it must be 0).
-static int check_rope_parameter(const char *name, float value, int allowed, const Config *c) {
+static int check_rope_parameter(const char *name, float value, int allowed, const RopeSetting *r) {
     if (value == 0.0f) return 0;
     if (!allowed) return fail("%s is %g, but the rope scaling rule %s has no such parameter", name, value,
-                              rope_scaling_names[c->rope_scaling]);
+                              rope_scaling_names[r->scaling]);
     if (!isfinite(value) || value < 0) return fail("%s %g must be finite and > 0 (0: the default)", name, value);
     return 0;
 }
 
 // The scaling rule and its parameters (see "Past the training length" in the RoPE
 // section for what each means).
-static int validate_rope_scaling(const Config *c) {
-    int rule = c->rope_scaling;
+static int validate_rope_scaling(const RopeSetting *r) {
+    int rule = r->scaling;
     if (rule < 0 || rule >= N_ROPE_SCALINGS)
         return fail("rope_scaling %d is not a rule this program knows (0 none, 1 linear, 2 ntk, 3 yarn, 4 llama3, "
                     "5 longrope)", rule);
-    if (!isfinite(c->rope_factor) || c->rope_factor < 1) // every rule stretches; none shrinks
-        return fail("rope_factor %g must be finite and >= 1", c->rope_factor);
-    if (c->rope_original_len < 1 || c->rope_original_len > MAX_SEQ_LEN)
-        return fail("rope_original_len %d is out of range [1, %d]", c->rope_original_len, MAX_SEQ_LEN);
+    if (!isfinite(r->factor) || r->factor < 1) // every rule stretches; none shrinks
+        return fail("rope_factor %g must be finite and >= 1", r->factor);
+    if (r->original_len < 1 || r->original_len > MAX_SEQ_LEN)
+        return fail("rope_original_len %d is out of range [1, %d]", r->original_len, MAX_SEQ_LEN);
     int yarn = rule == ROPE_SCALING_YARN, llama3 = rule == ROPE_SCALING_LLAMA3;
-    if (check_rope_parameter("yarn_beta_fast", c->yarn_beta_fast, yarn, c) ||
-        check_rope_parameter("yarn_beta_slow", c->yarn_beta_slow, yarn, c) ||
-        check_rope_parameter("rope_attention_factor", c->rope_attention_factor, 1, c) ||
-        check_rope_parameter("llama3_low_freq_factor", c->llama3_low_freq_factor, llama3, c) ||
-        check_rope_parameter("llama3_high_freq_factor", c->llama3_high_freq_factor, llama3, c))
+    if (check_rope_parameter("yarn_beta_fast", r->yarn_beta_fast, yarn, r) ||
+        check_rope_parameter("yarn_beta_slow", r->yarn_beta_slow, yarn, r) ||
+        check_rope_parameter("rope_attention_factor", r->attention_factor, 1, r) ||
+        check_rope_parameter("llama3_low_freq_factor", r->llama3_low_freq_factor, llama3, r) ||
+        check_rope_parameter("llama3_high_freq_factor", r->llama3_high_freq_factor, llama3, r))
         return -1;
-    if (c->rope_attention_factor > MAX_ROPE_ATTENTION_FACTOR)
+    if (r->attention_factor > MAX_ROPE_ATTENTION_FACTOR)
         return fail("rope_attention_factor %g must be at most %g (the attention scores are multiplied by its square)",
-                    c->rope_attention_factor, MAX_ROPE_ATTENTION_FACTOR);
-    if (llama3 && llama3_high_freq(c) <= llama3_low_freq(c))
-        return fail("llama3_high_freq_factor %g must be above llama3_low_freq_factor %g", llama3_high_freq(c),
-                    llama3_low_freq(c));
+                    r->attention_factor, MAX_ROPE_ATTENTION_FACTOR);
+    if (llama3 && llama3_high_freq(r) <= llama3_low_freq(r))
+        return fail("llama3_high_freq_factor %g must be above llama3_low_freq_factor %g", llama3_high_freq(r),
+                    llama3_low_freq(r));
     // yarn keeps the pairs that turn more than beta_fast times over L and divides those
     // below beta_slow: reversed, the rule would divide the fast pairs and keep the slow
-    if (yarn && yarn_beta_fast(c) < yarn_beta_slow(c))
-        return fail("yarn_beta_fast %g must not be below yarn_beta_slow %g", yarn_beta_fast(c), yarn_beta_slow(c));
+    if (yarn && yarn_beta_fast(r) < yarn_beta_slow(r))
+        return fail("yarn_beta_fast %g must not be below yarn_beta_slow %g", yarn_beta_fast(r), yarn_beta_slow(r));
     return 0;
 }
 
-static float rope_frequency(const Config *c, int i);
+static float rope_frequency(const Config *c, int which, int i);
 
 // The RoPE tables hold cos and sin of pos * omega_i for pos < seq_len. omega_i =
 // theta^(-2i/head_size) is at most 1 for theta >= 1, but a theta below 1 makes it
 // grow with i, and a tiny one (subnormal, say) makes it, or the angle at the last
 // position, infinite in float32, and then cos and sin NaN. The largest angle of pair
 // i is (seq_len - 1) * omega_i, computed as rope_build_tables computes it.
-static int check_rope_angles(const Config *c) {
-    int n_rotated = rope_angles_of(c);
-    for (int i = 0; i < n_rotated; i++) {
-        float omega = rope_frequency(c, i), angle = (float)(c->seq_len - 1) * omega;
+static int check_rope_angles(const Config *c, int which) {
+    int rope_angles = rope_angles_of(c, which);
+    for (int i = 0; i < rope_angles; i++) {
+        float omega = rope_frequency(c, which, i), angle = (float)(c->seq_len - 1) * omega;
         if (!isfinite(omega) || !isfinite(angle))
             return fail("rope_theta %g is too small: pair %d turns %g radians per token, and at position %d the "
-                        "angle is not finite in float32", c->rope_theta, i, omega, c->seq_len - 1);
+                        "angle is not finite in float32", c->rope[which].theta, i, omega, c->seq_len - 1);
     }
     return 0;
 }
@@ -1640,10 +1627,9 @@ static int check_rope_angles(const Config *c) {
 // check_rope_angles for each RoPE setting the layers use (-c changes the context
 // of both); a failure in the second names it, as validate_config does.
 static int check_every_rope_angles(const Config *c) {
-    if (check_rope_angles(c) != 0) return -1;
+    if (check_rope_angles(c, LAYER_ROPE_FIRST) != 0) return -1;
     if (!has_second_rope(c)) return 0;
-    Config second = rope_setting(c, LAYER_ROPE_SECOND);
-    return check_rope_angles(&second) != 0 ? fail_in("second RoPE setting") : 0;
+    return check_rope_angles(c, LAYER_ROPE_SECOND) != 0 ? fail_in("second RoPE setting") : 0;
 }
 
 // Checks that the sizes are positive, bounded and consistent with each other.
@@ -1663,18 +1649,18 @@ static int validate_config(const Config *c) {
     if ((long long)c->n_layers * c->per_layer_dim > MAX_HIDDEN)
         return fail("n_layers %d x per_layer_input_dim %d is above %d", c->n_layers, c->per_layer_dim, MAX_HIDDEN);
     if (!isfinite(c->norm_eps) || c->norm_eps <= 0) return fail("norm_eps %g must be finite and > 0", c->norm_eps);
-    if (!isfinite(c->rope_theta) || c->rope_theta <= 0)
-        return fail("rope_theta %g must be finite and > 0", c->rope_theta);
-    if (!(c->rope_fraction >= 0 && c->rope_fraction <= 1))
-        return fail("rope_fraction %g must be in [0, 1]", c->rope_fraction);
-    if (validate_rope_scaling(c) != 0 || check_rope_angles(c) != 0) return -1;
+    const RopeSetting *first = &c->rope[LAYER_ROPE_FIRST], *second = &c->rope[LAYER_ROPE_SECOND];
+    if (!isfinite(first->theta) || first->theta <= 0)
+        return fail("rope_theta %g must be finite and > 0", first->theta);
+    if (!(first->fraction >= 0 && first->fraction <= 1))
+        return fail("rope_fraction %g must be in [0, 1]", first->fraction);
+    if (validate_rope_scaling(first) != 0 || check_rope_angles(c, LAYER_ROPE_FIRST) != 0) return -1;
     if (has_second_rope(c)) { // the second setting: the same rules, its own fields
-        Config second = rope_setting(c, LAYER_ROPE_SECOND);
-        if (!isfinite(second.rope_theta) || second.rope_theta <= 0)
-            return fail("rope2_theta %g must be finite and > 0 (0: no second setting)", second.rope_theta);
-        if (!(second.rope_fraction >= 0 && second.rope_fraction <= 1))
-            return fail("rope2_fraction %g must be in [0, 1]", second.rope_fraction);
-        if (validate_rope_scaling(&second) != 0 || check_rope_angles(&second) != 0)
+        if (!isfinite(second->theta) || second->theta <= 0)
+            return fail("rope2_theta %g must be finite and > 0 (0: no second setting)", second->theta);
+        if (!(second->fraction >= 0 && second->fraction <= 1))
+            return fail("rope2_fraction %g must be in [0, 1]", second->fraction);
+        if (validate_rope_scaling(second) != 0 || check_rope_angles(c, LAYER_ROPE_SECOND) != 0)
             return fail_in("second RoPE setting");
     }
     return 0; // the KV cache is sized by the context in use, and checked there (check_context_fits)
@@ -1786,26 +1772,27 @@ static int parse_header_v2(const unsigned char *data, Config *c) {
         return -1;
     c->layer_table_offset = read_u64(data + 136);
     c->layer_table_bytes = read_u64(data + 144);
-    c->rope2.rope_theta = read_f32(data + 152);
-    c->rope2.rope_fraction = read_f32(data + 156);
-    c->rope2.rope_factor = read_f32(data + 160);
-    c->rope2.rope_scaling = (RopeScaling)read_i32(data + 164);
-    c->rope2.rope_original_len = read_i32(data + 168);
-    c->rope2.yarn_beta_fast = read_f32(data + 172);
-    c->rope2.yarn_beta_slow = read_f32(data + 176);
-    c->rope2.rope_attention_factor = read_f32(data + 180);
-    c->rope2.llama3_low_freq_factor = read_f32(data + 184);
-    c->rope2.llama3_high_freq_factor = read_f32(data + 188);
+    RopeSetting *second = &c->rope[LAYER_ROPE_SECOND]; // bytes 152..191: the first setting's fields, in order
+    second->theta = read_f32(data + 152);
+    second->fraction = read_f32(data + 156);
+    second->factor = read_f32(data + 160);
+    second->scaling = (RopeScaling)read_i32(data + 164);
+    second->original_len = read_i32(data + 168);
+    second->yarn_beta_fast = read_f32(data + 172);
+    second->yarn_beta_slow = read_f32(data + 176);
+    second->attention_factor = read_f32(data + 180);
+    second->llama3_low_freq_factor = read_f32(data + 184);
+    second->llama3_high_freq_factor = read_f32(data + 188);
     if (!has_second_rope(c)) {
         for (int i = 156; i < 192; i++)
             if (data[i] != 0) return fail("second RoPE setting field at byte %d is not zero, but rope2_theta is 0", i);
     } else {
-        if (c->rope2.rope_scaling == ROPE_SCALING_NONE && c->rope2.rope_factor != 1.0f)
+        if (second->scaling == ROPE_SCALING_NONE && second->factor != 1.0f)
             return fail("rope2_factor %g with rope2_scaling 0 (none): the factor of no rule must be 1",
-                        c->rope2.rope_factor);
-        if (c->rope2.rope_original_len < 0)
-            return fail("rope2_original_len %d must be >= 0 (0: seq_len)", c->rope2.rope_original_len);
-        if (c->rope2.rope_scaling == ROPE_SCALING_LONGROPE)
+                        second->factor);
+        if (second->original_len < 0)
+            return fail("rope2_original_len %d must be >= 0 (0: seq_len)", second->original_len);
+        if (second->scaling == ROPE_SCALING_LONGROPE)
             return fail("rope2_scaling 5 (longrope) is for the first setting only");
     }
     return 0;
@@ -1897,10 +1884,11 @@ static int parse_layer_table(const unsigned char *table, Config *c) {
         if (ls->rope == LAYER_ROPE_FIRST && ls->head_size != head_size_of(c))
             return fail("layer %d: head_size %d, but the first RoPE setting's layers have the header's %d", l,
                         ls->head_size, head_size_of(c));
-        if (ls->rope == LAYER_ROPE_SECOND && c->rope2_head_size && ls->head_size != c->rope2_head_size)
+        RopeSetting *second = &c->rope[LAYER_ROPE_SECOND];
+        if (ls->rope == LAYER_ROPE_SECOND && second->head_size && ls->head_size != second->head_size)
             return fail("layer %d: head_size %d, but an earlier layer of the second RoPE setting has %d", l,
-                        ls->head_size, c->rope2_head_size);
-        if (ls->rope == LAYER_ROPE_SECOND) c->rope2_head_size = ls->head_size;
+                        ls->head_size, second->head_size);
+        if (ls->rope == LAYER_ROPE_SECOND) second->head_size = ls->head_size;
     }
     return 0;
 }
@@ -1999,10 +1987,11 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
                         size_t *data_offset, uint64_t *expected_size, SectionSpan *tokenizer) {
     tokenizer->offset = tokenizer->bytes = 0;
     memset(c, 0, sizeof(*c));
+    RopeSetting *first = &c->rope[LAYER_ROPE_FIRST], *second = &c->rope[LAYER_ROPE_SECOND];
     c->norm_eps = 1e-5f; // the llama2.c formats: fixed by llama2.c's model.py
-    c->rope_theta = 10000.0f;
-    c->rope_fraction = 1.0f;
-    c->rope_factor = 1.0f;
+    first->theta = 10000.0f;
+    first->fraction = 1.0f;
+    first->factor = 1.0f;
     if (size < LEGACY_HEADER_BYTES) return fail("file is too small (%zu bytes) to hold a checkpoint header", size);
     uint32_t magic = read_u32(data);
     if (magic == MAGIC_ROPE || magic == MAGIC_LLAMA2C_V1) {
@@ -2039,16 +2028,16 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
         if (shared != 0 && shared != 1) return fail("shared_classifier is %d, expected 0 or 1", shared);
         c->shared_classifier = shared;
         c->norm_eps = read_f32(data + 40);
-        c->rope_theta = read_f32(data + 44);
-        c->rope_fraction = read_f32(data + 48);
-        c->rope_factor = read_f32(data + 52);
-        c->rope_scaling = (RopeScaling)read_i32(data + 56);
-        c->rope_original_len = read_i32(data + 60);
-        c->yarn_beta_fast = read_f32(data + 64);
-        c->yarn_beta_slow = read_f32(data + 68);
-        c->rope_attention_factor = read_f32(data + 72);
-        c->llama3_low_freq_factor = read_f32(data + 76);
-        c->llama3_high_freq_factor = read_f32(data + 80);
+        first->theta = read_f32(data + 44);
+        first->fraction = read_f32(data + 48);
+        first->factor = read_f32(data + 52);
+        first->scaling = (RopeScaling)read_i32(data + 56);
+        first->original_len = read_i32(data + 60);
+        first->yarn_beta_fast = read_f32(data + 64);
+        first->yarn_beta_slow = read_f32(data + 68);
+        first->attention_factor = read_f32(data + 72);
+        first->llama3_low_freq_factor = read_f32(data + 76);
+        first->llama3_high_freq_factor = read_f32(data + 80);
         int reserved_from = 84;
         if (c->version == 2) {
             if (parse_header_v2(data, c) != 0) return -1;
@@ -2059,14 +2048,14 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
         for (int i = reserved_from; i < HEADER_BYTES; i++)
             if (data[i] != 0) return fail("reserved header byte %d is not zero (a newer format?)", i);
         // files written before the rules: rule 0 with a factor is linear scaling
-        if (c->rope_scaling == ROPE_SCALING_NONE && c->rope_factor != 1.0f) c->rope_scaling = ROPE_SCALING_LINEAR;
-        if (c->rope_original_len < 0)
-            return fail("rope_original_len %d must be >= 0 (0: seq_len)", c->rope_original_len);
-        if (c->rope_scaling == ROPE_SCALING_LONGROPE && c->version != 2)
+        if (first->scaling == ROPE_SCALING_NONE && first->factor != 1.0f) first->scaling = ROPE_SCALING_LINEAR;
+        if (first->original_len < 0)
+            return fail("rope_original_len %d must be >= 0 (0: seq_len)", first->original_len);
+        if (first->scaling == ROPE_SCALING_LONGROPE && c->version != 2)
             return fail("rope_scaling 5 (longrope) needs version 2, which stores its factors");
     }
-    if (c->rope_original_len == 0) c->rope_original_len = c->seq_len; // the trained length, unless the file says
-    if (c->rope2.rope_original_len == 0 && has_second_rope(c)) c->rope2.rope_original_len = c->seq_len;
+    if (first->original_len == 0) first->original_len = c->seq_len; // the trained length, unless the file says
+    if (second->original_len == 0 && has_second_rope(c)) second->original_len = c->seq_len;
     if (validate_config(c) != 0) return -1;
     default_layers(c);
     // records of eight fields change the tensors' sizes: read before the layout (records
@@ -2075,7 +2064,7 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
         c->layer_table_offset <= size && c->layer_table_bytes <= size - c->layer_table_offset &&
         parse_layer_table(data + c->layer_table_offset, c) != 0)
         return -1;
-    if (c->rope2_head_size && check_every_rope_angles(c) != 0) return -1; // the second over its own head size
+    if (second->head_size && check_every_rope_angles(c) != 0) return -1; // the second over its own head size
     place_layers(c);
     if (check_q8_0_rows(c) != 0) return -1;
     *data_offset = *format == FORMAT_LLAMA2C_LEGACY ? LEGACY_HEADER_BYTES : HEADER_BYTES;
@@ -2172,7 +2161,8 @@ static uint64_t map_weights(TransformerWeights *w, const Config *c, CheckpointFo
     w->k_norm = c->qk_norm ? next_vector(&t, c->k_heads_floats) : NULL;
     w->rms_post_att = c->post_norms ? next_vector(&t, layers * dim) : NULL;
     w->rms_post_ffn = c->post_norms ? next_vector(&t, layers * dim) : NULL;
-    w->rope_factors = c->rope_scaling == ROPE_SCALING_LONGROPE ? next_vector(&t, 2ull * rope_angles_of(c)) : NULL;
+    w->rope_factors = c->rope[LAYER_ROPE_FIRST].scaling == ROPE_SCALING_LONGROPE
+                          ? next_vector(&t, 2ull * rope_angles_of(c, LAYER_ROPE_FIRST)) : NULL;
     // Gemma 4's, after those
     w->layer_scalars = c->layer_scalars ? next_vector(&t, layers) : NULL;
     uint64_t P = c->per_layer_dim;
@@ -2216,15 +2206,16 @@ static int open_regular_file(const char *path, const char *what, size_t *size);
 static char *read_whole_file(const char *path, const char *what, size_t *size);
 static int check_tokenizer_start(const char *path, int vocab_size);
 
-// Longrope's factors, from the mapped file, into the config: finite and > 0, and the
-// angles they give finite.
+// Longrope's factors, from the mapped file, into the first setting: finite and > 0,
+// and the angles they give finite.
 static int use_longrope_factors(Config *c, const float *factors) {
-    c->longrope_factors = factors;
-    c->longrope_pairs = rope_angles_of(c);
-    for (int i = 0; i < 2 * rope_angles_of(c); i++)
+    RopeSetting *first = &c->rope[LAYER_ROPE_FIRST];
+    first->longrope_factors = factors;
+    first->longrope_pairs = rope_angles_of(c, LAYER_ROPE_FIRST);
+    for (int i = 0; i < 2 * first->longrope_pairs; i++)
         if (!isfinite(factors[i]) || factors[i] <= 0)
             return fail("longrope factor %d is %g; it must be finite and > 0", i, factors[i]);
-    return check_rope_angles(c);
+    return check_rope_angles(c, LAYER_ROPE_FIRST);
 }
 
 // Opens and maps a checkpoint. Nothing is allocated until the file size agrees
@@ -2300,10 +2291,10 @@ static void free_run_state(RunState *s) {
     free(s->q_pairs);
     free(s->key_cache);
     free(s->value_cache);
-    free(s->rope_cos);
-    free(s->rope_sin);
-    free(s->rope2_cos);
-    free(s->rope2_sin);
+    for (int which = 0; which < 3; which++) {
+        free(s->rope_cos[which]);
+        free(s->rope_sin[which]);
+    }
     memset(s, 0, sizeof(*s));
 }
 
@@ -2375,14 +2366,11 @@ static uint64_t run_state_fixed_floats(const Config *c) {
 
 // The width of a setting's cos and sin tables: its rotated pairs, and at least one
 // (a setting that rotates nothing still gets a table to point at).
-static int rope_table_width(const Config *c) { return max_int(rope_angles_of(c), 1); }
+static int rope_table_width(const Config *c, int which) { return max_int(rope_angles_of(c, which), 1); }
 
 static uint64_t run_state_floats_per_position(const Config *c) {
-    uint64_t angles = rope_table_width(c);
-    if (has_second_rope(c)) {
-        Config second = rope_setting(c, LAYER_ROPE_SECOND);
-        angles += rope_table_width(&second);
-    }
+    uint64_t angles = rope_table_width(c, LAYER_ROPE_FIRST);
+    if (has_second_rope(c)) angles += rope_table_width(c, LAYER_ROPE_SECOND);
     uint64_t scores = has_full_cache(c) ? (uint64_t)PREFILL_BLOCK * c->n_heads : 0;
     return kv_cache_floats_per_position(c) + scores + 2 * angles;
 }
@@ -2498,7 +2486,7 @@ static int build_run_state(RunState *s, Config *c) {
     memset(s, 0, sizeof(*s));
     size_t B = PREFILL_BLOCK, kv_dim = c->max_kv_dim;
     size_t cache = place_kv_caches(c); // every layer's own cache (a sliding layer's ring), back to back
-    size_t angles = rope_table_width(c);
+    size_t angles = rope_table_width(c, LAYER_ROPE_FIRST);
     size_t wide = max_int(c->dim, c->max_q_dim); // xb: a normalized x, then the heads' outputs
     s->x = alloc_floats(B * c->dim);
     s->xb = alloc_floats(B * wide);
@@ -2538,24 +2526,25 @@ static int build_run_state(RunState *s, Config *c) {
     }
     s->key_cache = alloc_floats_in_huge_pages(cache);
     s->value_cache = alloc_floats_in_huge_pages(cache);
-    s->rope_cos = alloc_floats((size_t)c->seq_len * angles);
-    s->rope_sin = alloc_floats((size_t)c->seq_len * angles);
+    float **cos1 = &s->rope_cos[LAYER_ROPE_FIRST], **sin1 = &s->rope_sin[LAYER_ROPE_FIRST];
+    *cos1 = alloc_floats((size_t)c->seq_len * angles);
+    *sin1 = alloc_floats((size_t)c->seq_len * angles);
     if (!s->x || !s->xb || !s->xb2 || !s->hb || !s->hb2 || !s->q || !s->k || !s->v || !s->att || !s->logits ||
-        !s->scratch || !s->q_head || !s->q_pairs || !s->key_cache || !s->value_cache || !s->rope_cos || !s->rope_sin) {
+        !s->scratch || !s->q_head || !s->q_pairs || !s->key_cache || !s->value_cache || !*cos1 || !*sin1) {
         free_run_state(s);
         return fail("out of memory allocating the run state (KV cache %zu MiB)", cache * 2 * sizeof(float) >> 20);
     }
-    rope_build_tables(s->rope_cos, s->rope_sin, c);
+    rope_build_tables(*cos1, *sin1, c, LAYER_ROPE_FIRST);
     if (has_second_rope(c)) { // Gemma 3's local layers: their own theta
-        Config second = rope_setting(c, LAYER_ROPE_SECOND);
-        size_t angles2 = rope_table_width(&second);
-        s->rope2_cos = alloc_floats((size_t)c->seq_len * angles2);
-        s->rope2_sin = alloc_floats((size_t)c->seq_len * angles2);
-        if (!s->rope2_cos || !s->rope2_sin) {
+        float **cos2 = &s->rope_cos[LAYER_ROPE_SECOND], **sin2 = &s->rope_sin[LAYER_ROPE_SECOND];
+        size_t angles2 = rope_table_width(c, LAYER_ROPE_SECOND);
+        *cos2 = alloc_floats((size_t)c->seq_len * angles2);
+        *sin2 = alloc_floats((size_t)c->seq_len * angles2);
+        if (!*cos2 || !*sin2) {
             free_run_state(s);
             return fail("out of memory allocating the second RoPE setting's tables");
         }
-        rope_build_tables(s->rope2_cos, s->rope2_sin, &second);
+        rope_build_tables(*cos2, *sin2, c, LAYER_ROPE_SECOND);
     }
     return 0;
 }
@@ -4252,10 +4241,10 @@ static void print_shade(double value, double max_value) {
     fputs(shades[level], stdout);
 }
 
-// The pairs that rotate in layer l, for the report: its setting's (the first
-// setting's on a NoPE layer, as the report has always marked them).
-static int inspect_rotated(const Config *c, int l) {
-    return c->layer[l].rope == LAYER_ROPE_SECOND ? setting_angles(c, LAYER_ROPE_SECOND) : rope_angles_of(c);
+// The RoPE setting the report shows for layer l: its own (the first on a NoPE layer,
+// as the report has always marked its pairs).
+static int inspect_setting(const Config *c, int l) {
+    return c->layer[l].rope == LAYER_ROPE_SECOND ? LAYER_ROPE_SECOND : LAYER_ROPE_FIRST;
 }
 
 static void print_inspect_report(const Config *c, const InspectStats *st) {
@@ -4273,9 +4262,10 @@ static void print_inspect_report(const Config *c, const InspectStats *st) {
     }
     printf("frequency usage: mean |q chunk| (left) and |k chunk| (right) per rotary pair,\n");
     printf("highest frequency first, shaded to each row's maximum; '|' marks where the\n");
-    printf("unrotated pairs of p-RoPE begin (%d of %d pairs rotate)\n", rope_angles_of(c), head_size_of(c) / 2);
+    printf("unrotated pairs of p-RoPE begin (%d of %d pairs rotate)\n", rope_angles_of(c, LAYER_ROPE_FIRST),
+           head_size_of(c) / 2);
     for (int l = 0; l < c->n_layers; l++) {
-        int pairs = c->layer[l].head_size / 2, rotated = inspect_rotated(c, l);
+        int pairs = c->layer[l].head_size / 2, rope_angles = rope_angles_of(c, inspect_setting(c, l));
         for (int h = 0; h < c->n_heads; h++) {
             const double *qn = st->q_norm + ((size_t)l * c->n_heads + h) * inspect_stride(c);
             const double *kn = st->k_norm + ((size_t)l * c->n_heads + h) * inspect_stride(c);
@@ -4286,12 +4276,12 @@ static void print_inspect_report(const Config *c, const InspectStats *st) {
             }
             printf("L%-2d H%-2d q ", l, h);
             for (int i = 0; i < pairs; i++) {
-                if (i == rotated) putchar('|');
+                if (i == rope_angles) putchar('|');
                 print_shade(qn[i], qmax);
             }
             printf("  k ");
             for (int i = 0; i < pairs; i++) {
-                if (i == rotated) putchar('|');
+                if (i == rope_angles) putchar('|');
                 print_shade(kn[i], kmax);
             }
             printf("\n");
@@ -4313,17 +4303,15 @@ static void print_inspect_report(const Config *c, const InspectStats *st) {
 static int write_inspect_csv(FILE *f, const char *path, const Config *c, const InspectStats *st) {
     double n = st->positions > 0 ? (double)st->positions : 1.0;
     double na = st->attn_positions > 0 ? (double)st->attn_positions : 1.0;
-    Config second = rope_setting(c, LAYER_ROPE_SECOND);
     fprintf(f, "kind,layer,head,pair,frequency,q_norm,k_norm,rotated,bos,current,previous\n");
     for (int l = 0; l < c->n_layers; l++) {
-        int pairs = c->layer[l].head_size / 2, rotated = inspect_rotated(c, l);
-        const Config *setting = c->layer[l].rope == LAYER_ROPE_SECOND ? &second : c;
+        int pairs = c->layer[l].head_size / 2, which = inspect_setting(c, l), rope_angles = rope_angles_of(c, which);
         for (int h = 0; h < c->n_heads; h++)
             for (int i = 0; i < pairs; i++) {
                 size_t idx = ((size_t)l * c->n_heads + h) * inspect_stride(c) + i;
                 fprintf(f, "chunk,%d,%d,%d,%.9g,%.9g,%.9g,%d,,,\n", l, h, i,
-                        i < rotated ? rope_frequency(setting, i) : 0.0f, st->q_norm[idx] / n, st->k_norm[idx] / n,
-                        i < rotated);
+                        i < rope_angles ? rope_frequency(c, which, i) : 0.0f, st->q_norm[idx] / n,
+                        st->k_norm[idx] / n, i < rope_angles);
             }
     }
     for (int l = 0; l < c->n_layers; l++)
@@ -6337,48 +6325,49 @@ static void print_layers_using(const Config *c, const char *label, int which) {
     if (any) printf("\n");
 }
 
-static void print_rope_setting(const Config *c);
+static void print_rope_setting(const Config *c, int which);
 
 // -m rope: the first setting's pairs; with a per-layer table, the layers using it,
 // the second setting's pairs and layers, and the NoPE layers (no rotation at all).
 static void print_rope(const Config *c) {
-    print_rope_setting(c);
+    print_rope_setting(c, LAYER_ROPE_FIRST);
     if (c->layer_table_bytes == 0) return; // one setting on every layer: as version 1 prints it
     print_layers_using(c, "layers using this setting: ", LAYER_ROPE_FIRST);
     if (has_second_rope(c)) {
-        Config second = rope_setting(c, LAYER_ROPE_SECOND);
         printf("\nsecond setting:\n");
-        print_rope_setting(&second);
+        print_rope_setting(c, LAYER_ROPE_SECOND);
         print_layers_using(c, "layers using the second setting: ", LAYER_ROPE_SECOND);
     }
     print_layers_using(c, "NoPE layers (not rotated): ", LAYER_NOPE);
 }
 
-static void print_rope_setting(const Config *c) {
-    int pairs = head_size_of(c) / 2, rotated = rope_angles_of(c);
-    float s = c->rope_factor;
-    printf("attention_factor: %.9g\n", rope_attention_factor(c));
+static void print_rope_setting(const Config *c, int which) {
+    const RopeSetting *r = &c->rope[which];
+    int pairs = rope_head_size(c, which) / 2, rope_angles = rope_angles_of(c, which);
+    float s = r->factor;
+    printf("attention_factor: %.9g\n", rope_attention_factor(c, which));
     printf("pair omega wavelength\n");
     for (int i = 0; i < pairs; i++) {
-        if (i < rotated) printf("%d %.9g %.9g\n", i, rope_frequency(c, i), 2.0 * M_PI / rope_frequency(c, i));
+        if (i < rope_angles)
+            printf("%d %.9g %.9g\n", i, rope_frequency(c, which, i), 2.0 * M_PI / rope_frequency(c, which, i));
         else printf("%d 0 inf\n", i);
     }
     printf("rule: %s, factor %g, original length %d, theta %g, %d of %d pairs rotate\n",
-           rope_scaling_names[c->rope_scaling], s, c->rope_original_len, c->rope_theta, rotated, pairs);
-    if (c->rope_scaling == ROPE_SCALING_LONGROPE) { // per-pair factors: which set the context chose
+           rope_scaling_names[r->scaling], s, r->original_len, r->theta, rope_angles, pairs);
+    if (r->scaling == ROPE_SCALING_LONGROPE) { // per-pair factors: which set the context chose
         printf("longrope: each pair divided by its %s factor (context %d %s the original length %d)\n",
-               c->seq_len > c->rope_original_len ? "long" : "short", c->seq_len,
-               c->seq_len > c->rope_original_len ? "beyond" : "within", c->rope_original_len);
-        if (rotated < pairs) print_pair_run("not rotated (p-RoPE)", rotated, pairs - 1);
+               c->seq_len > r->original_len ? "long" : "short", c->seq_len,
+               c->seq_len > r->original_len ? "beyond" : "within", r->original_len);
+        if (rope_angles < pairs) print_pair_run("not rotated (p-RoPE)", rope_angles, pairs - 1);
         return;
     }
     // each rotated pair: kept (omega_i), interpolated (omega_i / s) or blended (between)
     const char *labels[] = {"kept", "interpolated (divided by the factor)", "blended (between kept and interpolated)"};
     int first = 0, kind = -1;
-    for (int i = 0; i <= rotated; i++) {
+    for (int i = 0; i <= rope_angles; i++) {
         int k = -1;
-        if (i < rotated) {
-            double ratio = (double)rope_frequency(c, i) / rope_base_frequency(c, i);
+        if (i < rope_angles) {
+            double ratio = (double)rope_frequency(c, which, i) / rope_base_frequency(c, which, i);
             k = fabs(ratio - 1.0) < 1e-6 ? 0 : fabs(ratio * s - 1.0) < 1e-6 ? 1 : 2;
         }
         if (k != kind) {
@@ -6386,7 +6375,7 @@ static void print_rope_setting(const Config *c) {
             first = i, kind = k;
         }
     }
-    if (rotated < pairs) print_pair_run("not rotated (p-RoPE)", rotated, pairs - 1);
+    if (rope_angles < pairs) print_pair_run("not rotated (p-RoPE)", rope_angles, pairs - 1);
 }
 
 // ----------------------------------------------------------------------------
@@ -6737,29 +6726,30 @@ static const char *format_name(CheckpointFormat f, const Config *c) {
 // The rotary flags over the file's settings: --rope-scaling (a new rule starts
 // from its default parameters), --rope-factor (on a file without a rule: linear),
 // --rope-original-len. Bad combinations exit with a usage error.
-static void apply_rope_scaling_flags(Config *c, int scaling, float factor, int original_len) {
-    if (scaling >= 0 && scaling != (int)c->rope_scaling) {
-        if (scaling != ROPE_SCALING_NONE && factor == 0 && c->rope_factor == 1.0f)
+static void apply_rope_scaling_flags(RopeSetting *r, int scaling, float factor, int original_len) {
+    if (scaling >= 0 && scaling != (int)r->scaling) {
+        if (scaling != ROPE_SCALING_NONE && factor == 0 && r->factor == 1.0f)
             usage_error("--rope-scaling %s needs --rope-factor (the file has no factor)", rope_scaling_names[scaling]);
-        c->rope_scaling = (RopeScaling)scaling;
-        c->yarn_beta_fast = c->yarn_beta_slow = c->rope_attention_factor = 0.0f;
-        c->llama3_low_freq_factor = c->llama3_high_freq_factor = 0.0f;
-        if (scaling == ROPE_SCALING_NONE) c->rope_factor = 1.0f;
+        r->scaling = (RopeScaling)scaling;
+        r->yarn_beta_fast = r->yarn_beta_slow = r->attention_factor = 0.0f;
+        r->llama3_low_freq_factor = r->llama3_high_freq_factor = 0.0f;
+        if (scaling == ROPE_SCALING_NONE) r->factor = 1.0f;
     }
     if (factor > 0) {
-        c->rope_factor = factor;
-        if (c->rope_scaling == ROPE_SCALING_NONE) c->rope_scaling = ROPE_SCALING_LINEAR;
+        r->factor = factor;
+        if (r->scaling == ROPE_SCALING_NONE) r->scaling = ROPE_SCALING_LINEAR;
     }
-    if (original_len > 0) c->rope_original_len = original_len;
-    if (validate_rope_scaling(c) != 0) usage_error("%s", error_message);
+    if (original_len > 0) r->original_len = original_len;
+    if (validate_rope_scaling(r) != 0) usage_error("%s", error_message);
 }
 
-// "none", or e.g. "yarn x8 (original length 64, attention factor 1.21)"
+// The first setting's rule: "none", or e.g. "yarn x8 (original length 64, attention factor 1.21)"
 static const char *rope_scaling_text(const Config *c) {
     static char text[160];
-    if (c->rope_scaling == ROPE_SCALING_NONE) return "none";
-    snprintf(text, sizeof(text), "%s x%g (original length %d, attention factor %g)", rope_scaling_names[c->rope_scaling],
-             c->rope_factor, c->rope_original_len, rope_attention_factor(c));
+    const RopeSetting *r = &c->rope[LAYER_ROPE_FIRST];
+    if (r->scaling == ROPE_SCALING_NONE) return "none";
+    snprintf(text, sizeof(text), "%s x%g (original length %d, attention factor %g)", rope_scaling_names[r->scaling],
+             r->factor, r->original_len, rope_attention_factor(c, LAYER_ROPE_FIRST));
     return text;
 }
 
@@ -6896,18 +6886,20 @@ int main(int argc, char *argv[]) {
         refuse_output_over_input("--csv", csv_path, checkpoint_path, tokenizer_file(tokenizer_path, &transformer),
                                  text_path);
     Config *c = &transformer.config;
-    float file_fraction = c->rope_fraction;
-    if (rope_theta > 0) c->rope_theta = rope_theta;
-    if (rope_fraction >= 0) c->rope_fraction = rope_fraction;
-    apply_rope_scaling_flags(c, scaling, rope_factor, (int)rope_original_len);
+    RopeSetting *first = &c->rope[LAYER_ROPE_FIRST]; // the flags' setting
+    float file_fraction = first->fraction;
+    if (rope_theta > 0) first->theta = rope_theta;
+    if (rope_fraction >= 0) first->fraction = rope_fraction;
+    apply_rope_scaling_flags(first, scaling, rope_factor, (int)rope_original_len);
     // longrope's factors are one per rotated pair of the file: another fraction has no factors
-    if (c->rope_scaling == ROPE_SCALING_LONGROPE && rope_angles_of(c) != c->longrope_pairs)
+    if (first->scaling == ROPE_SCALING_LONGROPE && rope_angles_of(c, LAYER_ROPE_FIRST) != first->longrope_pairs)
         usage_error("--rope-fraction %g rotates %d pairs, but this file's longrope factors are for its %d rotated "
                     "pairs (one per pair): keep its fraction %g, or export without longrope", rope_fraction,
-                    rope_angles_of(c), c->longrope_pairs, file_fraction);
+                    rope_angles_of(c, LAYER_ROPE_FIRST), first->longrope_pairs, file_fraction);
     // the header's settings passed: a failure now is the flags' (a smaller theta, or
     // with --rope-fraction more pairs that rotate)
-    if (check_rope_angles(c) != 0) usage_error("%s: %s", rope_theta > 0 ? "--rope-theta" : "--rope-fraction", error_message);
+    if (check_rope_angles(c, LAYER_ROPE_FIRST) != 0)
+        usage_error("%s: %s", rope_theta > 0 ? "--rope-theta" : "--rope-fraction", error_message);
     // the context in use: -c, else the file's seq_len up to DEFAULT_CONTEXT. It sizes
     // the KV cache, the scores and the RoPE tables; the scaling rule stays relative to
     // the trained length (rope_original_len), which the header's seq_len gave
@@ -6928,9 +6920,10 @@ int main(int argc, char *argv[]) {
             " (%s): dim %d, hidden %d, layers %d, heads %d/%d, vocab %d, context %d%s | rope theta %g%s, "
             "fraction %g%s (%d of %d pairs rotate), scaling %s, eps %g | %s\n",
             format_name(transformer.format, c), c->dim, c->hidden_dim, c->n_layers, c->n_heads,
-            c->n_kv_heads, c->vocab_size, c->seq_len, context_text(context > 0, file_seq_len), c->rope_theta,
-            rope_theta > 0 ? " (command line)" : "", c->rope_fraction, rope_fraction >= 0 ? " (command line)" : "",
-            rope_angles_of(c), head_size_of(c) / 2, rope_scaling_text(c), c->norm_eps, kv_cache_text(c));
+            c->n_kv_heads, c->vocab_size, c->seq_len, context_text(context > 0, file_seq_len), first->theta,
+            rope_theta > 0 ? " (command line)" : "", first->fraction, rope_fraction >= 0 ? " (command line)" : "",
+            rope_angles_of(c, LAYER_ROPE_FIRST), head_size_of(c) / 2, rope_scaling_text(c), c->norm_eps,
+            kv_cache_text(c));
     if (c->n_experts) { // a mixture of experts: what decoding reads of it
         double all, read = matrix_bytes_per_token(c, &all);
         fprintf(stderr, "run: experts: %d of %d a token in %llu of %d layers (width %d); a token reads %.4g of %.4g GB "
