@@ -383,7 +383,7 @@ typedef struct {
     int *chosen;          // (block, k) the experts each token uses, best first
     float *chosen_weight; // (block, k) their weights
     float *expert_out;    // (block, k, dim) each chosen expert's output
-    float *expert_x;      // (block, dim) the tokens one expert serves, gathered (prefill)
+    float *expert_x;      // (block, dim) the tokens one expert serves, gathered
     float *expert_in;     // (block, dim) the experts' input (Gemma 4: its own norm of x; else xb)
     float *dense_out;     // (block, dim) Gemma 4: the feed-forward's output, beside the experts' one
     float *q_head;  // (n_heads, block, head_size) a block's queries, head by head
@@ -641,11 +641,11 @@ static float rope_attention_factor(const Config *c, int which) {
 //
 // Written in its plain form, the one to check against the equations. Where a loop
 // has a faster version (SIMD, several rows at a time, tiles, threads), the plain
-// function calls it from its first line; the fast versions live together in the
-// section "Making it fast" near the end, and each computes exactly the same sums,
+// function calls it when use_fast_kernels is set; the fast versions live together in
+// the section "Making it fast" near the end, and each computes exactly the same sums,
 // bit for bit (tests/test_rope.c compares them). Setting use_fast_kernels to 0
 // runs the plain loops alone: RUN_PLAIN=1 ./run ... does, so that a debugger steps
-// through the loops below and never into "Making it fast".
+// through the loops below and never into "Making it fast" (tests/test_plain_run.py).
 
 static int use_fast_kernels = 1;
 
@@ -660,9 +660,9 @@ static void matmul_tiled(float *xout, const float *x, Matrix w, int B, int n, in
 static void matmuls_fast(const float *x, int n, const Projection *p, int n_proj);
 static void attention_scores_fast(float *att, const float *q, const float *keys, int n, int head_size);
 static void attention_values_fast(float *out, const float *att, const float *values, int n, int head_size);
-static int attention_fast(Transformer *t, int l, int B, int pos0);
+static void attention_block_scores(Transformer *t, int l, int h, int B, int pos0);
+static int attention_across_threads(const Transformer *t, int l, int B, int pos0);
 static int swiglu_fast(float *hb, const float *hb2, long n);
-static void experts_grouped_fast(Transformer *t, int l, int B, const float *in);
 static int argmax_fast(const float *p, int n);
 static void read_order_layer_begins(void);
 static void read_order_layer_ends(void);
@@ -883,59 +883,70 @@ static void softmax_runs(float *x, const SlotRuns *r) {
         for (int j = r->start[i]; j < r->start[i] + r->n[i]; j++) x[j] /= sum;
 }
 
-// Grouped-query causal attention of query head h for token b of a block, at position
-// pos in layer l. Key/value head h / group serves `group` query heads; the keys and
-// values are layer l's cache, or (Gemma 4's KV sharing) its kv_source's.
+// Grouped-query causal attention of query head h in layer l for the B tokens of a
+// block: token b, at position pos = pos0 + b, sees positions up to pos, the earlier
+// tokens of its own block included (their keys and values are already in the cache).
+// Key/value head h / group serves `group` query heads; the keys and values are layer
+// l's cache, or (Gemma 4's KV sharing) its kv_source's.
 //   score_t = q_h . k_t / sqrt(head_size),  t = first .. pos (first_visible)
 //   a = softmax(score)
 //   out_h = sum_t a_t v_t
 // Key t sits in slot t mod P of the cache (P = cache_positions: seq_len, or a sliding
 // layer's ring), and its score in the same slot of att: the slots of first .. pos are
 // one run, or two where they wrap past the ring's end (slot_runs); each loop below
-// walks the runs in position order. With scores_ready, the products q_h . k_t are
-// already in att (attention_fast computes a whole block's at once).
-static void attention_head(Transformer *t, int l, int b, int h, int pos, int scores_ready) {
+// walks the runs in position order.
+static void attention_head(Transformer *t, int l, int h, int B, int pos0) {
     const Config *c = &t->config;
     RunState *s = &t->state;
     const LayerSpec *ls = &c->layer[l];
     int head_size = ls->head_size, group = c->n_heads / ls->n_kv_heads, q_dim = c->n_heads * head_size;
+    int P = ls->cache_positions;
     size_t kv_offset = kv_cache_offset(c, l, h / group, 0);
-    const float *q = s->q + (size_t)b * q_dim + h * head_size;
-    float *att = s->att + ((size_t)b * c->n_heads + h) * c->max_cache_positions;
     const float *keys = s->key_cache + kv_offset, *values = s->value_cache + kv_offset; // slot j: + j * head_size
-    int first = first_visible(c, l, pos), P = ls->cache_positions;
-    SlotRuns runs = slot_runs(first, pos, P);
-    for (int i = 0; i < 2; i++) {
-        int j0 = runs.start[i], n = runs.n[i];
-        if (!scores_ready) attention_scores(att + j0, q, keys + (size_t)j0 * head_size, n, head_size);
-        if (c->attention_scale == 0.0f) { // the Llama block: 1 / sqrt(head_size)
-            float root = sqrtf(head_size);
-            for (int j = j0; j < j0 + n; j++) att[j] /= root;
-        } else { // a model's own scale (Gemma 2, 3: query_pre_attn_scalar^-1/2)
-            for (int j = j0; j < j0 + n; j++) att[j] *= c->attention_scale;
+    // the products q_h . k_t of a block's tokens as one matrix product ("Making it fast", 4)
+    int scores_ready = use_fast_kernels && B > 1;
+    if (scores_ready) attention_block_scores(t, l, h, B, pos0);
+    for (int b = 0; b < B; b++) {
+        int pos = pos0 + b, first = first_visible(c, l, pos);
+        const float *q = s->q + (size_t)b * q_dim + h * head_size;
+        float *att = s->att + ((size_t)b * c->n_heads + h) * c->max_cache_positions;
+        SlotRuns runs = slot_runs(first, pos, P);
+        for (int i = 0; i < 2; i++) {
+            int j0 = runs.start[i], n = runs.n[i];
+            if (!scores_ready) attention_scores(att + j0, q, keys + (size_t)j0 * head_size, n, head_size);
+            if (c->attention_scale == 0.0f) { // the Llama block: 1 / sqrt(head_size)
+                float root = sqrtf(head_size);
+                for (int j = j0; j < j0 + n; j++) att[j] /= root;
+            } else { // a model's own scale (Gemma 2, 3: query_pre_attn_scalar^-1/2)
+                for (int j = j0; j < j0 + n; j++) att[j] *= c->attention_scale;
+            }
+            if (c->attention_softcap != 0.0f) { // Gemma 2: score -> cap tanh(score / cap), |score| < cap
+                float cap = c->attention_softcap;
+                for (int j = j0; j < j0 + n; j++) att[j] = cap * tanhf(att[j] / cap);
+            }
         }
-        if (c->attention_softcap != 0.0f) { // Gemma 2: score -> cap tanh(score / cap), |score| < cap
-            float cap = c->attention_softcap;
-            for (int j = j0; j < j0 + n; j++) att[j] = cap * tanhf(att[j] / cap);
-        }
+        softmax_runs(att, &runs);
+        if (s->inspect) // the weights on BOS, the current and the previous position (0 out of the window)
+            inspect_record_attention(s->inspect, c, l, h, first == 0 ? att[0] : 0.0f, att[pos % P],
+                                     pos >= 1 && pos - 1 >= first ? att[(pos - 1) % P] : 0.0f, pos);
+        float *out = s->xb + (size_t)b * q_dim + h * head_size;
+        memset(out, 0, head_size * sizeof(float));
+        for (int i = 0; i < 2; i++) // out = sum_t a_t v_t, run by run (attention_values adds to out)
+            attention_values(out, att + runs.start[i], values + (size_t)runs.start[i] * head_size, runs.n[i],
+                             head_size);
     }
-    softmax_runs(att, &runs);
-    if (s->inspect) // the weights on BOS, the current and the previous position (0 out of the window)
-        inspect_record_attention(s->inspect, c, l, h, first == 0 ? att[0] : 0.0f, att[pos % P],
-                                 pos >= 1 && pos - 1 >= first ? att[(pos - 1) % P] : 0.0f, pos);
-    float *out = s->xb + (size_t)b * q_dim + h * head_size;
-    memset(out, 0, head_size * sizeof(float));
-    for (int i = 0; i < 2; i++) // out = sum_t a_t v_t, run by run (attention_values adds to out)
-        attention_values(out, att + runs.start[i], values + (size_t)runs.start[i] * head_size, runs.n[i], head_size);
 }
 
-// Attention of every head for the B tokens of a block at positions pos0 .. pos0+B-1.
-// Token b sees positions 0 .. pos0 + b, the earlier tokens of its own block included
-// (their keys and values are already in the cache).
+// Attention of every head for the B tokens of a block at positions pos0 .. pos0+B-1,
+// head by head.
 static void attention(Transformer *t, int l, int B, int pos0) {
-    if (use_fast_kernels && attention_fast(t, l, B, pos0)) return; // heads across threads; a block's scores as a matrix product
-    for (int h = 0; h < t->config.n_heads; h++)
-        for (int b = 0; b < B; b++) attention_head(t, l, b, h, pos0 + b, 0);
+    int h, n_heads = t->config.n_heads;
+    if (use_fast_kernels && attention_across_threads(t, l, B, pos0)) { // "Making it fast", 4
+#pragma omp parallel for private(h)
+        for (h = 0; h < n_heads; h++) attention_head(t, l, h, B, pos0);
+        return;
+    }
+    for (h = 0; h < n_heads; h++) attention_head(t, l, h, B, pos0);
 }
 
 // SwiGLU's gate for one unit: silu(gate) * up, with silu(v) = v * sigmoid(v)
@@ -1043,7 +1054,7 @@ static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, 
     if (c->per_layer_dim) per_layer_inputs(t, tokens, B); // Gemma 4 E2B, E4B: each layer's slice, from x
 
     for (int l = 0; l < c->n_layers; l++) {
-        if (B == 1) read_order_layer_begins(); // timing only ("Making it fast", 5): the same bits
+        if (B == 1 && use_fast_kernels) read_order_layer_begins(); // decode's reading-order trial ("Making it fast", 5)
         // this layer's shape: all layers alike but in Gemma 4 (LayerSpec); q_dim is dim in
         // the Llama block, wider in Qwen3 and Gemma 7B
         const LayerSpec *ls = &c->layer[l];
@@ -1145,7 +1156,7 @@ static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, 
         if (c->per_layer_dim) add_per_layer_input(t, l, B); // Gemma 4 E2B, E4B: x += this layer's input
         if (c->layer_scalars) // Gemma 4: the whole residual stream scaled by the layer's learned scalar
             for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] *= w->layer_scalars[l];
-        if (B == 1) read_order_layer_ends();
+        if (B == 1 && use_fast_kernels) read_order_layer_ends();
     }
 
     // final rmsnorm and the classifier: logits = Wcls rmsnorm(x)
@@ -1299,22 +1310,28 @@ static void combine_experts(const Config *c, RunState *s, int B) {
     }
 }
 
-// Layer l's experts on the B tokens of in (xb; Gemma 4: expert_in), into xb2: token by
-// token, each chosen expert in turn. A block's tokens grouped by expert
-// (experts_grouped_fast) compute the same bits, each expert's weights read once a
-// block rather than once a token.
+// Layer l's experts on the B tokens of in (xb; Gemma 4: expert_in), into xb2: expert by
+// expert, each on the tokens that chose it, gathered into a block of their own, so
+// that its rows are read once a block rather than once a token; each token's output
+// is what the expert computes for the token alone (a block's matmul computes each
+// token's row as matmul does). Then each token's chosen outputs are combined.
 static void mixture_of_experts(Transformer *t, int l, int B, const float *in) {
     const Config *c = &t->config;
     RunState *s = &t->state;
+    int dim = c->dim, K = c->n_experts_used;
     route_tokens(t, l, B);
-    if (use_fast_kernels && B > 1) {
-        experts_grouped_fast(t, l, B, in);
-    } else {
-        int K = c->n_experts_used;
-        for (int b = 0; b < B; b++)
-            for (int j = 0; j < K; j++)
-                expert_feed_forward(t, l, s->chosen[(size_t)b * K + j], in + (size_t)b * c->dim,
-                                    s->expert_out + ((size_t)b * K + j) * c->dim, 1);
+    for (int e = 0; e < c->n_experts; e++) {
+        int n = 0; // the tokens that chose e (each at most once), gathered into expert_x; slot b K + j is
+                   // token b's j-th choice
+        for (int slot = 0; slot < B * K; slot++)
+            if (s->chosen[slot] == e)
+                memcpy(s->expert_x + (size_t)n++ * dim, in + (size_t)(slot / K) * dim, dim * sizeof(float));
+        if (n == 0) continue;
+        expert_feed_forward(t, l, e, s->expert_x, s->xb2, n); // xb2 is free until combine_experts
+        n = 0; // each token's output into its slot of expert_out
+        for (int slot = 0; slot < B * K; slot++)
+            if (s->chosen[slot] == e)
+                memcpy(s->expert_out + (size_t)slot * dim, s->xb2 + (size_t)n++ * dim, dim * sizeof(float));
     }
     combine_experts(c, s, B);
 }
@@ -2263,6 +2280,18 @@ static int load_checkpoint(Transformer *t, const char *path) {
     return 0;
 }
 
+// The bytes of matrices a decoding step reads: the layers' (wq and wo, q_dim x dim; wk
+// and wv, kv_dim x dim; w1, w2, w3, hidden x dim), with experts the router and the k
+// chosen experts of each layer with them, and the classifier. *all (if not NULL): the
+// same with every expert, the file's matrices less the embedding's.
+static double matrix_bytes_per_token(const Config *c, double *all) {
+    uint64_t dim = c->dim, layers = dim * (2 * c->q_rows + c->kv_rows + c->v_rows + 3 * c->hidden_rows);
+    uint64_t router = dim * c->n_experts * c->sparse_layers, expert = 3 * dim * c->expert_hidden * c->sparse_layers;
+    uint64_t classifier = (uint64_t)c->vocab_size * dim;
+    if (all) *all = (double)weight_bytes(c->weight_type, layers + router + expert * c->n_experts + classifier);
+    return (double)weight_bytes(c->weight_type, layers + router + expert * c->n_experts_used + classifier);
+}
+
 // ----------------------------------------------------------------------------
 // Run state: activations, KV cache and RoPE tables
 
@@ -2524,8 +2553,9 @@ static int build_run_state(RunState *s, Config *c) {
             return fail("out of memory allocating the run state (experts)");
         }
     }
-    s->key_cache = alloc_floats_in_huge_pages(cache);
-    s->value_cache = alloc_floats_in_huge_pages(cache);
+    // the KV cache in huge pages ("Making it fast", 5), but for RUN_PLAIN=1
+    s->key_cache = use_fast_kernels ? alloc_floats_in_huge_pages(cache) : alloc_floats(cache);
+    s->value_cache = use_fast_kernels ? alloc_floats_in_huge_pages(cache) : alloc_floats(cache);
     float **cos1 = &s->rope_cos[LAYER_ROPE_FIRST], **sin1 = &s->rope_sin[LAYER_ROPE_FIRST];
     *cos1 = alloc_floats((size_t)c->seq_len * angles);
     *sin1 = alloc_floats((size_t)c->seq_len * angles);
@@ -5127,19 +5157,25 @@ static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOpti
 //
 // Everything above defines what the program computes; everything here computes the
 // same thing faster, bit for bit. Each function refines a plain one above and is
-// called from it. Decoding a token streams every weight from memory once, so it is
-// bound by memory bandwidth: its kernels keep many reads in flight, in patterns the
-// hardware prefetchers follow. A prompt goes through in blocks of tokens, and each
-// weight loaded feeds every token of the block, so prefill is bound by arithmetic:
-// its kernel keeps the multiply-add units busy. docs/performance.md has the
-// measurements behind each choice. Weights stored in 16 bits are widened in the
-// registers as they are loaded (lanes_load_weights), and the arithmetic after the
-// load is the float32 kernels': the same bits from half the bytes.
+// called from it, only when use_fast_kernels is set: RUN_PLAIN=1 runs none of this
+// section. None calls a step of the plain path back; they build only on the pieces
+// both paths compute with: the dot products (dot, dot_weights: the lanes and
+// roundings every kernel keeps), mul_add, reduce_lanes, widen, swiglu_unit, and the
+// addressing of the matrices and the cache (matrix_at, kv_cache_offset, slot_runs).
+//   Decoding a token streams every weight from memory once, so it is bound by memory
+// bandwidth: its kernels keep many reads in flight, in patterns the hardware
+// prefetchers follow. A prompt goes through in blocks of tokens, and each weight
+// loaded feeds every token of the block, so prefill is bound by arithmetic: its
+// kernel keeps the multiply-add units busy. docs/performance.md has the measurements
+// behind each choice. Weights stored in 16 bits are widened in the registers as they
+// are loaded (lanes_load_weights), and the arithmetic after the load is the float32
+// kernels': the same bits from half the bytes.
 //   1. dot() in SIMD registers
 //   2. decode: rows in groups of four, in the reading order that decode's first
 //      tokens timed fastest, the rows split across threads
 //   3. prefill: tiles of rows x tokens
-//   4. attention and SwiGLU across threads; greedy decoding's argmax
+//   4. attention: a block's scores as a matrix product, the heads across threads;
+//      SwiGLU across threads; greedy decoding's argmax
 //   5. memory: the KV cache in huge pages, pages touched before the clock starts,
 //      threads pinned to cores; the trial of the decode reading orders
 
@@ -5933,11 +5969,11 @@ static void attention_values_fast(float *out, const float *att, const float *val
     }
 }
 
-// For a block of B > 1 tokens: head h's products q_b . k_t for all of them at once, a
-// matrix product Q_h K_h^T (tokens x cache slots) that runs on the prefill tile, the
-// cached keys of the head being the rows of a matrix (they are consecutive,
-// head_size apart). Each product is dot(k_t, q_b), exactly what attention_scores
-// computes for one token (the product is symmetric), into key t's slot. Token b
+// attention_head()'s scores for a block of B > 1 tokens: head h's products q_b . k_t for
+// all of them at once, a matrix product Q_h K_h^T (tokens x cache slots) that runs on
+// the prefill tile, the cached keys of the head being the rows of a matrix (they are
+// consecutive, head_size apart). Each product is dot(k_t, q_b), exactly what
+// attention_scores computes for one token (the product is symmetric), into key t's slot. Token b
 // needs positions first_visible .. pos0 + b; a tile of tokens computes from its first
 // token's first visible position to its last token's position (one or two runs of
 // slots on a sliding layer's ring: at most W + TILE_TOKENS - 1 positions, fewer than
@@ -5970,14 +6006,9 @@ static void attention_block_scores(Transformer *t, int l, int h, int B, int pos0
     }
 }
 
-static void attention_for_head(Transformer *t, int l, int h, int B, int pos0) {
-    if (B > 1) attention_block_scores(t, l, h, B, pos0);
-    for (int b = 0; b < B; b++) attention_head(t, l, b, h, pos0 + b, B > 1);
-}
-
-// attention(): the heads split across threads, each thread taking all tokens of its
-// heads, when the work is worth a parallel region; a block's scores as a matrix
-// product. Inspect's sums are not safe to share, so it runs on one thread.
+// attention(): whether its heads go across threads, each thread taking all tokens of
+// its heads: when the work is worth a parallel region. Inspect's sums are not safe to
+// share, so it runs on one thread.
 //   The work is the scores' multiply-adds, in a matmul's units. In a decoding step
 // each comes with a wait on memory (the keys and values come from DRAM, above), and
 // with its share of the values' pass and the softmax, so that one costs several
@@ -5985,46 +6016,16 @@ static void attention_for_head(Transformer *t, int l, int h, int B, int pos0) {
 // docs/performance.md, "DECODE_ATTENTION_WEIGHT").
 #define DECODE_ATTENTION_WEIGHT 8
 
-static int attention_fast(Transformer *t, int l, int B, int pos0) {
+static int attention_across_threads(const Transformer *t, int l, int B, int pos0) {
     const Config *c = &t->config;
     int keys = pos0 + B < c->layer[l].cache_positions ? pos0 + B : c->layer[l].cache_positions; // at most a ring
     long work = (long)B * c->n_heads * keys * c->layer[l].head_size; // the scores' multiply-adds
     if (B == 1) work *= DECODE_ATTENTION_WEIGHT;
-    int h;
-    if (!worth_a_parallel_region(work) || t->state.inspect) {
-        for (h = 0; h < c->n_heads; h++) attention_for_head(t, l, h, B, pos0);
-        return 1;
-    }
-#pragma omp parallel for private(h)
-    for (h = 0; h < c->n_heads; h++) attention_for_head(t, l, h, B, pos0);
-    return 1;
+    return worth_a_parallel_region(work) && !t->state.inspect;
 }
 
 // swiglu() split across threads when a block makes it worth a region (its expf per
 // hidden unit and token adds up over a prompt). Returns 0 when it is not.
-// A mixture of experts on a block (mixture_of_experts, B > 1): the tokens grouped by
-// expert, so that each chosen expert's rows stream from memory once for the block
-// (as a matrix product over its tokens) instead of once per token. Each token's
-// rows come out as expert_feed_forward computes them for the token alone (a block's
-// matmul computes each token's row as matmul does), into the same expert_out slot.
-static void experts_grouped_fast(Transformer *t, int l, int B, const float *in) {
-    const Config *c = &t->config;
-    RunState *s = &t->state;
-    int dim = c->dim, K = c->n_experts_used;
-    for (int e = 0; e < c->n_experts; e++) {
-        int n = 0; // the tokens that chose e (each at most once), gathered into expert_x
-        for (int slot = 0; slot < B * K; slot++)
-            if (s->chosen[slot] == e)
-                memcpy(s->expert_x + (size_t)n++ * dim, in + (size_t)(slot / K) * dim, dim * sizeof(float));
-        if (n == 0) continue;
-        expert_feed_forward(t, l, e, s->expert_x, s->xb2, n); // xb2 is free until combine_experts
-        n = 0;
-        for (int slot = 0; slot < B * K; slot++)
-            if (s->chosen[slot] == e)
-                memcpy(s->expert_out + (size_t)slot * dim, s->xb2 + (size_t)n++ * dim, dim * sizeof(float));
-    }
-}
-
 static int swiglu_fast(float *hb, const float *hb2, long n) {
     if (!worth_a_parallel_region(n * 16)) return 0; // an expf costs some sixteen multiply-adds
     long i;
@@ -6217,18 +6218,6 @@ static ReadOrderTrial read_order_trial; // one for the process, as read_order is
 
 // At start-up: the order from RUN_READ_ORDER (forced >= 0), or a trial on decode's
 // first tokens for a model too large for a cache.
-// The bytes of matrices a decoding step reads: the layers' (wq and wo, q_dim x dim; wk
-// and wv, kv_dim x dim; w1, w2, w3, hidden x dim), with experts the router and the k
-// chosen experts of each layer with them, and the classifier. *all (if not NULL): the
-// same with every expert, the file's matrices less the embedding's.
-static double matrix_bytes_per_token(const Config *c, double *all) {
-    uint64_t dim = c->dim, layers = dim * (2 * c->q_rows + c->kv_rows + c->v_rows + 3 * c->hidden_rows);
-    uint64_t router = dim * c->n_experts * c->sparse_layers, expert = 3 * dim * c->expert_hidden * c->sparse_layers;
-    uint64_t classifier = (uint64_t)c->vocab_size * dim;
-    if (all) *all = (double)weight_bytes(c->weight_type, layers + router + expert * c->n_experts + classifier);
-    return (double)weight_bytes(c->weight_type, layers + router + expert * c->n_experts_used + classifier);
-}
-
 static void start_read_order_trial(const Config *c, int forced) {
     ReadOrderTrial *trial = &read_order_trial;
     memset(trial, 0, sizeof(*trial));
@@ -6264,7 +6253,7 @@ static void end_read_order_trial(ReadOrderTrial *trial) {
 // next order in turn, and its time becomes that order's sample.
 static void read_order_layer_begins(void) {
     ReadOrderTrial *trial = &read_order_trial;
-    if (trial->state != TRIAL_RUNNING || !use_fast_kernels) return;
+    if (trial->state != TRIAL_RUNNING) return;
     long k = trial->layers;
     read_order = (ReadOrder)((k + k / N_READ_ORDERS) % N_READ_ORDERS);
     trial->started = time_in_s();
@@ -6272,7 +6261,7 @@ static void read_order_layer_begins(void) {
 
 static void read_order_layer_ends(void) {
     ReadOrderTrial *trial = &read_order_trial;
-    if (trial->state != TRIAL_RUNNING || !use_fast_kernels) return;
+    if (trial->state != TRIAL_RUNNING) return;
     long k = trial->layers++;
     trial->seconds[read_order][k / N_READ_ORDERS] = time_in_s() - trial->started; // one sample per round
     if (trial->layers == (long)N_READ_ORDERS * READ_ORDER_SAMPLES) end_read_order_trial(trial);
@@ -6947,7 +6936,8 @@ int main(int argc, char *argv[]) {
     if (steps == 0 || steps > c->seq_len) steps = c->seq_len;
     // the KV cache positions to map in before the clock: generation's steps; chat
     // fills the whole context in a long session; ppl and inspect map theirs as they go
-    if (!is_tokenize) {
+    // ("Making it fast", 5: RUN_PLAIN=1 runs none of it)
+    if (!is_tokenize && use_fast_kernels) {
         prepare_to_run(&transformer, is_generate ? (int)steps : is_chat ? c->seq_len : 0);
         start_read_order_trial(c, forced_read_order);
     }
