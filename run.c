@@ -646,8 +646,13 @@ static float rope_attention_factor(const Config *c, int which) {
 // bit for bit (tests/test_rope.c compares them). Setting use_fast_kernels to 0
 // runs the plain loops alone: RUN_PLAIN=1 ./run ... does, so that a debugger steps
 // through the loops below and never into "Making it fast" (tests/test_plain_run.py).
+// make debug builds run-debug with -DRUN_PLAIN, which starts with use_fast_kernels at 0.
 
+#ifdef RUN_PLAIN
+static int use_fast_kernels = 0;
+#else
 static int use_fast_kernels = 1;
+#endif
 
 // The fast versions of the functions below, in "Making it fast".
 #ifdef USE_SIMD
