@@ -3,10 +3,13 @@
    One file, read top to bottom in the order of one token's trip: the model first,
    then the machinery a learner may skip.
      The model: the config and weights (plain structs); rotary position embeddings
-     (RoPE and p-RoPE: the frequencies, the rotation and its tables), then the
-     scaling rules past the training length; the forward pass, in the plain form
-     that reads like the equations; moving the KV cache by RoPE's relative
-     property; the sampler.
+     (RoPE and p-RoPE: the frequencies, the rotation and its tables); the forward
+     pass, in the plain form that reads like the equations, top-down: forward_block
+     first (prototypes above it name its steps), then the steps in the order it
+     calls them; the scaling rules past the training length; moving the KV cache
+     by RoPE's relative property; the sampler. Every other name waits for its
+     first use: the errors before the cache shift, the file formats' numbers and
+     the limits before the loading code.
      The machinery: loading and validating the checkpoint formats; sizing and
      allocating the run state; the BPE tokenizer (SentencePiece's, as in llama2.c,
      and the byte-level BPE of GPT-2, Llama 3, Qwen and SmolLM2); the programs
@@ -48,100 +51,7 @@
 #endif
 
 // ----------------------------------------------------------------------------
-// Names for the numbers the program depends on
-
-enum { EXIT_OK = 0, EXIT_BAD_INPUT = 1, EXIT_BAD_USAGE = 2 };       // exit codes
-enum { TOKEN_UNK = 0, TOKEN_BOS = 1, TOKEN_EOS = 2, TOKEN_BYTE0 = 3 }; // SentencePiece ids
-
-#define MAGIC_LLAMA2C_V1 0x616b3432u  // llama2.c's export "version 1": "ak42"
-#define MAGIC_ROPE 0x45504f52u        // our format: the bytes "ROPE"
-#define HEADER_BYTES 256              // both versioned formats pad their header to 256
-#define ROPE_V2_ALIGNMENT 64          // ROPE version 2: every tensor starts at a multiple of 64 bytes
-#define LEGACY_HEADER_BYTES 28        // llama2.c legacy: seven int32
-
-// Sanity limits on header fields: far above any real model, low enough that no
-// product of them overflows 64 bits. The file size check does the real work.
-#define MAX_DIM (1 << 16)
-#define MAX_HIDDEN (1 << 20)
-#define MAX_LAYERS 1024
-#define MAX_VOCAB (1 << 22)
-#define MAX_SEQ_LEN (1 << 20)
-#define MAX_EXPERTS 1024     // a mixture of experts' count (Qwen3-30B-A3B: 128)
-#define MAX_EXPERTS_USED 64  // the experts a token uses (Qwen3-30B-A3B: 8; Mixtral: 2)
-// A sanity bound on the KV cache of the context in use (not on the header's seq_len:
-// -c rescues a file that declares more). The machine's memory is checked as well
-// (check_context_fits); this bound stays for machines with more than it.
-#define MAX_KV_CACHE_BYTES (64ull << 30)
-// cos and sin are multiplied by the attention factor, and so the attention scores
-// by its square: bounded so that the scores stay finite. Every rule's own factor
-// is below 10 (yarn's 0.1 ln s + 1 at the largest float32 s).
-#define MAX_ROPE_ATTENTION_FACTOR 100.0f
-// Threads (-T, OMP_NUM_THREADS): more than any machine this runs on has cores, and
-// few enough that the OpenMP runtime can start them.
-#define MAX_THREADS 1024
-
-// The context run uses when -c is not given: the file's seq_len, capped here. Models
-// now declare 32k to 131k positions, and the KV cache (float32 here) and the scores
-// grow with the context: Llama 3.1 8B's 131,072 positions would take 32 GiB of cache
-// before the first token. 4096 positions (Llama 2's and Phi-3-mini-4k's trained
-// length, and a common default context of local runners) hold a long prompt or a
-// chat session and cost that 8B model 1 GiB, within a laptop's memory; the stories
-// models (256 to 1024) are under the cap. -c N asks for more, up to what memory
-// allows; the start-up line says when the cap applies.
-#define DEFAULT_CONTEXT 4096
-
-// Where a model or tokenizer comes from, for the errors that say one is missing.
-#define WHERE_TO_GET_MODELS "models/ has stories260K.bin and tok512.bin; the README's \"Models\" says where to get more"
-
-// The SIMD the compiler targets. The kernels' vector paths ("Making it fast") hold
-// eight lanes in one AVX register (x86-64 with AVX2 and FMA; AVX-512 where present
-// widens the prefill tile) or in two NEON registers (64-bit ARM). Every other target
-// runs the plain loops, which compute the same lanes with the same roundings.
-#define DOT_LANES 8 // the partial sums of every dot product (dot(), below)
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define USE_AVX2 1
-#define USE_SIMD 1
-#if defined(__AVX512F__)
-#define USE_AVX512 1
-#endif
-#elif defined(__aarch64__) && defined(__ARM_NEON)
-#include <arm_neon.h>
-#define USE_NEON 1
-#define USE_SIMD 1
-#endif
-
-// ----------------------------------------------------------------------------
-// Errors: a function that fails writes one line here and returns -1; main prints
-// it as "run: error: ..." and exits. Library code never exits, so fuzzers and
-// tests can call it.
-
-static char error_message[512];
-
-static int fail(const char *fmt, ...) {
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(error_message, sizeof(error_message), fmt, args);
-    va_end(args);
-    return -1;
-}
-
-// Puts "where: " before the message a failed callee left: where is formatted as
-// fail's message is ("checkpoint %s", path), and the line reads "where: message".
-static int fail_in(const char *fmt, ...) {
-    char reason[sizeof(error_message)], where[sizeof(error_message)];
-    snprintf(reason, sizeof(reason), "%s", error_message);
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(where, sizeof(where), fmt, args);
-    va_end(args);
-    return fail("%s: %s", where, reason);
-}
-
-// ----------------------------------------------------------------------------
 // Transformer model: config and weights
-
-typedef enum { FORMAT_LLAMA2C_LEGACY, FORMAT_LLAMA2C_V1, FORMAT_ROPE } CheckpointFormat;
 
 // The RoPE scaling rules, numbered as the ROPE header stores them.
 typedef enum {
@@ -152,9 +62,6 @@ typedef enum {
     ROPE_SCALING_LLAMA3 = 4,
     ROPE_SCALING_LONGROPE = 5 // version 2 only: its per-pair factors are a tensor of the file
 } RopeScaling;
-static const char *rope_scaling_names[] = {"none", "linear", "ntk", "yarn", "llama3", "longrope"};
-#define N_ROPE_SCALINGS 6
-#define N_FLAG_SCALINGS 5 // --rope-scaling's: longrope needs the file's factors
 
 // How the matrices and the token embedding are stored (the ROPE header's
 // weight_type): float32, or a 16-bit type that widens to float32 exactly. bf16 is
@@ -165,8 +72,6 @@ static const char *rope_scaling_names[] = {"none", "linear", "ntk", "yarn", "lla
 // are always float32, and all arithmetic is float32: a 16-bit or Q8_0 file computes
 // what the float32 file holding its widened weights computes, from fewer bytes.
 typedef enum { WEIGHT_F32 = 0, WEIGHT_BF16 = 1, WEIGHT_F16 = 2, WEIGHT_Q8_0 = 3 } WeightType;
-static const char *weight_type_names[] = {"f32", "bf16", "f16", "q8_0"};
-#define N_WEIGHT_TYPES 4
 #define Q8_0_BLOCK 32       // weights in a Q8_0 block
 #define Q8_0_BLOCK_BYTES 34 // its f16 scale and 32 int8 values
 
@@ -182,18 +87,6 @@ static uint64_t weight_bytes(WeightType type, uint64_t i) {
 // (Llama, Mistral, Qwen, SmolLM3, Phi), or GeGLU with the tanh GELU, gelu(gate) * up
 // (Gemma's three generations).
 typedef enum { ACTIVATION_SWIGLU = 0, ACTIVATION_GEGLU_TANH = 1 } Activation;
-#define N_ACTIVATIONS 2
-
-// The block options' flags (ROPE version 2, byte 112)
-#define BLOCK_QKV_BIAS 1u   // q, k and v projections add a bias (Qwen2)
-#define BLOCK_QK_NORM 2u    // an RMSNorm over each query and key head before RoPE (Qwen3, Gemma 3)
-#define BLOCK_POST_NORMS 4u // RMSNorms on the attention's and the feed-forward's outputs (Gemma 2, 3, 4)
-#define BLOCK_V_NORM 8u     // an RMSNorm without weight over each value head (Gemma 4)
-#define BLOCK_LAYER_SCALAR 16u // a learned scalar multiplies the residual stream after each layer (Gemma 4)
-#define BLOCK_PER_LAYER_INPUT 32u // per-layer inputs: a slice of a second embedding per layer (Gemma 4 E2B, E4B)
-#define BLOCK_EXPERTS 64u   // a mixture of experts in place of the feed-forward (Qwen3-MoE, Mixtral)
-#define BLOCK_FLAGS_KNOWN (BLOCK_QKV_BIAS | BLOCK_QK_NORM | BLOCK_POST_NORMS | BLOCK_V_NORM | BLOCK_LAYER_SCALAR | \
-                           BLOCK_PER_LAYER_INPUT | BLOCK_EXPERTS)
 
 // How a mixture of experts weighs the k experts it picks for a token (header byte
 // 212), from the router's logits r (one per expert):
@@ -207,7 +100,12 @@ typedef enum { ACTIVATION_SWIGLU = 0, ACTIVATION_GEGLU_TANH = 1 } Activation;
 //                              dim^-1/2, and the experts run beside the layer's
 //                              feed-forward (mixture_of_experts says how)
 typedef enum { ROUTING_SOFTMAX_TOPK_NORM = 1, ROUTING_SOFTMAX_TOPK = 2, ROUTING_GEMMA4 = 3 } Routing;
-#define N_ROUTINGS 4
+
+// Sanity limits on two header fields (the others with the file's numbers, before
+// "Loading a checkpoint"): far above any real model, low enough that no product of
+// them overflows 64 bits. Config's layers and the RoPE tables' pairs are sized by them.
+#define MAX_DIM (1 << 16)
+#define MAX_LAYERS 1024
 
 // The per-layer table's rotary choice: no rotation (NoPE), or one of the two settings.
 #define LAYER_NOPE 0
@@ -402,6 +300,9 @@ typedef struct {
     InspectStats *inspect;
 } RunState;
 
+// The file formats run reads ("Loading a checkpoint"): llama2.c's two and ours.
+typedef enum { FORMAT_LLAMA2C_LEGACY, FORMAT_LLAMA2C_V1, FORMAT_ROPE } CheckpointFormat;
+
 // A section of the checkpoint file: its offset and length in bytes.
 typedef struct {
     uint64_t offset, bytes;
@@ -418,9 +319,6 @@ typedef struct {
 } Transformer;
 
 static int head_size_of(const Config *c) { return c->head_size ? c->head_size : c->dim / c->n_heads; }
-static int max_int(int a, int b) { return a > b ? a : b; }
-
-static int has_second_rope(const Config *c) { return c->rope[LAYER_ROPE_SECOND].theta != 0.0f; }
 
 // Where position pos of key/value head kvh of layer l is in the KV cache: its slot
 // pos mod cache_positions (pos itself but on a sliding layer's ring) of layer l's
@@ -430,6 +328,8 @@ static size_t kv_cache_offset(const Config *c, int l, int kvh, int pos) {
     int positions = ls->cache_positions, slot = pos < positions ? pos : pos % positions;
     return ls->cache_before + ((size_t)kvh * positions + slot) * ls->head_size;
 }
+
+static int has_second_rope(const Config *c) { return c->rope[LAYER_ROPE_SECOND].theta != 0.0f; }
 
 // The head size RoPE setting `which` counts its frequencies over: its layers' (Gemma
 // 4's second setting 256, against the first's 512), else the model's.
@@ -448,13 +348,6 @@ static int rope_angles_of(const Config *c, int which) {
     return n < pairs ? n : pairs;
 }
 
-// The scaling rules' parameters, with their defaults where the file stores 0.
-static float or_default(float value, float fallback) { return value != 0.0f ? value : fallback; }
-static float yarn_beta_fast(const RopeSetting *r) { return or_default(r->yarn_beta_fast, 32.0f); }
-static float yarn_beta_slow(const RopeSetting *r) { return or_default(r->yarn_beta_slow, 1.0f); }
-static float llama3_low_freq(const RopeSetting *r) { return or_default(r->llama3_low_freq_factor, 1.0f); }
-static float llama3_high_freq(const RopeSetting *r) { return or_default(r->llama3_high_freq_factor, 4.0f); }
-
 // ----------------------------------------------------------------------------
 // Rotary position embeddings (RoPE and p-RoPE)
 //
@@ -462,7 +355,8 @@ static float llama3_high_freq(const RopeSetting *r) { return or_default(r->llama
 // position pos it is rotated by the angle pos * omega_i, where
 //     omega_i = theta^(-2i / head_size),       i = 0 .. head_size/2 - 1
 // is the angular frequency: i = 0 turns fastest (one radian per token), the last
-// pairs slowest (a scaling rule, below, may change them). The rotation is the 2x2 block of RoFormer's R(theta, m):
+// pairs slowest (a scaling rule, after the forward pass, may change them). The
+// rotation is the 2x2 block of RoFormer's R(theta, m):
 //     [x'_2i  ]   [cos a  -sin a] [x_2i  ]
 //     [x'_2i+1] = [sin a   cos a] [x_2i+1],   a = pos * omega_i.
 // p-RoPE rotates only pairs i < rope_angles = floor(p * head_size / 2), with the
@@ -479,8 +373,8 @@ static float rope_base_frequency(const Config *c, int which, int i) {
     return 1.0f / powf(c->rope[which].theta, (float)(2 * i) / (float)rope_head_size(c, which));
 }
 
-// The scaling rules below (a learner may read them after the forward pass) give
-// each pair its frequency and the attention factor; with no rule they are
+// The scaling rules, after the forward pass ("Past the training length"), give each
+// pair its frequency and the attention factor; with no rule they are
 // rope_base_frequency and 1.
 static float rope_frequency(const Config *c, int which, int i);
 static float rope_attention_factor(const Config *c, int which);
@@ -530,113 +424,6 @@ static void rope_apply(float *vec, int n_heads, int head_size, int rope_angles, 
 }
 
 // ----------------------------------------------------------------------------
-// Past the training length: the scaling rules
-//
-// A model trained on contexts of L positions (original_len) has seen pair i
-// turn through at most L * omega_i radians. Past L, the slow pairs reach angles
-// never seen in training, and attention breaks down. Each rule changes only the
-// frequencies omega_i (and one attention factor), so that positions up to s * L
-// (s = factor) look more like the trained ones. Nothing else in the forward
-// pass changes, and since the KV cache holds keys rotated by R(n), a rule can be
-// chosen at inference time without retraining.
-//   none    omega_i
-//   linear  omega_i / s: every position divided by s ("position interpolation",
-//           Chen et al. 2023). The fast pairs, which resolve neighbouring tokens,
-//           turn s times slower too.
-//   ntk     theta' = theta * s^(d/(d-2)), d = head_size ("NTK-aware", bloc97 2023):
-//           pair 0 keeps its frequency, the slowest pair is divided by s, those
-//           between by less (a larger base stretches the slow end of the spectrum).
-//   yarn    (Peng et al. 2023) by each pair's number of turns over L, r_i = L / wavelength_i:
-//           r_i > beta_fast: kept; r_i < beta_slow: divided by s; a linear ramp
-//           between. Plus an attention factor, 0.1 ln s + 1 by default, that
-//           multiplies cos and sin (so q . k of the rotated pairs by its square):
-//           interpolated attention is flatter, and this sharpens it again.
-//   llama3  (Meta's Llama 3.1) by wavelength: above L / low_freq_factor divided by
-//           s, below L / high_freq_factor kept, a smooth blend between.
-// Each rule equals the rope-initialisation function of Hugging Face transformers
-// with the same parameters (tests/scaling_reference.py). p-RoPE composes with every
-// rule: the rule acts on the rotated pairs only (for yarn, whose ramp is counted
-// over the rotated dims, as transformers counts it with partial_rotary_factor), and
-// the unrotated pairs stay unrotated.
-
-// yarn's ramp: the (fractional) pair index at which a pair turns `rotations` times
-// over the original length, for `dims` rotated dims with base `base`:
-//   i = dims * ln(L / (2 pi rotations)) / (2 ln base)
-static double yarn_correction_pair(double rotations, int dims, double base, int original_len) {
-    return dims * log(original_len / (rotations * 2.0 * M_PI)) / (2.0 * log(base));
-}
-
-// yarn's weight of the interpolated frequency for pair i: 0 for the fast pairs
-// (kept), 1 for the slow ones (divided by s), linear between. The bounds are
-// rounded outwards and clamped to [0, dims - 1], as transformers does.
-static double yarn_ramp(const Config *c, int which, int i) {
-    const RopeSetting *r = &c->rope[which];
-    int dims = 2 * rope_angles_of(c, which); // the rotated dims
-    double base = pow(r->theta, (double)dims / rope_head_size(c, which)); // so that base^(-2i/dims) = theta^(-2i/head_size)
-    double low = floor(yarn_correction_pair(yarn_beta_fast(r), dims, base, r->original_len));
-    double high = ceil(yarn_correction_pair(yarn_beta_slow(r), dims, base, r->original_len));
-    low = fmax(low, 0.0);
-    high = fmin(high, dims - 1.0);
-    if (low == high) high += 0.001; // no division by zero
-    return fmin(fmax((i - low) / (high - low), 0.0), 1.0);
-}
-
-// llama3's frequency: interpolated past L / low_freq_factor, kept below L /
-// high_freq_factor, and between a blend weighted by how often the pair turns over L.
-static double llama3_frequency(const RopeSetting *r, double omega) {
-    double s = r->factor, L = r->original_len, low = llama3_low_freq(r), high = llama3_high_freq(r);
-    double wavelength = 2.0 * M_PI / omega;
-    if (wavelength < L / high) return omega;
-    if (wavelength > L / low) return omega / s;
-    double smooth = (L / wavelength - low) / (high - low);
-    return (1.0 - smooth) * omega / s + smooth * omega;
-}
-
-// omega_i of a rotating pair i under the rule in force, in radians per token.
-static float rope_frequency(const Config *c, int which, int i) {
-    const RopeSetting *r = &c->rope[which];
-    float omega = rope_base_frequency(c, which, i), s = r->factor;
-    int d = rope_head_size(c, which);
-    switch (r->scaling) {
-    case ROPE_SCALING_LINEAR:
-        return omega / s;
-    case ROPE_SCALING_NTK: {
-        if (d <= 2) return omega; // a single pair: omega_0 = 1 whatever the base
-        double theta = (double)r->theta * pow(s, (double)d / (d - 2));
-        return (float)pow(theta, -2.0 * i / d);
-    }
-    case ROPE_SCALING_YARN: {
-        double ramp = yarn_ramp(c, which, i);
-        return (float)((double)omega / s * ramp + (double)omega * (1.0 - ramp));
-    }
-    case ROPE_SCALING_LLAMA3:
-        return (float)llama3_frequency(r, omega);
-    case ROPE_SCALING_LONGROPE: {
-        // Phi-3 128k, Phi-4-mini: omega_i / ext_i, ext the short factors when the
-        // context in use is within the trained length, the long ones beyond it (as
-        // llama.cpp chooses, by the context rather than the text so far)
-        if (!r->longrope_factors) return omega; // the header alone (no weights mapped yet)
-        if (i >= r->longrope_pairs) return NAN;  // no factor for this pair: never read past them
-        int longer = c->seq_len > r->original_len;
-        return omega / r->longrope_factors[(longer ? r->longrope_pairs : 0) + i];
-    }
-    default:
-        return omega;
-    }
-}
-
-// The factor that multiplies cos and sin: the file's, else yarn's 0.1 ln s + 1 (1
-// for s <= 1), else 1.
-static float rope_attention_factor(const Config *c, int which) {
-    const RopeSetting *r = &c->rope[which];
-    if (r->attention_factor != 0.0f) return r->attention_factor;
-    if (r->scaling == ROPE_SCALING_YARN && r->factor > 1) return (float)(0.1 * log(r->factor) + 1.0);
-    if (r->scaling == ROPE_SCALING_LONGROPE && r->factor > 1 && r->original_len > 1) // sqrt(1 + ln s / ln L)
-        return (float)sqrt(1.0 + log(r->factor) / log(r->original_len));
-    return 1.0f;
-}
-
-// ----------------------------------------------------------------------------
 // The forward pass: the dynamics of the Transformer
 //
 // Written in its plain form, the one to check against the equations. Where a loop
@@ -654,361 +441,37 @@ static int use_fast_kernels = 0;
 static int use_fast_kernels = 1;
 #endif
 
-// The fast versions of the functions below, in "Making it fast".
-#ifdef USE_SIMD
-static float dot_simd(const float *a, const float *b, int n);
-static float dot_weights_simd(Matrix w, const float *x, int n);
-#endif
-typedef struct Projection Projection;
-static void matmul_fast(float *xout, const float *x, Matrix w, int n, int d);
-static void matmul_tiled(float *xout, const float *x, Matrix w, int B, int n, int d, float *scratch);
-static void matmuls_fast(const float *x, int n, const Projection *p, int n_proj);
-static void attention_scores_fast(float *att, const float *q, const float *keys, int n, int head_size);
-static void attention_values_fast(float *out, const float *att, const float *values, int n, int head_size);
-static void attention_block_scores(Transformer *t, int l, int h, int B, int pos0);
-static int attention_across_threads(const Transformer *t, int l, int B, int pos0);
-static int swiglu_fast(float *hb, const float *hb2, long n);
-static int argmax_fast(const float *p, int n);
-static void read_order_layer_begins(void);
-static void read_order_layer_ends(void);
-// -m inspect's accumulators, in "Inspect": they only read q, k and the attention.
-static void inspect_record_chunks(InspectStats *st, const Transformer *t, int layer, const float *q, const float *k,
-                                  int pos);
-static void inspect_record_attention(InspectStats *st, const Config *c, int layer, int h, float bos, float current,
-                                     float previous, int pos);
-static void inspect_count_positions(InspectStats *st, int B, int pos0);
-
-// o = w * x / sqrt(mean(x^2) + eps)   (RMSNorm; the order of operations is llama2.c's)
-static void rmsnorm(float *o, const float *x, const float *weight, int size, float eps) {
-    float ss = 0.0f;
-    for (int j = 0; j < size; j++) ss += x[j] * x[j];
-    ss /= size;
-    ss += eps;
-    ss = 1.0f / sqrtf(ss);
-    for (int j = 0; j < size; j++) o[j] = weight ? weight[j] * (ss * x[j]) : ss * x[j]; // no weight: Gemma 4's v norm
-}
-
-// x = exp(x - max) / sum(exp(x - max)), in place
-static void softmax(float *x, int size) {
-    float max_val = x[0];
-    for (int i = 1; i < size; i++)
-        if (x[i] > max_val) max_val = x[i];
-    float sum = 0.0f;
-    for (int i = 0; i < size; i++) {
-        x[i] = expf(x[i] - max_val);
-        sum += x[i];
-    }
-    for (int i = 0; i < size; i++) x[i] /= sum;
-}
-
-// a * b + c, rounded once (a fused multiply-add) wherever the target has one: x86-64
-// with FMA, 64-bit ARM always. The build turns off the compiler's own contraction
-// (-ffp-contract=off), so every dot product below is computed with exactly the same
-// roundings, whichever kernel computes it and on whichever machine.
-static inline float mul_add(float a, float b, float c) {
-#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
-    return fmaf(a, b, c);
-#else
-    return a * b + c;
-#endif
-}
-
-// The dot product every matmul uses: eight interleaved partial sums (lane l takes
-// j = l, l+8, l+16, ...; a tail shorter than eight goes to the first lanes), added
-// pairwise at the end. A plain running sum gives the same value up to rounding, but
-// one long chain of dependent additions cannot use SIMD; eight lanes are one AVX
-// register (two NEON registers). This is the contract every fast kernel keeps.
-static float reduce_lanes(const float acc[DOT_LANES]) {
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
-static float dot(const float *a, const float *b, int n) {
-#ifdef USE_SIMD
-    if (use_fast_kernels) return dot_simd(a, b, n); // the same lanes in SIMD registers
-#endif
-    float acc[DOT_LANES] = {0};
-    int j = 0;
-    for (; j + DOT_LANES <= n; j += DOT_LANES)
-        for (int l = 0; l < DOT_LANES; l++) acc[l] = mul_add(a[j + l], b[j + l], acc[l]);
-    for (int l = 0; j < n; j++, l++) acc[l] = mul_add(a[j], b[j], acc[l]);
-    return reduce_lanes(acc);
-}
-
-// The 16-bit weight types widened to float32, exactly (every bf16 and every f16 is
-// a float32 value).
-//   bf16: the top 16 bits of a float32; the widened value is those bits shifted up,
-//     the low 16 fraction bits zero.
-//   f16: sign s, 5 exponent bits e (bias 15), 10 fraction bits f:
-//     e = 31: infinity (f = 0) or NaN (f kept, made quiet, as the hardware does)
-//     0 < e < 31: (-1)^s 2^(e-15) 1.f, a float32 exponent of e - 15 + 127
-//     e = 0: (-1)^s 2^-14 0.f (subnormal; 0 when f = 0): normalized by shifting f up
-//     until its leading 1 reaches the implicit bit, one exponent step per shift
-static inline float bits_to_f32(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof(f));
-    return f;
-}
-
-static inline float bf16_to_f32(uint16_t h) { return bits_to_f32((uint32_t)h << 16); }
-
-static inline float f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, f = h & 0x3ff;
-    if (e == 0x1f) return bits_to_f32(sign | 0x7f800000u | f << 13 | (f ? 0x400000u : 0)); // inf, quiet NaN
-    if (e != 0) return bits_to_f32(sign | (e - 15 + 127) << 23 | f << 13);
-    if (f == 0) return bits_to_f32(sign); // +-0
-    e = 1;
-    while (!(f & 0x400)) { // subnormal: 2^-14 0.f = 2^(e-15) 1.f' after the shifts
-        f <<= 1;
-        e--;
-    }
-    return bits_to_f32(sign | (e - 15 + 127) << 23 | (f & 0x3ff) << 13);
-}
-
-// Element i of a Q8_0 row: d * q, d the f16 scale of block i / 32 and q its int8 value
-// i % 32. The product is exact (d has 11 significant bits, q at most 8).
-static inline float q8_0_weight(const void *data, size_t i) {
-    const unsigned char *block = (const unsigned char *)data + i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
-    uint16_t d;
-    memcpy(&d, block, sizeof(d));
-    return f16_to_f32(d) * (float)(int8_t)block[2 + i % Q8_0_BLOCK];
-}
-
-// Element i of weights stored as `type`, widened to float32.
-static inline float widen(const void *data, size_t i, WeightType type) {
-    if (type == WEIGHT_BF16) return bf16_to_f32(((const uint16_t *)data)[i]);
-    if (type == WEIGHT_F16) return f16_to_f32(((const uint16_t *)data)[i]);
-    if (type == WEIGHT_Q8_0) return q8_0_weight(data, i);
-    return ((const float *)data)[i];
-}
-
-// W[i,:] . x for a row of weights of any type: each weight widened to float32, then
-// exactly dot()'s lanes and roundings, so a 16-bit row gives the bits the float32
-// row holding the widened weights gives.
-static float dot_weights(Matrix w, const float *x, int n) {
-    if (w.type == WEIGHT_F32) return dot(w.data, x, n);
-#ifdef USE_SIMD
-    if (use_fast_kernels) return dot_weights_simd(w, x, n); // widened in SIMD registers
-#endif
-    float acc[DOT_LANES] = {0};
-    int j = 0;
-    for (; j + DOT_LANES <= n; j += DOT_LANES)
-        for (int l = 0; l < DOT_LANES; l++) acc[l] = mul_add(widen(w.data, j + l, w.type), x[j + l], acc[l]);
-    for (int l = 0; j < n; j++, l++) acc[l] = mul_add(widen(w.data, j, w.type), x[j], acc[l]);
-    return reduce_lanes(acc);
-}
-
-// W (d,n) @ x (n,) -> xout (d,): one token, xout[i] = W[i,:] . x.
-static void matmul(float *xout, const float *x, Matrix w, int n, int d) {
-    if (use_fast_kernels) {
-        matmul_fast(xout, x, w, n, d); // rows in groups of four, split across threads
-        return;
-    }
-    for (int i = 0; i < d; i++) xout[i] = dot_weights(matrix_at(w, (size_t)i * n), x, n);
-}
-
-// X (B,n) @ W^T (n,d) -> XOUT (B,d): the B tokens of a block, xout[b*d + i] = W[i,:] . x[b,:],
-// each token exactly as matmul computes it.
-static void matmul_tokens(RunState *s, float *xout, const float *x, Matrix w, int B, int n, int d) {
-    if (use_fast_kernels && B > 1) {
-        matmul_tiled(xout, x, w, B, n, d, s->scratch); // tiles of rows x tokens, split across threads
-        return;
-    }
-    for (int b = 0; b < B; b++) matmul(xout + (size_t)b * d, x + (size_t)b * n, w, n, d);
-}
-
 // One matrix of several that multiply the same input: xout = W x, W of d rows.
-struct Projection {
+typedef struct {
     float *xout;
     Matrix w;
     int d;
-};
-
-// Each projection of p applied to the B tokens of x (rows of n).
-static void matmuls(RunState *s, const float *x, const Projection *p, int n_proj, int B, int n) {
-    if (use_fast_kernels && B == 1) {
-        matmuls_fast(x, n, p, n_proj); // all in one parallel region
-        return;
-    }
-    for (int j = 0; j < n_proj; j++) matmul_tokens(s, p[j].xout, x, p[j].w, B, n, p[j].d);
-}
-
-// att[t] = q . k_t for the first n positions.
-static void attention_scores(float *att, const float *q, const float *keys, int n, int head_size) {
-    if (use_fast_kernels) {
-        attention_scores_fast(att, q, keys, n, head_size); // four keys at a time
-        return;
-    }
-    for (int tt = 0; tt < n; tt++) att[tt] = dot(q, keys + (size_t)tt * head_size, head_size);
-}
-
-// out += sum over the first n positions of att[t] * v_t, added one position at a time.
-static void attention_values(float *out, const float *att, const float *values, int n, int head_size) {
-    if (use_fast_kernels) {
-        attention_values_fast(out, att, values, n, head_size); // four values per pass over out
-        return;
-    }
-    for (int tt = 0; tt < n; tt++)
-        for (int i = 0; i < head_size; i++) out[i] += att[tt] * values[(size_t)tt * head_size + i];
-}
-
-// The first position layer l's query at pos attends to: 0 (full attention), or, on
-// a sliding layer of window W (Mistral, Gemma 2's and 3's local layers), the W
-// latest positions, pos itself included (transformers: key s is seen when
-// pos - W < s <= pos).
-static int first_visible(const Config *c, int l, int pos) {
-    int window = c->layer[l].window;
-    return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
-}
-
-// The positions first .. last of a cache of P positions as runs of slots: position t
-// is in slot t mod P (P = seq_len: slot t). At most P positions wrap past the end of
-// a sliding layer's ring at most once: slots start[0] .. start[0] + n[0] - 1, then
-// 0 .. n[1] - 1 (n[1] = 0 when they do not wrap, always on a full layer).
-typedef struct {
-    int start[2], n[2];
-} SlotRuns;
-
-static SlotRuns slot_runs(int first, int last, int P) {
-    int start = first < P ? first : first % P, count = last + 1 - first, n0 = start + count <= P ? count : P - start;
-    return (SlotRuns){{start, 0}, {n0, count - n0}};
-}
-
-// x = exp(x - max) / sum(exp(x - max)) over the slots of r, summed in position order
-// (run 0, then run 1): softmax() when there is one run.
-static void softmax_runs(float *x, const SlotRuns *r) {
-    float max_val = x[r->start[0]], sum = 0.0f;
-    for (int i = 0; i < 2; i++)
-        for (int j = r->start[i]; j < r->start[i] + r->n[i]; j++) max_val = x[j] > max_val ? x[j] : max_val;
-    for (int i = 0; i < 2; i++)
-        for (int j = r->start[i]; j < r->start[i] + r->n[i]; j++) {
-            x[j] = expf(x[j] - max_val);
-            sum += x[j];
-        }
-    for (int i = 0; i < 2; i++)
-        for (int j = r->start[i]; j < r->start[i] + r->n[i]; j++) x[j] /= sum;
-}
-
-// Grouped-query causal attention of query head h in layer l for the B tokens of a
-// block: token b, at position pos = pos0 + b, sees positions up to pos, the earlier
-// tokens of its own block included (their keys and values are already in the cache).
-// Key/value head h / group serves `group` query heads; the keys and values are layer
-// l's cache, or (Gemma 4's KV sharing) its kv_source's.
-//   score_t = q_h . k_t / sqrt(head_size),  t = first .. pos (first_visible)
-//   a = softmax(score)
-//   out_h = sum_t a_t v_t
-// Key t sits in slot t mod P of the cache (P = cache_positions: seq_len, or a sliding
-// layer's ring), and its score in the same slot of att: the slots of first .. pos are
-// one run, or two where they wrap past the ring's end (slot_runs); each loop below
-// walks the runs in position order.
-static void attention_head(Transformer *t, int l, int h, int B, int pos0) {
-    const Config *c = &t->config;
-    RunState *s = &t->state;
-    const LayerSpec *ls = &c->layer[l];
-    int head_size = ls->head_size, group = c->n_heads / ls->n_kv_heads, q_dim = c->n_heads * head_size;
-    int P = ls->cache_positions;
-    size_t kv_offset = kv_cache_offset(c, l, h / group, 0);
-    const float *keys = s->key_cache + kv_offset, *values = s->value_cache + kv_offset; // slot j: + j * head_size
-    // the products q_h . k_t of a block's tokens as one matrix product ("Making it fast", 4)
-    int scores_ready = use_fast_kernels && B > 1;
-    if (scores_ready) attention_block_scores(t, l, h, B, pos0);
-    for (int b = 0; b < B; b++) {
-        int pos = pos0 + b, first = first_visible(c, l, pos);
-        const float *q = s->q + (size_t)b * q_dim + h * head_size;
-        float *att = s->att + ((size_t)b * c->n_heads + h) * c->max_cache_positions;
-        SlotRuns runs = slot_runs(first, pos, P);
-        for (int i = 0; i < 2; i++) {
-            int j0 = runs.start[i], n = runs.n[i];
-            if (!scores_ready) attention_scores(att + j0, q, keys + (size_t)j0 * head_size, n, head_size);
-            if (c->attention_scale == 0.0f) { // the Llama block: 1 / sqrt(head_size)
-                float root = sqrtf(head_size);
-                for (int j = j0; j < j0 + n; j++) att[j] /= root;
-            } else { // a model's own scale (Gemma 2, 3: query_pre_attn_scalar^-1/2)
-                for (int j = j0; j < j0 + n; j++) att[j] *= c->attention_scale;
-            }
-            if (c->attention_softcap != 0.0f) { // Gemma 2: score -> cap tanh(score / cap), |score| < cap
-                float cap = c->attention_softcap;
-                for (int j = j0; j < j0 + n; j++) att[j] = cap * tanhf(att[j] / cap);
-            }
-        }
-        softmax_runs(att, &runs);
-        if (s->inspect) // the weights on BOS, the current and the previous position (0 out of the window)
-            inspect_record_attention(s->inspect, c, l, h, first == 0 ? att[0] : 0.0f, att[pos % P],
-                                     pos >= 1 && pos - 1 >= first ? att[(pos - 1) % P] : 0.0f, pos);
-        float *out = s->xb + (size_t)b * q_dim + h * head_size;
-        memset(out, 0, head_size * sizeof(float));
-        for (int i = 0; i < 2; i++) // out = sum_t a_t v_t, run by run (attention_values adds to out)
-            attention_values(out, att + runs.start[i], values + (size_t)runs.start[i] * head_size, runs.n[i],
-                             head_size);
-    }
-}
-
-// Attention of every head for the B tokens of a block at positions pos0 .. pos0+B-1,
-// head by head.
-static void attention(Transformer *t, int l, int B, int pos0) {
-    int h, n_heads = t->config.n_heads;
-    if (use_fast_kernels && attention_across_threads(t, l, B, pos0)) { // "Making it fast", 4
-#pragma omp parallel for private(h)
-        for (h = 0; h < n_heads; h++) attention_head(t, l, h, B, pos0);
-        return;
-    }
-    for (h = 0; h < n_heads; h++) attention_head(t, l, h, B, pos0);
-}
-
-// SwiGLU's gate for one unit: silu(gate) * up, with silu(v) = v * sigmoid(v)
-static inline float swiglu_unit(float gate, float up) { return gate * (1.0f / (1.0f + expf(-gate))) * up; }
-
-// hb = silu(hb) * hb2 over n floats
-static void swiglu(float *hb, const float *hb2, long n) {
-    if (use_fast_kernels && swiglu_fast(hb, hb2, n)) return; // split across threads
-    for (long i = 0; i < n; i++) hb[i] = swiglu_unit(hb[i], hb2[i]);
-}
-
-// GeGLU's gate for one unit (Gemma): gelu(gate) * up, with the tanh GELU
-//   gelu(v) = 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3)))
-static inline float geglu_unit(float gate, float up) {
-    const float k = 0.7978845608028654f; // sqrt(2 / pi)
-    return 0.5f * gate * (1.0f + tanhf(k * (gate + 0.044715f * gate * gate * gate))) * up;
-}
-
-// hb = gelu(hb) * hb2 over n floats
-static void geglu(float *hb, const float *hb2, long n) {
-    for (long i = 0; i < n; i++) hb[i] = geglu_unit(hb[i], hb2[i]);
-}
-
-// x = cap tanh(x / cap) over n floats (Gemma 2's final-logit soft-cap)
-static void softcap(float *x, long n, float cap) {
-    for (long i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
-}
-
-// out = row `token` of the token embedding, widened to float32.
-static void embedding_row(float *out, Matrix embedding, int token, int dim) {
-    Matrix row = matrix_at(embedding, (size_t)token * dim);
-    for (int j = 0; j < dim; j++) out[j] = widen(row.data, j, row.type);
-}
-
-// The families' additions to the feed-forward step, after prefill below: Gemma 4's
-// per-layer inputs, and the mixtures of experts.
-static void per_layer_inputs(Transformer *t, const int *tokens, int B);
-static void add_per_layer_input(Transformer *t, int l, int B);
-static void mixture_of_experts(Transformer *t, int l, int B, const float *in);
-static void experts_beside_feed_forward(Transformer *t, int l, int B);
-
-// The feed-forward of n tokens x (n, dim), of width hidden, into out (n, dim):
-//   out = W2 (act(W1 x) * (W3 x)),  act silu (SwiGLU) or the tanh GELU (GeGLU: Gemma)
-// a layer's (forward_block), or one expert's (expert_feed_forward).
-static void feed_forward(const Config *c, RunState *s, const float *x, float *out, Matrix w1, Matrix w3, Matrix w2,
-                         int hidden, int n) {
-    Projection w13[2] = {{s->hb, w1, hidden}, {s->hb2, w3, hidden}};
-    matmuls(s, x, w13, 2, n, c->dim);
-    if (c->activation == ACTIVATION_GEGLU_TANH) geglu(s->hb, s->hb2, (long)n * hidden);
-    else swiglu(s->hb, s->hb2, (long)n * hidden);
-    matmul_tokens(s, out, s->hb, w2, n, hidden, c->dim);
-}
+} Projection;
 
 // Which logits forward_block computes: the classifier reads vocab_size x dim
 // weights, as much as all the layers of a small model, so a prompt's blocks skip it
 // but for the last token of the last block.
 typedef enum { LOGITS_LAST = 0, LOGITS_ALL = 1, LOGITS_NONE = 2 } LogitsWanted;
+
+// The steps forward_block calls, defined after it (read_order_layer_begins and _ends
+// in "Making it fast", inspect's in "Inspect").
+static void embedding_row(float *out, Matrix embedding, int token, int dim);
+static void per_layer_inputs(Transformer *t, const int *tokens, int B);
+static void rmsnorm(float *o, const float *x, const float *weight, int size, float eps);
+static void matmuls(RunState *s, const float *x, const Projection *p, int n_proj, int B, int n);
+static void attention(Transformer *t, int l, int B, int pos0);
+static void matmul_tokens(RunState *s, float *xout, const float *x, Matrix w, int B, int n, int d);
+static void feed_forward(const Config *c, RunState *s, const float *x, float *out, Matrix w1, Matrix w3, Matrix w2,
+                         int hidden, int n);
+static void mixture_of_experts(Transformer *t, int l, int B, const float *in);
+static void experts_beside_feed_forward(Transformer *t, int l, int B);
+static void add_per_layer_input(Transformer *t, int l, int B);
+static void softcap(float *x, long n, float cap);
+static void read_order_layer_begins(void);
+static void read_order_layer_ends(void);
+static void inspect_record_chunks(InspectStats *st, const Transformer *t, int layer, const float *q, const float *k,
+                                  int pos);
+static void inspect_count_positions(InspectStats *st, int B, int pos0);
 
 // The forward pass for a block of B tokens at positions pos0 .. pos0+B-1 (B <=
 // PREFILL_BLOCK, pos0 + B <= seq_len). A decoding step is the case B = 1: read it
@@ -1187,6 +650,360 @@ static float *prefill(Transformer *t, const int *tokens, int n, int pos0) {
     return logits;
 }
 
+// The steps of forward_block, in the order it first calls them, each after the
+// pieces it is built from: the embedding row, rmsnorm, the matrix products,
+// attention, the feed-forward, the soft-cap; then the families' additions.
+
+// The SIMD the compiler targets. The kernels' vector paths ("Making it fast") hold
+// eight lanes in one AVX register (x86-64 with AVX2 and FMA; AVX-512 where present
+// widens the prefill tile) or in two NEON registers (64-bit ARM). Every other target
+// runs the plain loops, which compute the same lanes with the same roundings.
+#define DOT_LANES 8 // the partial sums of every dot product (dot(), below)
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define USE_AVX2 1
+#define USE_SIMD 1
+#if defined(__AVX512F__)
+#define USE_AVX512 1
+#endif
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#define USE_NEON 1
+#define USE_SIMD 1
+#endif
+
+// The fast versions of the functions below, in "Making it fast".
+#ifdef USE_SIMD
+static float dot_simd(const float *a, const float *b, int n);
+static float dot_weights_simd(Matrix w, const float *x, int n);
+#endif
+static void matmul_fast(float *xout, const float *x, Matrix w, int n, int d);
+static void matmul_tiled(float *xout, const float *x, Matrix w, int B, int n, int d, float *scratch);
+static void matmuls_fast(const float *x, int n, const Projection *p, int n_proj);
+static void attention_scores_fast(float *att, const float *q, const float *keys, int n, int head_size);
+static void attention_values_fast(float *out, const float *att, const float *values, int n, int head_size);
+static void attention_block_scores(Transformer *t, int l, int h, int B, int pos0);
+static int attention_across_threads(const Transformer *t, int l, int B, int pos0);
+static int swiglu_fast(float *hb, const float *hb2, long n);
+static int argmax_fast(const float *p, int n);
+// -m inspect's accumulator of the attention weights, in "Inspect"
+static void inspect_record_attention(InspectStats *st, const Config *c, int layer, int h, float bos, float current,
+                                     float previous, int pos);
+
+// The 16-bit weight types widened to float32, exactly (every bf16 and every f16 is
+// a float32 value).
+//   bf16: the top 16 bits of a float32; the widened value is those bits shifted up,
+//     the low 16 fraction bits zero.
+//   f16: sign s, 5 exponent bits e (bias 15), 10 fraction bits f:
+//     e = 31: infinity (f = 0) or NaN (f kept, made quiet, as the hardware does)
+//     0 < e < 31: (-1)^s 2^(e-15) 1.f, a float32 exponent of e - 15 + 127
+//     e = 0: (-1)^s 2^-14 0.f (subnormal; 0 when f = 0): normalized by shifting f up
+//     until its leading 1 reaches the implicit bit, one exponent step per shift
+static inline float bits_to_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
+static inline float bf16_to_f32(uint16_t h) { return bits_to_f32((uint32_t)h << 16); }
+
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, f = h & 0x3ff;
+    if (e == 0x1f) return bits_to_f32(sign | 0x7f800000u | f << 13 | (f ? 0x400000u : 0)); // inf, quiet NaN
+    if (e != 0) return bits_to_f32(sign | (e - 15 + 127) << 23 | f << 13);
+    if (f == 0) return bits_to_f32(sign); // +-0
+    e = 1;
+    while (!(f & 0x400)) { // subnormal: 2^-14 0.f = 2^(e-15) 1.f' after the shifts
+        f <<= 1;
+        e--;
+    }
+    return bits_to_f32(sign | (e - 15 + 127) << 23 | (f & 0x3ff) << 13);
+}
+
+// Element i of a Q8_0 row: d * q, d the f16 scale of block i / 32 and q its int8 value
+// i % 32. The product is exact (d has 11 significant bits, q at most 8).
+static inline float q8_0_weight(const void *data, size_t i) {
+    const unsigned char *block = (const unsigned char *)data + i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
+    uint16_t d;
+    memcpy(&d, block, sizeof(d));
+    return f16_to_f32(d) * (float)(int8_t)block[2 + i % Q8_0_BLOCK];
+}
+
+// Element i of weights stored as `type`, widened to float32.
+static inline float widen(const void *data, size_t i, WeightType type) {
+    if (type == WEIGHT_BF16) return bf16_to_f32(((const uint16_t *)data)[i]);
+    if (type == WEIGHT_F16) return f16_to_f32(((const uint16_t *)data)[i]);
+    if (type == WEIGHT_Q8_0) return q8_0_weight(data, i);
+    return ((const float *)data)[i];
+}
+
+// out = row `token` of the token embedding, widened to float32.
+static void embedding_row(float *out, Matrix embedding, int token, int dim) {
+    Matrix row = matrix_at(embedding, (size_t)token * dim);
+    for (int j = 0; j < dim; j++) out[j] = widen(row.data, j, row.type);
+}
+
+// o = w * x / sqrt(mean(x^2) + eps)   (RMSNorm; the order of operations is llama2.c's)
+static void rmsnorm(float *o, const float *x, const float *weight, int size, float eps) {
+    float ss = 0.0f;
+    for (int j = 0; j < size; j++) ss += x[j] * x[j];
+    ss /= size;
+    ss += eps;
+    ss = 1.0f / sqrtf(ss);
+    for (int j = 0; j < size; j++) o[j] = weight ? weight[j] * (ss * x[j]) : ss * x[j]; // no weight: Gemma 4's v norm
+}
+
+// a * b + c, rounded once (a fused multiply-add) wherever the target has one: x86-64
+// with FMA, 64-bit ARM always. The build turns off the compiler's own contraction
+// (-ffp-contract=off), so every dot product below is computed with exactly the same
+// roundings, whichever kernel computes it and on whichever machine.
+static inline float mul_add(float a, float b, float c) {
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+    return fmaf(a, b, c);
+#else
+    return a * b + c;
+#endif
+}
+
+// The dot product every matmul uses: eight interleaved partial sums (lane l takes
+// j = l, l+8, l+16, ...; a tail shorter than eight goes to the first lanes), added
+// pairwise at the end. A plain running sum gives the same value up to rounding, but
+// one long chain of dependent additions cannot use SIMD; eight lanes are one AVX
+// register (two NEON registers). This is the contract every fast kernel keeps.
+static float reduce_lanes(const float acc[DOT_LANES]) {
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+static float dot(const float *a, const float *b, int n) {
+#ifdef USE_SIMD
+    if (use_fast_kernels) return dot_simd(a, b, n); // the same lanes in SIMD registers
+#endif
+    float acc[DOT_LANES] = {0};
+    int j = 0;
+    for (; j + DOT_LANES <= n; j += DOT_LANES)
+        for (int l = 0; l < DOT_LANES; l++) acc[l] = mul_add(a[j + l], b[j + l], acc[l]);
+    for (int l = 0; j < n; j++, l++) acc[l] = mul_add(a[j], b[j], acc[l]);
+    return reduce_lanes(acc);
+}
+
+// W[i,:] . x for a row of weights of any type: each weight widened to float32, then
+// exactly dot()'s lanes and roundings, so a 16-bit row gives the bits the float32
+// row holding the widened weights gives.
+static float dot_weights(Matrix w, const float *x, int n) {
+    if (w.type == WEIGHT_F32) return dot(w.data, x, n);
+#ifdef USE_SIMD
+    if (use_fast_kernels) return dot_weights_simd(w, x, n); // widened in SIMD registers
+#endif
+    float acc[DOT_LANES] = {0};
+    int j = 0;
+    for (; j + DOT_LANES <= n; j += DOT_LANES)
+        for (int l = 0; l < DOT_LANES; l++) acc[l] = mul_add(widen(w.data, j + l, w.type), x[j + l], acc[l]);
+    for (int l = 0; j < n; j++, l++) acc[l] = mul_add(widen(w.data, j, w.type), x[j], acc[l]);
+    return reduce_lanes(acc);
+}
+
+// W (d,n) @ x (n,) -> xout (d,): one token, xout[i] = W[i,:] . x.
+static void matmul(float *xout, const float *x, Matrix w, int n, int d) {
+    if (use_fast_kernels) {
+        matmul_fast(xout, x, w, n, d); // rows in groups of four, split across threads
+        return;
+    }
+    for (int i = 0; i < d; i++) xout[i] = dot_weights(matrix_at(w, (size_t)i * n), x, n);
+}
+
+// X (B,n) @ W^T (n,d) -> XOUT (B,d): the B tokens of a block, xout[b*d + i] = W[i,:] . x[b,:],
+// each token exactly as matmul computes it.
+static void matmul_tokens(RunState *s, float *xout, const float *x, Matrix w, int B, int n, int d) {
+    if (use_fast_kernels && B > 1) {
+        matmul_tiled(xout, x, w, B, n, d, s->scratch); // tiles of rows x tokens, split across threads
+        return;
+    }
+    for (int b = 0; b < B; b++) matmul(xout + (size_t)b * d, x + (size_t)b * n, w, n, d);
+}
+
+// Each projection of p applied to the B tokens of x (rows of n).
+
+static void matmuls(RunState *s, const float *x, const Projection *p, int n_proj, int B, int n) {
+    if (use_fast_kernels && B == 1) {
+        matmuls_fast(x, n, p, n_proj); // all in one parallel region
+        return;
+    }
+    for (int j = 0; j < n_proj; j++) matmul_tokens(s, p[j].xout, x, p[j].w, B, n, p[j].d);
+}
+
+// att[t] = q . k_t for the first n positions.
+static void attention_scores(float *att, const float *q, const float *keys, int n, int head_size) {
+    if (use_fast_kernels) {
+        attention_scores_fast(att, q, keys, n, head_size); // four keys at a time
+        return;
+    }
+    for (int tt = 0; tt < n; tt++) att[tt] = dot(q, keys + (size_t)tt * head_size, head_size);
+}
+
+// out += sum over the first n positions of att[t] * v_t, added one position at a time.
+static void attention_values(float *out, const float *att, const float *values, int n, int head_size) {
+    if (use_fast_kernels) {
+        attention_values_fast(out, att, values, n, head_size); // four values per pass over out
+        return;
+    }
+    for (int tt = 0; tt < n; tt++)
+        for (int i = 0; i < head_size; i++) out[i] += att[tt] * values[(size_t)tt * head_size + i];
+}
+
+// x = exp(x - max) / sum(exp(x - max)), in place
+static void softmax(float *x, int size) {
+    float max_val = x[0];
+    for (int i = 1; i < size; i++)
+        if (x[i] > max_val) max_val = x[i];
+    float sum = 0.0f;
+    for (int i = 0; i < size; i++) {
+        x[i] = expf(x[i] - max_val);
+        sum += x[i];
+    }
+    for (int i = 0; i < size; i++) x[i] /= sum;
+}
+
+// The first position layer l's query at pos attends to: 0 (full attention), or, on
+// a sliding layer of window W (Mistral, Gemma 2's and 3's local layers), the W
+// latest positions, pos itself included (transformers: key s is seen when
+// pos - W < s <= pos).
+static int first_visible(const Config *c, int l, int pos) {
+    int window = c->layer[l].window;
+    return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
+
+// The positions first .. last of a cache of P positions as runs of slots: position t
+// is in slot t mod P (P = seq_len: slot t). At most P positions wrap past the end of
+// a sliding layer's ring at most once: slots start[0] .. start[0] + n[0] - 1, then
+// 0 .. n[1] - 1 (n[1] = 0 when they do not wrap, always on a full layer).
+typedef struct {
+    int start[2], n[2];
+} SlotRuns;
+
+static SlotRuns slot_runs(int first, int last, int P) {
+    int start = first < P ? first : first % P, count = last + 1 - first, n0 = start + count <= P ? count : P - start;
+    return (SlotRuns){{start, 0}, {n0, count - n0}};
+}
+
+// x = exp(x - max) / sum(exp(x - max)) over the slots of r, summed in position order
+// (run 0, then run 1): softmax() when there is one run.
+static void softmax_runs(float *x, const SlotRuns *r) {
+    float max_val = x[r->start[0]], sum = 0.0f;
+    for (int i = 0; i < 2; i++)
+        for (int j = r->start[i]; j < r->start[i] + r->n[i]; j++) max_val = x[j] > max_val ? x[j] : max_val;
+    for (int i = 0; i < 2; i++)
+        for (int j = r->start[i]; j < r->start[i] + r->n[i]; j++) {
+            x[j] = expf(x[j] - max_val);
+            sum += x[j];
+        }
+    for (int i = 0; i < 2; i++)
+        for (int j = r->start[i]; j < r->start[i] + r->n[i]; j++) x[j] /= sum;
+}
+
+// Grouped-query causal attention of query head h in layer l for the B tokens of a
+// block: token b, at position pos = pos0 + b, sees positions up to pos, the earlier
+// tokens of its own block included (their keys and values are already in the cache).
+// Key/value head h / group serves `group` query heads; the keys and values are layer
+// l's cache, or (Gemma 4's KV sharing) its kv_source's.
+//   score_t = q_h . k_t / sqrt(head_size),  t = first .. pos (first_visible)
+//   a = softmax(score)
+//   out_h = sum_t a_t v_t
+// Key t sits in slot t mod P of the cache (P = cache_positions: seq_len, or a sliding
+// layer's ring), and its score in the same slot of att: the slots of first .. pos are
+// one run, or two where they wrap past the ring's end (slot_runs); each loop below
+// walks the runs in position order.
+static void attention_head(Transformer *t, int l, int h, int B, int pos0) {
+    const Config *c = &t->config;
+    RunState *s = &t->state;
+    const LayerSpec *ls = &c->layer[l];
+    int head_size = ls->head_size, group = c->n_heads / ls->n_kv_heads, q_dim = c->n_heads * head_size;
+    int P = ls->cache_positions;
+    size_t kv_offset = kv_cache_offset(c, l, h / group, 0);
+    const float *keys = s->key_cache + kv_offset, *values = s->value_cache + kv_offset; // slot j: + j * head_size
+    // the products q_h . k_t of a block's tokens as one matrix product ("Making it fast", 4)
+    int scores_ready = use_fast_kernels && B > 1;
+    if (scores_ready) attention_block_scores(t, l, h, B, pos0);
+    for (int b = 0; b < B; b++) {
+        int pos = pos0 + b, first = first_visible(c, l, pos);
+        const float *q = s->q + (size_t)b * q_dim + h * head_size;
+        float *att = s->att + ((size_t)b * c->n_heads + h) * c->max_cache_positions;
+        SlotRuns runs = slot_runs(first, pos, P);
+        for (int i = 0; i < 2; i++) {
+            int j0 = runs.start[i], n = runs.n[i];
+            if (!scores_ready) attention_scores(att + j0, q, keys + (size_t)j0 * head_size, n, head_size);
+            if (c->attention_scale == 0.0f) { // the Llama block: 1 / sqrt(head_size)
+                float root = sqrtf(head_size);
+                for (int j = j0; j < j0 + n; j++) att[j] /= root;
+            } else { // a model's own scale (Gemma 2, 3: query_pre_attn_scalar^-1/2)
+                for (int j = j0; j < j0 + n; j++) att[j] *= c->attention_scale;
+            }
+            if (c->attention_softcap != 0.0f) { // Gemma 2: score -> cap tanh(score / cap), |score| < cap
+                float cap = c->attention_softcap;
+                for (int j = j0; j < j0 + n; j++) att[j] = cap * tanhf(att[j] / cap);
+            }
+        }
+        softmax_runs(att, &runs);
+        if (s->inspect) // the weights on BOS, the current and the previous position (0 out of the window)
+            inspect_record_attention(s->inspect, c, l, h, first == 0 ? att[0] : 0.0f, att[pos % P],
+                                     pos >= 1 && pos - 1 >= first ? att[(pos - 1) % P] : 0.0f, pos);
+        float *out = s->xb + (size_t)b * q_dim + h * head_size;
+        memset(out, 0, head_size * sizeof(float));
+        for (int i = 0; i < 2; i++) // out = sum_t a_t v_t, run by run (attention_values adds to out)
+            attention_values(out, att + runs.start[i], values + (size_t)runs.start[i] * head_size, runs.n[i],
+                             head_size);
+    }
+}
+
+// Attention of every head for the B tokens of a block at positions pos0 .. pos0+B-1,
+// head by head.
+static void attention(Transformer *t, int l, int B, int pos0) {
+    int h, n_heads = t->config.n_heads;
+    if (use_fast_kernels && attention_across_threads(t, l, B, pos0)) { // "Making it fast", 4
+#pragma omp parallel for private(h)
+        for (h = 0; h < n_heads; h++) attention_head(t, l, h, B, pos0);
+        return;
+    }
+    for (h = 0; h < n_heads; h++) attention_head(t, l, h, B, pos0);
+}
+
+// SwiGLU's gate for one unit: silu(gate) * up, with silu(v) = v * sigmoid(v)
+static inline float swiglu_unit(float gate, float up) { return gate * (1.0f / (1.0f + expf(-gate))) * up; }
+
+// hb = silu(hb) * hb2 over n floats
+static void swiglu(float *hb, const float *hb2, long n) {
+    if (use_fast_kernels && swiglu_fast(hb, hb2, n)) return; // split across threads
+    for (long i = 0; i < n; i++) hb[i] = swiglu_unit(hb[i], hb2[i]);
+}
+
+// GeGLU's gate for one unit (Gemma): gelu(gate) * up, with the tanh GELU
+//   gelu(v) = 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3)))
+static inline float geglu_unit(float gate, float up) {
+    const float k = 0.7978845608028654f; // sqrt(2 / pi)
+    return 0.5f * gate * (1.0f + tanhf(k * (gate + 0.044715f * gate * gate * gate))) * up;
+}
+
+// hb = gelu(hb) * hb2 over n floats
+static void geglu(float *hb, const float *hb2, long n) {
+    for (long i = 0; i < n; i++) hb[i] = geglu_unit(hb[i], hb2[i]);
+}
+
+// The feed-forward of n tokens x (n, dim), of width hidden, into out (n, dim):
+//   out = W2 (act(W1 x) * (W3 x)),  act silu (SwiGLU) or the tanh GELU (GeGLU: Gemma)
+// a layer's (forward_block), or one expert's (expert_feed_forward).
+static void feed_forward(const Config *c, RunState *s, const float *x, float *out, Matrix w1, Matrix w3, Matrix w2,
+                         int hidden, int n) {
+    Projection w13[2] = {{s->hb, w1, hidden}, {s->hb2, w3, hidden}};
+    matmuls(s, x, w13, 2, n, c->dim);
+    if (c->activation == ACTIVATION_GEGLU_TANH) geglu(s->hb, s->hb2, (long)n * hidden);
+    else swiglu(s->hb, s->hb2, (long)n * hidden);
+    matmul_tokens(s, out, s->hb, w2, n, hidden, c->dim);
+}
+
+// x = cap tanh(x / cap) over n floats (Gemma 2's final-logit soft-cap)
+static void softcap(float *x, long n, float cap) {
+    for (long i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
+}
+
 // The families' additions to a layer, which forward_block calls: Gemma 4's per-layer
 // inputs (E2B, E4B), and the mixtures of experts (Qwen3-MoE, Mixtral, Gemma 4 26B-A4B).
 
@@ -1361,6 +1178,147 @@ static void experts_beside_feed_forward(Transformer *t, int l, int B) {
         rmsnorm(out, out, w->rms_post_experts + sparse, dim, c->norm_eps);
         for (int i = 0; i < dim; i++) out[i] += s->dense_out[(size_t)b * dim + i];
     }
+}
+
+// ----------------------------------------------------------------------------
+// Past the training length: the scaling rules
+//
+// A model trained on contexts of L positions (original_len) has seen pair i
+// turn through at most L * omega_i radians. Past L, the slow pairs reach angles
+// never seen in training, and attention breaks down. Each rule changes only the
+// frequencies omega_i (and one attention factor), so that positions up to s * L
+// (s = factor) look more like the trained ones. Nothing else in the forward
+// pass changes, and since the KV cache holds keys rotated by R(n), a rule can be
+// chosen at inference time without retraining.
+//   none    omega_i
+//   linear  omega_i / s: every position divided by s ("position interpolation",
+//           Chen et al. 2023). The fast pairs, which resolve neighbouring tokens,
+//           turn s times slower too.
+//   ntk     theta' = theta * s^(d/(d-2)), d = head_size ("NTK-aware", bloc97 2023):
+//           pair 0 keeps its frequency, the slowest pair is divided by s, those
+//           between by less (a larger base stretches the slow end of the spectrum).
+//   yarn    (Peng et al. 2023) by each pair's number of turns over L, r_i = L / wavelength_i:
+//           r_i > beta_fast: kept; r_i < beta_slow: divided by s; a linear ramp
+//           between. Plus an attention factor, 0.1 ln s + 1 by default, that
+//           multiplies cos and sin (so q . k of the rotated pairs by its square):
+//           interpolated attention is flatter, and this sharpens it again.
+//   llama3  (Meta's Llama 3.1) by wavelength: above L / low_freq_factor divided by
+//           s, below L / high_freq_factor kept, a smooth blend between.
+// Each rule equals the rope-initialisation function of Hugging Face transformers
+// with the same parameters (tests/scaling_reference.py). p-RoPE composes with every
+// rule: the rule acts on the rotated pairs only (for yarn, whose ramp is counted
+// over the rotated dims, as transformers counts it with partial_rotary_factor), and
+// the unrotated pairs stay unrotated.
+
+// The scaling rules' parameters, with their defaults where the file stores 0.
+static float or_default(float value, float fallback) { return value != 0.0f ? value : fallback; }
+static float yarn_beta_fast(const RopeSetting *r) { return or_default(r->yarn_beta_fast, 32.0f); }
+static float yarn_beta_slow(const RopeSetting *r) { return or_default(r->yarn_beta_slow, 1.0f); }
+static float llama3_low_freq(const RopeSetting *r) { return or_default(r->llama3_low_freq_factor, 1.0f); }
+static float llama3_high_freq(const RopeSetting *r) { return or_default(r->llama3_high_freq_factor, 4.0f); }
+
+// yarn's ramp: the (fractional) pair index at which a pair turns `rotations` times
+// over the original length, for `dims` rotated dims with base `base`:
+//   i = dims * ln(L / (2 pi rotations)) / (2 ln base)
+static double yarn_correction_pair(double rotations, int dims, double base, int original_len) {
+    return dims * log(original_len / (rotations * 2.0 * M_PI)) / (2.0 * log(base));
+}
+
+// yarn's weight of the interpolated frequency for pair i: 0 for the fast pairs
+// (kept), 1 for the slow ones (divided by s), linear between. The bounds are
+// rounded outwards and clamped to [0, dims - 1], as transformers does.
+static double yarn_ramp(const Config *c, int which, int i) {
+    const RopeSetting *r = &c->rope[which];
+    int dims = 2 * rope_angles_of(c, which); // the rotated dims
+    double base = pow(r->theta, (double)dims / rope_head_size(c, which)); // so that base^(-2i/dims) = theta^(-2i/head_size)
+    double low = floor(yarn_correction_pair(yarn_beta_fast(r), dims, base, r->original_len));
+    double high = ceil(yarn_correction_pair(yarn_beta_slow(r), dims, base, r->original_len));
+    low = fmax(low, 0.0);
+    high = fmin(high, dims - 1.0);
+    if (low == high) high += 0.001; // no division by zero
+    return fmin(fmax((i - low) / (high - low), 0.0), 1.0);
+}
+
+// llama3's frequency: interpolated past L / low_freq_factor, kept below L /
+// high_freq_factor, and between a blend weighted by how often the pair turns over L.
+static double llama3_frequency(const RopeSetting *r, double omega) {
+    double s = r->factor, L = r->original_len, low = llama3_low_freq(r), high = llama3_high_freq(r);
+    double wavelength = 2.0 * M_PI / omega;
+    if (wavelength < L / high) return omega;
+    if (wavelength > L / low) return omega / s;
+    double smooth = (L / wavelength - low) / (high - low);
+    return (1.0 - smooth) * omega / s + smooth * omega;
+}
+
+// omega_i of a rotating pair i under the rule in force, in radians per token.
+static float rope_frequency(const Config *c, int which, int i) {
+    const RopeSetting *r = &c->rope[which];
+    float omega = rope_base_frequency(c, which, i), s = r->factor;
+    int d = rope_head_size(c, which);
+    switch (r->scaling) {
+    case ROPE_SCALING_LINEAR:
+        return omega / s;
+    case ROPE_SCALING_NTK: {
+        if (d <= 2) return omega; // a single pair: omega_0 = 1 whatever the base
+        double theta = (double)r->theta * pow(s, (double)d / (d - 2));
+        return (float)pow(theta, -2.0 * i / d);
+    }
+    case ROPE_SCALING_YARN: {
+        double ramp = yarn_ramp(c, which, i);
+        return (float)((double)omega / s * ramp + (double)omega * (1.0 - ramp));
+    }
+    case ROPE_SCALING_LLAMA3:
+        return (float)llama3_frequency(r, omega);
+    case ROPE_SCALING_LONGROPE: {
+        // Phi-3 128k, Phi-4-mini: omega_i / ext_i, ext the short factors when the
+        // context in use is within the trained length, the long ones beyond it (as
+        // llama.cpp chooses, by the context rather than the text so far)
+        if (!r->longrope_factors) return omega; // the header alone (no weights mapped yet)
+        if (i >= r->longrope_pairs) return NAN;  // no factor for this pair: never read past them
+        int longer = c->seq_len > r->original_len;
+        return omega / r->longrope_factors[(longer ? r->longrope_pairs : 0) + i];
+    }
+    default:
+        return omega;
+    }
+}
+
+// The factor that multiplies cos and sin: the file's, else yarn's 0.1 ln s + 1 (1
+// for s <= 1), else 1.
+static float rope_attention_factor(const Config *c, int which) {
+    const RopeSetting *r = &c->rope[which];
+    if (r->attention_factor != 0.0f) return r->attention_factor;
+    if (r->scaling == ROPE_SCALING_YARN && r->factor > 1) return (float)(0.1 * log(r->factor) + 1.0);
+    if (r->scaling == ROPE_SCALING_LONGROPE && r->factor > 1 && r->original_len > 1) // sqrt(1 + ln s / ln L)
+        return (float)sqrt(1.0 + log(r->factor) / log(r->original_len));
+    return 1.0f;
+}
+
+// ----------------------------------------------------------------------------
+// Errors: a function that fails writes one line here and returns -1; main prints
+// it as "run: error: ..." and exits. Library code never exits, so fuzzers and
+// tests can call it.
+
+static char error_message[512];
+
+static int fail(const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(error_message, sizeof(error_message), fmt, args);
+    va_end(args);
+    return -1;
+}
+
+// Puts "where: " before the message a failed callee left: where is formatted as
+// fail's message is ("checkpoint %s", path), and the line reads "where: message".
+static int fail_in(const char *fmt, ...) {
+    char reason[sizeof(error_message)], where[sizeof(error_message)];
+    snprintf(reason, sizeof(reason), "%s", error_message);
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(where, sizeof(where), fmt, args);
+    va_end(args);
+    return fail("%s: %s", where, reason);
 }
 
 // ----------------------------------------------------------------------------
@@ -1561,6 +1519,71 @@ static int sample(Sampler *s, float *logits) {
     if (s->topp <= 0 || s->topp >= 1) return sample_mult(logits, s->vocab_size, coin);
     return sample_topp(logits, s->vocab_size, s->topp, s->probindex, coin);
 }
+
+// ----------------------------------------------------------------------------
+// Names for the numbers the program depends on
+
+enum { EXIT_OK = 0, EXIT_BAD_INPUT = 1, EXIT_BAD_USAGE = 2 };       // exit codes
+enum { TOKEN_UNK = 0, TOKEN_BOS = 1, TOKEN_EOS = 2, TOKEN_BYTE0 = 3 }; // SentencePiece ids
+
+#define MAGIC_LLAMA2C_V1 0x616b3432u  // llama2.c's export "version 1": "ak42"
+#define MAGIC_ROPE 0x45504f52u        // our format: the bytes "ROPE"
+#define HEADER_BYTES 256              // both versioned formats pad their header to 256
+#define ROPE_V2_ALIGNMENT 64          // ROPE version 2: every tensor starts at a multiple of 64 bytes
+#define LEGACY_HEADER_BYTES 28        // llama2.c legacy: seven int32
+
+// Sanity limits on header fields (MAX_DIM and MAX_LAYERS are with the Config): far
+// above any real model, low enough that no product of them overflows 64 bits. The
+// file size check does the real work.
+#define MAX_HIDDEN (1 << 20)
+#define MAX_VOCAB (1 << 22)
+#define MAX_SEQ_LEN (1 << 20)
+#define MAX_EXPERTS 1024     // a mixture of experts' count (Qwen3-30B-A3B: 128)
+#define MAX_EXPERTS_USED 64  // the experts a token uses (Qwen3-30B-A3B: 8; Mixtral: 2)
+// A sanity bound on the KV cache of the context in use (not on the header's seq_len:
+// -c rescues a file that declares more). The machine's memory is checked as well
+// (check_context_fits); this bound stays for machines with more than it.
+#define MAX_KV_CACHE_BYTES (64ull << 30)
+// cos and sin are multiplied by the attention factor, and so the attention scores
+// by its square: bounded so that the scores stay finite. Every rule's own factor
+// is below 10 (yarn's 0.1 ln s + 1 at the largest float32 s).
+#define MAX_ROPE_ATTENTION_FACTOR 100.0f
+// Threads (-T, OMP_NUM_THREADS): more than any machine this runs on has cores, and
+// few enough that the OpenMP runtime can start them.
+#define MAX_THREADS 1024
+
+// The context run uses when -c is not given: the file's seq_len, capped here. Models
+// now declare 32k to 131k positions, and the KV cache (float32 here) and the scores
+// grow with the context: Llama 3.1 8B's 131,072 positions would take 32 GiB of cache
+// before the first token. 4096 positions (Llama 2's and Phi-3-mini-4k's trained
+// length, and a common default context of local runners) hold a long prompt or a
+// chat session and cost that 8B model 1 GiB, within a laptop's memory; the stories
+// models (256 to 1024) are under the cap. -c N asks for more, up to what memory
+// allows; the start-up line says when the cap applies.
+#define DEFAULT_CONTEXT 4096
+
+// Where a model or tokenizer comes from, for the errors that say one is missing.
+#define WHERE_TO_GET_MODELS "models/ has stories260K.bin and tok512.bin; the README's \"Models\" says where to get more"
+
+// The names and counts of the model's enums (RopeScaling, WeightType, Activation, Routing)
+static const char *rope_scaling_names[] = {"none", "linear", "ntk", "yarn", "llama3", "longrope"};
+#define N_ROPE_SCALINGS 6
+#define N_FLAG_SCALINGS 5 // --rope-scaling's: longrope needs the file's factors
+static const char *weight_type_names[] = {"f32", "bf16", "f16", "q8_0"};
+#define N_WEIGHT_TYPES 4
+#define N_ACTIVATIONS 2
+#define N_ROUTINGS 4
+
+// The block options' flags (ROPE version 2, byte 112)
+#define BLOCK_QKV_BIAS 1u   // q, k and v projections add a bias (Qwen2)
+#define BLOCK_QK_NORM 2u    // an RMSNorm over each query and key head before RoPE (Qwen3, Gemma 3)
+#define BLOCK_POST_NORMS 4u // RMSNorms on the attention's and the feed-forward's outputs (Gemma 2, 3, 4)
+#define BLOCK_V_NORM 8u     // an RMSNorm without weight over each value head (Gemma 4)
+#define BLOCK_LAYER_SCALAR 16u // a learned scalar multiplies the residual stream after each layer (Gemma 4)
+#define BLOCK_PER_LAYER_INPUT 32u // per-layer inputs: a slice of a second embedding per layer (Gemma 4 E2B, E4B)
+#define BLOCK_EXPERTS 64u   // a mixture of experts in place of the feed-forward (Qwen3-MoE, Mixtral)
+#define BLOCK_FLAGS_KNOWN (BLOCK_QKV_BIAS | BLOCK_QK_NORM | BLOCK_POST_NORMS | BLOCK_V_NORM | BLOCK_LAYER_SCALAR | \
+                           BLOCK_PER_LAYER_INPUT | BLOCK_EXPERTS)
 
 // ----------------------------------------------------------------------------
 // Loading a checkpoint: detect the format, check the header, check the file size,
@@ -1931,6 +1954,8 @@ static int kv_positions_of(const Config *c, int l) {
     return window > 0 && window < c->seq_len - (PREFILL_BLOCK - 1) ? kv_positions_of_window(window) : c->seq_len;
 }
 static int is_ring(const Config *c, int l) { return kv_positions_of(c, l) < c->seq_len; }
+
+static int max_int(int a, int b) { return a > b ? a : b; }
 
 // Lays out the KV cache for the context in use (c->seq_len): the caches of the
 // layers that own one (all but Gemma 4's KV-shared layers) back to back, each
