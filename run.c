@@ -481,24 +481,42 @@ static void inspect_count_positions(InspectStats *st, int B, int pos0);
 //
 // The Llama block is the spine: embed; per layer rmsnorm, q k v, RoPE, attention,
 // Wo, residual; rmsnorm, SwiGLU feed-forward, residual; final rmsnorm, classifier.
-// Every other family is a switch on it, read from the file's header:
+// Every other family is a switch on it, read from the file's header, and each acts
+// in one place:
+//   at load, in the RoPE tables  each RoPE setting's theta and scaling rule, longrope
+//     (build_run_state)            (Phi-3 128k, Phi-4-mini) included: rope_frequency
+//                                  gives pair i its omega_i (longrope: divided by the
+//                                  file's factor for the pair), rope_build_tables the
+//                                  cos and sin of every position, which layers only read
 //   here                         embedding_multiplier (Gemma: x * sqrt(dim))
-//                                qkv_bias (Qwen2), qk_norm (Qwen3, Gemma 3, 4)
-//                                layer[l].rope: p-RoPE's rope_angles pairs (every model:
-//                                  all pairs for full RoPE; Gemma 4's full layers 64
-//                                  of 256), NoPE layers (SmolLM3), the second setting
-//                                  (Gemma 3's and 4's sliding layers)
-//                                post_norms (Gemma 2, 3, 4), activation GeGLU (Gemma)
-//                                final_softcap (Gemma 2, 4)
+//                                per_layer_dim (Gemma 4 E2B, E4B): per_layer_inputs,
+//                                  add_per_layer_input
+//                                qkv_bias (Qwen2), qk_norm (Qwen3, Gemma 3, 4), v_norm
+//                                layer[l].rope: the setting whose tables turn q and k,
+//                                  p-RoPE's rope_angles pairs (every model: all pairs
+//                                  for full RoPE; Gemma 4's full layers 64 of 256),
+//                                  none on NoPE layers (SmolLM3), the second setting
+//                                  on Gemma 3's and 4's sliding layers
 //                                layer[l]'s head_size, n_kv_heads, hidden_dim (Gemma 4:
 //                                  each layer its own), kv_source (Gemma 4's KV
-//                                  sharing), values_are_keys (Gemma 4 31B: k = v),
-//                                  v_norm, per_layer_dim, layer_scalars (Gemma 4)
+//                                  sharing: no k, v of its own), values_are_keys
+//                                  (Gemma 4 31B: k = v)
+//                                layer[l].window's ring: k and v go to the slot pos mod
+//                                  cache_positions (kv_cache_offset): a sliding layer's
+//                                  cache is a ring of W + PREFILL_BLOCK - 1 positions
+//                                  (kv_positions_of), a full layer's holds seq_len
+//                                post_norms (Gemma 2, 3, 4), layer_scalars (Gemma 4)
 //                                layer[l].experts: a mixture of experts for the
 //                                  feed-forward (Qwen3-MoE, Mixtral), or beside it
-//                                  (Gemma 4 26B-A4B); mixture_of_experts
-//   attention_head, one down     layer[l].window: sliding layers (Mistral, Phi-3,
-//                                  Gemma 2's, 3's and 4's local layers)
+//                                  (Gemma 4 26B-A4B)
+//                                final_softcap (Gemma 2, 4)
+//   one down: feed_forward       activation: SwiGLU, or GeGLU (Gemma)
+//   one down: mixture_of_experts routing: the router's rule (route_tokens, route_token;
+//                                  Gemma 4's own input and per-expert scales)
+//   two down: attention_head     layer[l].window: a sliding layer's keys first_visible ..
+//     (attention -> it)            pos (Mistral, Phi-3, Gemma 2's, 3's and 4's local
+//                                  layers), read from its ring as one or two runs of
+//                                  slots (slot_runs)
 //                                attention_scale (Gemma 2, 3; Gemma 4: 1)
 //                                attention_softcap (Gemma 2)
 //   export.py, before the file   Gemma 1-3's norm x * (1 + w): 1 + w is stored;
