@@ -1619,6 +1619,22 @@ static float read_f32(const unsigned char *p) {
 }
 static uint64_t read_u64(const unsigned char *p) { return (uint64_t)read_u32(p) | (uint64_t)read_u32(p + 4) << 32; }
 
+// A RoPE setting's ten header fields, in the order both settings store them (the first
+// at byte 44, the second at byte 152; docs/format.md): theta, fraction, factor, the
+// rule, the original length, then the rules' five parameters.
+static void read_rope_setting(const unsigned char *p, RopeSetting *r) {
+    r->theta = read_f32(p);
+    r->fraction = read_f32(p + 4);
+    r->factor = read_f32(p + 8);
+    r->scaling = (RopeScaling)read_i32(p + 12);
+    r->original_len = read_i32(p + 16);
+    r->yarn_beta_fast = read_f32(p + 20);
+    r->yarn_beta_slow = read_f32(p + 24);
+    r->attention_factor = read_f32(p + 28);
+    r->llama3_low_freq_factor = read_f32(p + 32);
+    r->llama3_high_freq_factor = read_f32(p + 36);
+}
+
 // x rounded up to a multiple of unit (a tensor's start in an aligned file, an allocation's size)
 static uint64_t round_up(uint64_t x, uint64_t unit) { return (x + unit - 1) / unit * unit; }
 
@@ -1835,17 +1851,8 @@ static int parse_header_v2(const unsigned char *data, Config *c) {
         return -1;
     c->layer_table_offset = read_u64(data + 136);
     c->layer_table_bytes = read_u64(data + 144);
-    RopeSetting *second = &c->rope[LAYER_ROPE_SECOND]; // bytes 152..191: the first setting's fields, in order
-    second->theta = read_f32(data + 152);
-    second->fraction = read_f32(data + 156);
-    second->factor = read_f32(data + 160);
-    second->scaling = (RopeScaling)read_i32(data + 164);
-    second->original_len = read_i32(data + 168);
-    second->yarn_beta_fast = read_f32(data + 172);
-    second->yarn_beta_slow = read_f32(data + 176);
-    second->attention_factor = read_f32(data + 180);
-    second->llama3_low_freq_factor = read_f32(data + 184);
-    second->llama3_high_freq_factor = read_f32(data + 188);
+    RopeSetting *second = &c->rope[LAYER_ROPE_SECOND];
+    read_rope_setting(data + 152, second); // bytes 152..191
     if (!has_second_rope(c)) {
         for (int i = 156; i < 192; i++)
             if (data[i] != 0) return fail("second RoPE setting field at byte %d is not zero, but rope2_theta is 0", i);
@@ -2093,16 +2100,7 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
         if (shared != 0 && shared != 1) return fail("shared_classifier is %d, expected 0 or 1", shared);
         c->shared_classifier = shared;
         c->norm_eps = read_f32(data + 40);
-        first->theta = read_f32(data + 44);
-        first->fraction = read_f32(data + 48);
-        first->factor = read_f32(data + 52);
-        first->scaling = (RopeScaling)read_i32(data + 56);
-        first->original_len = read_i32(data + 60);
-        first->yarn_beta_fast = read_f32(data + 64);
-        first->yarn_beta_slow = read_f32(data + 68);
-        first->attention_factor = read_f32(data + 72);
-        first->llama3_low_freq_factor = read_f32(data + 76);
-        first->llama3_high_freq_factor = read_f32(data + 80);
+        read_rope_setting(data + 44, first); // bytes 44..83
         int reserved_from = 84;
         if (c->version == 2) {
             if (parse_header_v2(data, c) != 0) return -1;
