@@ -7,6 +7,8 @@
 #   make test-arm   the unit tests and the golden, tokenizer and reference tests
 #                   of an aarch64 build, run under qemu-aarch64
 #   make bench      speed figures (see README, Performance)
+#   make debug      ./run-debug: -O0 -g, the plain loops only (RUN_PLAIN), to step
+#                   through the forward pass in gdb (README, Reading run.c)
 #   make experiment-length  RoPE scaling rules past the training length, on the
 #                   models of make experiment (README, Past the training length)
 CC ?= gcc
@@ -71,6 +73,12 @@ run: run.c
 run-asan: run.c
 	$(CC) $(SANITIZE) $(WARN) -o $@ run.c -lm
 
+# make debug: run.c unoptimized, with debug information, on one thread (no OpenMP)
+# and built with RUN_PLAIN, so that it runs the plain loops and never enters "Making
+# it fast"; $(NATIVE) as ./run has it (its fused multiply-adds), so the same bytes
+run-debug: run.c
+	$(CC) -O0 -g $(NATIVE) -ffp-contract=off $(WARN) -Wno-unknown-pragmas -DRUN_PLAIN -o $@ run.c -lm
+
 tests/test_rope: tests/test_rope.c run.c
 	$(CC) $(CFLAGS) -ffp-contract=off $(TEST_WARN) $(OPENMP) -o $@ tests/test_rope.c -lm
 
@@ -83,9 +91,12 @@ run-asan-omp: run.c
 tests/test_rope-asan-omp: tests/test_rope.c run.c
 	$(CC) $(SANITIZE_FLAGS) $(OPENMP) $(TEST_WARN) -o $@ tests/test_rope.c -lm
 
-.PHONY: demo test test-unit test-py test-asan valgrind clean experiment
+.PHONY: demo debug test test-unit test-py test-asan valgrind clean experiment
 demo: run
 	./run $(MODELS)/stories260K.bin -z $(MODELS)/tok512.bin -t 0.8 -s 42 -n 200 -p "Once upon a time"
+
+debug: run-debug
+	@echo "gdb --args ./run-debug $(MODELS)/stories260K.bin -z $(MODELS)/tok512.bin -n 16 -p \"Once upon a time\""
 
 test: test-unit test-py test-asan test-asan-omp fuzz-short valgrind $(TEST_ARM)
 
@@ -163,7 +174,8 @@ test-arm-skipped:
 	@echo "test-arm: skipped, $(ARM_MISSING) not on PATH (apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)"
 
 clean:
-	rm -f run run-asan run-asan-omp run-valgrind tests/test_rope tests/test_rope-asan tests/test_rope-asan-omp tests/test_rope-avx2 tests/test_rope-plain \
+	rm -f run run-asan run-asan-omp run-valgrind run-debug tests/test_rope tests/test_rope-asan tests/test_rope-asan-omp \
+	    tests/test_rope-avx2 tests/test_rope-plain \
 	    run-aarch64 tests/test_rope-aarch64 bench/peak bench/in_cache
 
 # README, "Train your own": RoPE, p-RoPE and NoPE trained alike on the KJV Bible

@@ -3,10 +3,13 @@
    One file, read top to bottom in the order of one token's trip: the model first,
    then the machinery a learner may skip.
      The model: the config and weights (plain structs); rotary position embeddings
-     (RoPE and p-RoPE: the frequencies, the rotation and its tables), then the
-     scaling rules past the training length; the forward pass, in the plain form
-     that reads like the equations; moving the KV cache by RoPE's relative
-     property; the sampler.
+     (RoPE and p-RoPE: the frequencies, the rotation and its tables); the forward
+     pass, in the plain form that reads like the equations, top-down: forward_block
+     first (prototypes above it name its steps), then the steps in the order it
+     calls them; the scaling rules past the training length; moving the KV cache
+     by RoPE's relative property; the sampler. Every other name waits for its
+     first use: the errors before the cache shift, the file formats' numbers and
+     the limits before the loading code.
      The machinery: loading and validating the checkpoint formats; sizing and
      allocating the run state; the BPE tokenizer (SentencePiece's, as in llama2.c,
      and the byte-level BPE of GPT-2, Llama 3, Qwen and SmolLM2); the programs
@@ -48,100 +51,7 @@
 #endif
 
 // ----------------------------------------------------------------------------
-// Names for the numbers the program depends on
-
-enum { EXIT_OK = 0, EXIT_BAD_INPUT = 1, EXIT_BAD_USAGE = 2 };       // exit codes
-enum { TOKEN_UNK = 0, TOKEN_BOS = 1, TOKEN_EOS = 2, TOKEN_BYTE0 = 3 }; // SentencePiece ids
-
-#define MAGIC_LLAMA2C_V1 0x616b3432u  // llama2.c's export "version 1": "ak42"
-#define MAGIC_ROPE 0x45504f52u        // our format: the bytes "ROPE"
-#define HEADER_BYTES 256              // both versioned formats pad their header to 256
-#define ROPE_V2_ALIGNMENT 64          // ROPE version 2: every tensor starts at a multiple of 64 bytes
-#define LEGACY_HEADER_BYTES 28        // llama2.c legacy: seven int32
-
-// Sanity limits on header fields: far above any real model, low enough that no
-// product of them overflows 64 bits. The file size check does the real work.
-#define MAX_DIM (1 << 16)
-#define MAX_HIDDEN (1 << 20)
-#define MAX_LAYERS 1024
-#define MAX_VOCAB (1 << 22)
-#define MAX_SEQ_LEN (1 << 20)
-#define MAX_EXPERTS 1024     // a mixture of experts' count (Qwen3-30B-A3B: 128)
-#define MAX_EXPERTS_USED 64  // the experts a token uses (Qwen3-30B-A3B: 8; Mixtral: 2)
-// A sanity bound on the KV cache of the context in use (not on the header's seq_len:
-// -c rescues a file that declares more). The machine's memory is checked as well
-// (check_context_fits); this bound stays for machines with more than it.
-#define MAX_KV_CACHE_BYTES (64ull << 30)
-// cos and sin are multiplied by the attention factor, and so the attention scores
-// by its square: bounded so that the scores stay finite. Every rule's own factor
-// is below 10 (yarn's 0.1 ln s + 1 at the largest float32 s).
-#define MAX_ROPE_ATTENTION_FACTOR 100.0f
-// Threads (-T, OMP_NUM_THREADS): more than any machine this runs on has cores, and
-// few enough that the OpenMP runtime can start them.
-#define MAX_THREADS 1024
-
-// The context run uses when -c is not given: the file's seq_len, capped here. Models
-// now declare 32k to 131k positions, and the KV cache (float32 here) and the scores
-// grow with the context: Llama 3.1 8B's 131,072 positions would take 32 GiB of cache
-// before the first token. 4096 positions (Llama 2's and Phi-3-mini-4k's trained
-// length, and a common default context of local runners) hold a long prompt or a
-// chat session and cost that 8B model 1 GiB, within a laptop's memory; the stories
-// models (256 to 1024) are under the cap. -c N asks for more, up to what memory
-// allows; the start-up line says when the cap applies.
-#define DEFAULT_CONTEXT 4096
-
-// Where a model or tokenizer comes from, for the errors that say one is missing.
-#define WHERE_TO_GET_MODELS "models/ has stories260K.bin and tok512.bin; the README's \"Models\" says where to get more"
-
-// The SIMD the compiler targets. The kernels' vector paths ("Making it fast") hold
-// eight lanes in one AVX register (x86-64 with AVX2 and FMA; AVX-512 where present
-// widens the prefill tile) or in two NEON registers (64-bit ARM). Every other target
-// runs the plain loops, which compute the same lanes with the same roundings.
-#define DOT_LANES 8 // the partial sums of every dot product (dot(), below)
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define USE_AVX2 1
-#define USE_SIMD 1
-#if defined(__AVX512F__)
-#define USE_AVX512 1
-#endif
-#elif defined(__aarch64__) && defined(__ARM_NEON)
-#include <arm_neon.h>
-#define USE_NEON 1
-#define USE_SIMD 1
-#endif
-
-// ----------------------------------------------------------------------------
-// Errors: a function that fails writes one line here and returns -1; main prints
-// it as "run: error: ..." and exits. Library code never exits, so fuzzers and
-// tests can call it.
-
-static char error_message[512];
-
-static int fail(const char *fmt, ...) {
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(error_message, sizeof(error_message), fmt, args);
-    va_end(args);
-    return -1;
-}
-
-// Puts "where: " before the message a failed callee left: where is formatted as
-// fail's message is ("checkpoint %s", path), and the line reads "where: message".
-static int fail_in(const char *fmt, ...) {
-    char reason[sizeof(error_message)], where[sizeof(error_message)];
-    snprintf(reason, sizeof(reason), "%s", error_message);
-    va_list args;
-    va_start(args, fmt);
-    vsnprintf(where, sizeof(where), fmt, args);
-    va_end(args);
-    return fail("%s: %s", where, reason);
-}
-
-// ----------------------------------------------------------------------------
 // Transformer model: config and weights
-
-typedef enum { FORMAT_LLAMA2C_LEGACY, FORMAT_LLAMA2C_V1, FORMAT_ROPE } CheckpointFormat;
 
 // The RoPE scaling rules, numbered as the ROPE header stores them.
 typedef enum {
@@ -152,9 +62,6 @@ typedef enum {
     ROPE_SCALING_LLAMA3 = 4,
     ROPE_SCALING_LONGROPE = 5 // version 2 only: its per-pair factors are a tensor of the file
 } RopeScaling;
-static const char *rope_scaling_names[] = {"none", "linear", "ntk", "yarn", "llama3", "longrope"};
-#define N_ROPE_SCALINGS 6
-#define N_FLAG_SCALINGS 5 // --rope-scaling's: longrope needs the file's factors
 
 // How the matrices and the token embedding are stored (the ROPE header's
 // weight_type): float32, or a 16-bit type that widens to float32 exactly. bf16 is
@@ -165,8 +72,6 @@ static const char *rope_scaling_names[] = {"none", "linear", "ntk", "yarn", "lla
 // are always float32, and all arithmetic is float32: a 16-bit or Q8_0 file computes
 // what the float32 file holding its widened weights computes, from fewer bytes.
 typedef enum { WEIGHT_F32 = 0, WEIGHT_BF16 = 1, WEIGHT_F16 = 2, WEIGHT_Q8_0 = 3 } WeightType;
-static const char *weight_type_names[] = {"f32", "bf16", "f16", "q8_0"};
-#define N_WEIGHT_TYPES 4
 #define Q8_0_BLOCK 32       // weights in a Q8_0 block
 #define Q8_0_BLOCK_BYTES 34 // its f16 scale and 32 int8 values
 
@@ -182,18 +87,6 @@ static uint64_t weight_bytes(WeightType type, uint64_t i) {
 // (Llama, Mistral, Qwen, SmolLM3, Phi), or GeGLU with the tanh GELU, gelu(gate) * up
 // (Gemma's three generations).
 typedef enum { ACTIVATION_SWIGLU = 0, ACTIVATION_GEGLU_TANH = 1 } Activation;
-#define N_ACTIVATIONS 2
-
-// The block options' flags (ROPE version 2, byte 112)
-#define BLOCK_QKV_BIAS 1u   // q, k and v projections add a bias (Qwen2)
-#define BLOCK_QK_NORM 2u    // an RMSNorm over each query and key head before RoPE (Qwen3, Gemma 3)
-#define BLOCK_POST_NORMS 4u // RMSNorms on the attention's and the feed-forward's outputs (Gemma 2, 3, 4)
-#define BLOCK_V_NORM 8u     // an RMSNorm without weight over each value head (Gemma 4)
-#define BLOCK_LAYER_SCALAR 16u // a learned scalar multiplies the residual stream after each layer (Gemma 4)
-#define BLOCK_PER_LAYER_INPUT 32u // per-layer inputs: a slice of a second embedding per layer (Gemma 4 E2B, E4B)
-#define BLOCK_EXPERTS 64u   // a mixture of experts in place of the feed-forward (Qwen3-MoE, Mixtral)
-#define BLOCK_FLAGS_KNOWN (BLOCK_QKV_BIAS | BLOCK_QK_NORM | BLOCK_POST_NORMS | BLOCK_V_NORM | BLOCK_LAYER_SCALAR | \
-                           BLOCK_PER_LAYER_INPUT | BLOCK_EXPERTS)
 
 // How a mixture of experts weighs the k experts it picks for a token (header byte
 // 212), from the router's logits r (one per expert):
@@ -207,7 +100,12 @@ typedef enum { ACTIVATION_SWIGLU = 0, ACTIVATION_GEGLU_TANH = 1 } Activation;
 //                              dim^-1/2, and the experts run beside the layer's
 //                              feed-forward (mixture_of_experts says how)
 typedef enum { ROUTING_SOFTMAX_TOPK_NORM = 1, ROUTING_SOFTMAX_TOPK = 2, ROUTING_GEMMA4 = 3 } Routing;
-#define N_ROUTINGS 4
+
+// Sanity limits on two header fields (the others with the file's numbers, before
+// "Loading a checkpoint"): far above any real model, low enough that no product of
+// them overflows 64 bits. Config's layers and the RoPE tables' pairs are sized by them.
+#define MAX_DIM (1 << 16)
+#define MAX_LAYERS 1024
 
 // The per-layer table's rotary choice: no rotation (NoPE), or one of the two settings.
 #define LAYER_NOPE 0
@@ -238,6 +136,25 @@ typedef struct {
     uint64_t cache_before;
 } LayerSpec;
 
+// A RoPE setting: the frequencies' base and fraction, and the rule for positions past
+// the trained length (RoPE section, "Past the training length"); a rule's parameter
+// stored as 0 takes the rule's default. Config holds one per kind of rotary layer.
+typedef struct {
+    float theta;            // base wavelength theta of the rotary frequencies
+    float fraction;         // p: the fraction of rotary pairs that rotate (p-RoPE)
+    int head_size;          // the head size its frequencies are counted over (its layers'); 0: head_size_of
+    RopeScaling scaling;    // none, linear, ntk, yarn, llama3, longrope
+    float factor;           // the rule's factor s, >= 1 (1: none)
+    int original_len;       // the trained context length the rule is relative to
+    float yarn_beta_fast;   // yarn: pairs turning more often than this over it are kept (32)
+    float yarn_beta_slow;   // yarn: pairs turning less often than this are interpolated (1)
+    float attention_factor; // cos and sin are multiplied by it (yarn: 0.1 ln s + 1; else 1)
+    float llama3_low_freq_factor;  // llama3: wavelengths above original / this are interpolated (1)
+    float llama3_high_freq_factor; // llama3: wavelengths below original / this are kept (4)
+    const float *longrope_factors; // longrope: (2, rope_angles) short then long, from the file (NULL until mapped)
+    int longrope_pairs;            // the pairs those factors are for: the file's rope_angles
+} RopeSetting;
+
 typedef struct {
     int dim;               // transformer width
     int hidden_dim;        // feed-forward width
@@ -250,20 +167,10 @@ typedef struct {
     int version;           // the header's version: ROPE 1 or 2, llama2.c v1 1, legacy 0
     WeightType weight_type; // the matrices' and the embedding's type (f32 but in ROPE version 2)
     float norm_eps;        // RMSNorm epsilon
-    float rope_theta;      // base wavelength theta of the rotary frequencies
-    float rope_fraction;   // p: the fraction of rotary pairs that rotate (p-RoPE)
-    // the rule for positions past the trained length (RoPE section, "Past the
-    // training length"); a parameter stored as 0 takes the rule's default
-    RopeScaling rope_scaling;      // none, linear, ntk, yarn, llama3
-    float rope_factor;             // the rule's factor s, >= 1 (1: none)
-    int rope_original_len;         // the trained context length the rule is relative to
-    float yarn_beta_fast;          // yarn: pairs turning more often than this over it are kept (32)
-    float yarn_beta_slow;          // yarn: pairs turning less often than this are interpolated (1)
-    float rope_attention_factor;   // cos and sin are multiplied by it (yarn: 0.1 ln s + 1; else 1)
-    float llama3_low_freq_factor;  // llama3: wavelengths above original / this are interpolated (1)
-    float llama3_high_freq_factor; // llama3: wavelengths below original / this are kept (4)
-    const float *longrope_factors; // longrope: (2, rope_angles) short then long, from the file (NULL until mapped)
-    int longrope_pairs;            // the pairs those factors are for: the file's rope_angles
+    // the RoPE settings, indexed by a layer's rope (LayerSpec): rope[LAYER_ROPE_FIRST]
+    // every model's, rope[LAYER_ROPE_SECOND] Gemma 3's and 4's local layers' (theta 0
+    // when the file has none), rope[LAYER_NOPE] all 0: no pair rotates
+    RopeSetting rope[3];
     // ROPE version 2's block options (docs/format.md); 0 everywhere is the Llama block
     int head_size;              // width of one head; 0: dim / n_heads (head_size_of)
     int qkv_bias, qk_norm, post_norms, v_norm, layer_scalars; // the flags' bits, one int each
@@ -279,16 +186,7 @@ typedef struct {
     int n_experts_used; // k, the experts a token uses (8; 2)
     int expert_hidden;  // each expert's feed-forward width (768; 14336)
     Routing routing;    // how the k experts are weighed
-    // the second RoPE setting (Gemma 3's local layers): the first setting's fields, in
-    // the same order; rope2.rope_theta == 0 when the file has none
-    struct {
-        float rope_theta, rope_fraction, rope_factor;
-        RopeScaling rope_scaling;
-        int rope_original_len;
-        float yarn_beta_fast, yarn_beta_slow, rope_attention_factor, llama3_low_freq_factor, llama3_high_freq_factor;
-    } rope2;
     uint64_t layer_table_offset, layer_table_bytes; // the per-layer table in the file; 0: none
-    int rope2_head_size; // the head size the second setting's frequencies are counted over; 0: head_size_of
     // per layer (from the table; without one, every layer as the header says, first setting, full)
     LayerSpec layer[MAX_LAYERS];
     // the layered tensors' totals over the layers (q_before etc. of a layer past the last)
@@ -383,7 +281,7 @@ typedef struct {
     int *chosen;          // (block, k) the experts each token uses, best first
     float *chosen_weight; // (block, k) their weights
     float *expert_out;    // (block, k, dim) each chosen expert's output
-    float *expert_x;      // (block, dim) the tokens one expert serves, gathered (prefill)
+    float *expert_x;      // (block, dim) the tokens one expert serves, gathered
     float *expert_in;     // (block, dim) the experts' input (Gemma 4: its own norm of x; else xb)
     float *dense_out;     // (block, dim) Gemma 4: the feed-forward's output, beside the experts' one
     float *q_head;  // (n_heads, block, head_size) a block's queries, head by head
@@ -394,13 +292,16 @@ typedef struct {
     // a sliding layer's ring holds its window's positions (kv_positions_of)
     float *key_cache;   // (layer, n_kv_heads, cache_positions, head_size)
     float *value_cache; // (layer, n_kv_heads, cache_positions, head_size)
-    // RoPE tables, computed once: cos/sin of pos * frequency(i) for each rotated pair
-    float *rope_cos; // (seq_len, rope_angles)
-    float *rope_sin; // (seq_len, rope_angles)
-    float *rope2_cos; // (seq_len, the second setting's rope_angles), when the file has one
-    float *rope2_sin;
+    // RoPE tables, computed once: cos/sin of pos * frequency(i) for each rotated pair,
+    // one pair of tables per setting, indexed as Config's rope (NULL for LAYER_NOPE, and
+    // for the second setting when the file has none)
+    float *rope_cos[3]; // (seq_len, the setting's rope_angles)
+    float *rope_sin[3];
     InspectStats *inspect;
 } RunState;
+
+// The file formats run reads ("Loading a checkpoint"): llama2.c's two and ours.
+typedef enum { FORMAT_LLAMA2C_LEGACY, FORMAT_LLAMA2C_V1, FORMAT_ROPE } CheckpointFormat;
 
 // A section of the checkpoint file: its offset and length in bytes.
 typedef struct {
@@ -418,26 +319,6 @@ typedef struct {
 } Transformer;
 
 static int head_size_of(const Config *c) { return c->head_size ? c->head_size : c->dim / c->n_heads; }
-static int max_int(int a, int b) { return a > b ? a : b; }
-
-// The Config of RoPE setting `which` (LAYER_ROPE_FIRST or LAYER_ROPE_SECOND): the
-// model's, with the rotary fields replaced by the second setting's for the second,
-// so that every function of the RoPE sections serves both.
-static Config rope_setting(const Config *c, int which) {
-    Config r = *c;
-    if (which == LAYER_ROPE_SECOND) {
-        r.rope_theta = c->rope2.rope_theta, r.rope_fraction = c->rope2.rope_fraction;
-        r.rope_factor = c->rope2.rope_factor, r.rope_scaling = c->rope2.rope_scaling;
-        r.rope_original_len = c->rope2.rope_original_len;
-        r.yarn_beta_fast = c->rope2.yarn_beta_fast, r.yarn_beta_slow = c->rope2.yarn_beta_slow;
-        r.rope_attention_factor = c->rope2.rope_attention_factor;
-        r.llama3_low_freq_factor = c->rope2.llama3_low_freq_factor;
-        r.llama3_high_freq_factor = c->rope2.llama3_high_freq_factor;
-        if (c->rope2_head_size) r.head_size = c->rope2_head_size; // Gemma 4: 256 against the first's 512
-    }
-    return r;
-}
-static int has_second_rope(const Config *c) { return c->rope2.rope_theta != 0.0f; }
 
 // Where position pos of key/value head kvh of layer l is in the KV cache: its slot
 // pos mod cache_positions (pos itself but on a sliding layer's ring) of layer l's
@@ -448,29 +329,24 @@ static size_t kv_cache_offset(const Config *c, int l, int kvh, int pos) {
     return ls->cache_before + ((size_t)kvh * positions + slot) * ls->head_size;
 }
 
-// rope_angles = floor(p * head_size / 2): the number of rotary pairs that rotate.
+static int has_second_rope(const Config *c) { return c->rope[LAYER_ROPE_SECOND].theta != 0.0f; }
+
+// The head size RoPE setting `which` counts its frequencies over: its layers' (Gemma
+// 4's second setting 256, against the first's 512), else the model's.
+static int rope_head_size(const Config *c, int which) {
+    return c->rope[which].head_size ? c->rope[which].head_size : head_size_of(c);
+}
+
+// rope_angles = floor(p * head_size / 2): the number of rotary pairs that rotate under
+// RoPE setting `which` (0 on a NoPE layer, whose setting has p = 0).
 // p is stored as float32, so 0.7 arrives as 0.699999988 and 0.7 * 20 / 2 as
 // 6.99999988, which would floor to 6. Float32 is off by at most 6e-8 relative,
 // i.e. 3e-5 of a pair for a head size of 1024, so adding 1e-4 of a pair before
 // the floor gives the count Python's int(p * d // 2) gives for the decimal p.
-static int rotated_pairs(float fraction, int head_size) {
-    int n = (int)floor((double)fraction * (head_size / 2) + 1e-4), pairs = head_size / 2;
+static int rope_angles_of(const Config *c, int which) {
+    int pairs = rope_head_size(c, which) / 2, n = (int)floor((double)c->rope[which].fraction * pairs + 1e-4);
     return n < pairs ? n : pairs;
 }
-static int rope_angles_of(const Config *c) { return rotated_pairs(c->rope_fraction, head_size_of(c)); }
-// the same for RoPE setting `which` (rope_setting's), without copying the Config
-static int setting_angles(const Config *c, int which) {
-    if (which == LAYER_ROPE_SECOND)
-        return rotated_pairs(c->rope2.rope_fraction, c->rope2_head_size ? c->rope2_head_size : head_size_of(c));
-    return which == LAYER_ROPE_FIRST ? rope_angles_of(c) : 0;
-}
-
-// The scaling rules' parameters, with their defaults where the file stores 0.
-static float or_default(float value, float fallback) { return value != 0.0f ? value : fallback; }
-static float yarn_beta_fast(const Config *c) { return or_default(c->yarn_beta_fast, 32.0f); }
-static float yarn_beta_slow(const Config *c) { return or_default(c->yarn_beta_slow, 1.0f); }
-static float llama3_low_freq(const Config *c) { return or_default(c->llama3_low_freq_factor, 1.0f); }
-static float llama3_high_freq(const Config *c) { return or_default(c->llama3_high_freq_factor, 4.0f); }
 
 // ----------------------------------------------------------------------------
 // Rotary position embeddings (RoPE and p-RoPE)
@@ -479,33 +355,38 @@ static float llama3_high_freq(const Config *c) { return or_default(c->llama3_hig
 // position pos it is rotated by the angle pos * omega_i, where
 //     omega_i = theta^(-2i / head_size),       i = 0 .. head_size/2 - 1
 // is the angular frequency: i = 0 turns fastest (one radian per token), the last
-// pairs slowest (a scaling rule, below, may change them). The rotation is the 2x2 block of RoFormer's R(theta, m):
+// pairs slowest (a scaling rule, after the forward pass, may change them). The
+// rotation is the 2x2 block of RoFormer's R(theta, m):
 //     [x'_2i  ]   [cos a  -sin a] [x_2i  ]
 //     [x'_2i+1] = [sin a   cos a] [x_2i+1],   a = pos * omega_i.
 // p-RoPE rotates only pairs i < rope_angles = floor(p * head_size / 2), with the
 // same omega_i as full RoPE; the others keep their values (an infinite wavelength).
 // We loop over the rotated pairs only: the paper's pos / infinity is never computed.
 
+// Every function below takes the model's Config and `which` of its RoPE settings
+// (c->rope[which]: LAYER_ROPE_FIRST, or LAYER_ROPE_SECOND for Gemma 3's and 4's local
+// layers), each setting with its own theta, p, head size and scaling rule.
+
 // The unscaled frequency theta^(-2i/head_size), computed in float exactly as llama2.c
 // does, so that its outputs match ours.
-static float rope_base_frequency(const Config *c, int i) {
-    return 1.0f / powf(c->rope_theta, (float)(2 * i) / (float)head_size_of(c));
+static float rope_base_frequency(const Config *c, int which, int i) {
+    return 1.0f / powf(c->rope[which].theta, (float)(2 * i) / (float)rope_head_size(c, which));
 }
 
-// The scaling rules below (a learner may read them after the forward pass) give
-// each pair its frequency and the attention factor; with no rule they are
+// The scaling rules, after the forward pass ("Past the training length"), give each
+// pair its frequency and the attention factor; with no rule they are
 // rope_base_frequency and 1.
-static float rope_frequency(const Config *c, int i);
-static float rope_attention_factor(const Config *c);
+static float rope_frequency(const Config *c, int which, int i);
+static float rope_attention_factor(const Config *c, int which);
 
 // The plain version: rotates one head vector at position pos, computing the angles
 // on the spot. The tests check it against the explicit matrix R(theta, m), and the
 // table-driven rope_apply below (what the forward pass uses) against it.
-__attribute__((unused)) static void rope_rotate_head(float *vec, const Config *c, int pos) {
-    int n_rotated = rope_angles_of(c);
-    float factor = rope_attention_factor(c);
-    for (int i = 0; i < n_rotated; i++) {
-        float angle = pos * rope_frequency(c, i);
+__attribute__((unused)) static void rope_rotate_head(float *vec, const Config *c, int which, int pos) {
+    int rope_angles = rope_angles_of(c, which);
+    float factor = rope_attention_factor(c, which);
+    for (int i = 0; i < rope_angles; i++) {
+        float angle = pos * rope_frequency(c, which, i);
         float cos_a = cosf(angle) * factor, sin_a = sinf(angle) * factor;
         float x0 = vec[2 * i], x1 = vec[2 * i + 1];
         vec[2 * i] = x0 * cos_a - x1 * sin_a;
@@ -516,25 +397,25 @@ __attribute__((unused)) static void rope_rotate_head(float *vec, const Config *c
 // The refinement used in the forward pass: cos and sin of every (pos, pair) are
 // computed once per run into tables (seq_len x rope_angles), since the same angles
 // recur for every layer, head and token. Both carry the attention factor.
-static void rope_build_tables(float *cos_table, float *sin_table, const Config *c) {
-    int n_rotated = rope_angles_of(c);
-    float factor = rope_attention_factor(c), omega[MAX_DIM / 2];
-    for (int i = 0; i < n_rotated; i++) omega[i] = rope_frequency(c, i);
+static void rope_build_tables(float *cos_table, float *sin_table, const Config *c, int which) {
+    int rope_angles = rope_angles_of(c, which);
+    float factor = rope_attention_factor(c, which), omega[MAX_DIM / 2];
+    for (int i = 0; i < rope_angles; i++) omega[i] = rope_frequency(c, which, i);
     for (int pos = 0; pos < c->seq_len; pos++) {
-        for (int i = 0; i < n_rotated; i++) {
+        for (int i = 0; i < rope_angles; i++) {
             float angle = pos * omega[i];
-            cos_table[(size_t)pos * n_rotated + i] = cosf(angle) * factor;
-            sin_table[(size_t)pos * n_rotated + i] = sinf(angle) * factor;
+            cos_table[(size_t)pos * rope_angles + i] = cosf(angle) * factor;
+            sin_table[(size_t)pos * rope_angles + i] = sinf(angle) * factor;
         }
     }
 }
 
 // Rotates n_heads consecutive head vectors at one position, from the tables.
-static void rope_apply(float *vec, int n_heads, int head_size, int n_rotated, const float *cos_pos,
+static void rope_apply(float *vec, int n_heads, int head_size, int rope_angles, const float *cos_pos,
                        const float *sin_pos) {
     for (int h = 0; h < n_heads; h++) {
         float *head = vec + h * head_size;
-        for (int i = 0; i < n_rotated; i++) {
+        for (int i = 0; i < rope_angles; i++) {
             float x0 = head[2 * i], x1 = head[2 * i + 1];
             head[2 * i] = x0 * cos_pos[i] - x1 * sin_pos[i];
             head[2 * i + 1] = x0 * sin_pos[i] + x1 * cos_pos[i];
@@ -543,201 +424,289 @@ static void rope_apply(float *vec, int n_heads, int head_size, int n_rotated, co
 }
 
 // ----------------------------------------------------------------------------
-// Past the training length: the scaling rules
-//
-// A model trained on contexts of L positions (rope_original_len) has seen pair i
-// turn through at most L * omega_i radians. Past L, the slow pairs reach angles
-// never seen in training, and attention breaks down. Each rule changes only the
-// frequencies omega_i (and one attention factor), so that positions up to s * L
-// (s = rope_factor) look more like the trained ones. Nothing else in the forward
-// pass changes, and since the KV cache holds keys rotated by R(n), a rule can be
-// chosen at inference time without retraining.
-//   none    omega_i
-//   linear  omega_i / s: every position divided by s ("position interpolation",
-//           Chen et al. 2023). The fast pairs, which resolve neighbouring tokens,
-//           turn s times slower too.
-//   ntk     theta' = theta * s^(d/(d-2)), d = head_size ("NTK-aware", bloc97 2023):
-//           pair 0 keeps its frequency, the slowest pair is divided by s, those
-//           between by less (a larger base stretches the slow end of the spectrum).
-//   yarn    (Peng et al. 2023) by each pair's number of turns over L, r_i = L / wavelength_i:
-//           r_i > beta_fast: kept; r_i < beta_slow: divided by s; a linear ramp
-//           between. Plus an attention factor, 0.1 ln s + 1 by default, that
-//           multiplies cos and sin (so q . k of the rotated pairs by its square):
-//           interpolated attention is flatter, and this sharpens it again.
-//   llama3  (Meta's Llama 3.1) by wavelength: above L / low_freq_factor divided by
-//           s, below L / high_freq_factor kept, a smooth blend between.
-// Each rule equals the rope-initialisation function of Hugging Face transformers
-// with the same parameters (tests/scaling_reference.py). p-RoPE composes with every
-// rule: the rule acts on the rotated pairs only (for yarn, whose ramp is counted
-// over the rotated dims, as transformers counts it with partial_rotary_factor), and
-// the unrotated pairs stay unrotated.
-
-// yarn's ramp: the (fractional) pair index at which a pair turns `rotations` times
-// over the original length, for `dims` rotated dims with base `base`:
-//   i = dims * ln(L / (2 pi rotations)) / (2 ln base)
-static double yarn_correction_pair(double rotations, int dims, double base, int original_len) {
-    return dims * log(original_len / (rotations * 2.0 * M_PI)) / (2.0 * log(base));
-}
-
-// yarn's weight of the interpolated frequency for pair i: 0 for the fast pairs
-// (kept), 1 for the slow ones (divided by s), linear between. The bounds are
-// rounded outwards and clamped to [0, dims - 1], as transformers does.
-static double yarn_ramp(const Config *c, int i) {
-    int dims = 2 * rope_angles_of(c); // the rotated dims
-    double base = pow(c->rope_theta, (double)dims / head_size_of(c)); // so that base^(-2i/dims) = theta^(-2i/head_size)
-    double low = floor(yarn_correction_pair(yarn_beta_fast(c), dims, base, c->rope_original_len));
-    double high = ceil(yarn_correction_pair(yarn_beta_slow(c), dims, base, c->rope_original_len));
-    low = fmax(low, 0.0);
-    high = fmin(high, dims - 1.0);
-    if (low == high) high += 0.001; // no division by zero
-    return fmin(fmax((i - low) / (high - low), 0.0), 1.0);
-}
-
-// llama3's frequency: interpolated past L / low_freq_factor, kept below L /
-// high_freq_factor, and between a blend weighted by how often the pair turns over L.
-static double llama3_frequency(const Config *c, double omega) {
-    double s = c->rope_factor, L = c->rope_original_len, low = llama3_low_freq(c), high = llama3_high_freq(c);
-    double wavelength = 2.0 * M_PI / omega;
-    if (wavelength < L / high) return omega;
-    if (wavelength > L / low) return omega / s;
-    double smooth = (L / wavelength - low) / (high - low);
-    return (1.0 - smooth) * omega / s + smooth * omega;
-}
-
-// omega_i of a rotating pair i under the rule in force, in radians per token.
-static float rope_frequency(const Config *c, int i) {
-    float omega = rope_base_frequency(c, i), s = c->rope_factor;
-    int d = head_size_of(c);
-    switch (c->rope_scaling) {
-    case ROPE_SCALING_LINEAR:
-        return omega / s;
-    case ROPE_SCALING_NTK: {
-        if (d <= 2) return omega; // a single pair: omega_0 = 1 whatever the base
-        double theta = (double)c->rope_theta * pow(s, (double)d / (d - 2));
-        return (float)pow(theta, -2.0 * i / d);
-    }
-    case ROPE_SCALING_YARN: {
-        double ramp = yarn_ramp(c, i);
-        return (float)((double)omega / s * ramp + (double)omega * (1.0 - ramp));
-    }
-    case ROPE_SCALING_LLAMA3:
-        return (float)llama3_frequency(c, omega);
-    case ROPE_SCALING_LONGROPE: {
-        // Phi-3 128k, Phi-4-mini: omega_i / ext_i, ext the short factors when the
-        // context in use is within the trained length, the long ones beyond it (as
-        // llama.cpp chooses, by the context rather than the text so far)
-        if (!c->longrope_factors) return omega; // the header alone (no weights mapped yet)
-        if (i >= c->longrope_pairs) return NAN;  // no factor for this pair: never read past them
-        int longer = c->seq_len > c->rope_original_len;
-        return omega / c->longrope_factors[(longer ? c->longrope_pairs : 0) + i];
-    }
-    default:
-        return omega;
-    }
-}
-
-// The factor that multiplies cos and sin: the file's, else yarn's 0.1 ln s + 1 (1
-// for s <= 1), else 1.
-static float rope_attention_factor(const Config *c) {
-    if (c->rope_attention_factor != 0.0f) return c->rope_attention_factor;
-    if (c->rope_scaling == ROPE_SCALING_YARN && c->rope_factor > 1) return (float)(0.1 * log(c->rope_factor) + 1.0);
-    if (c->rope_scaling == ROPE_SCALING_LONGROPE && c->rope_factor > 1 && c->rope_original_len > 1) // sqrt(1 + ln s / ln L)
-        return (float)sqrt(1.0 + log(c->rope_factor) / log(c->rope_original_len));
-    return 1.0f;
-}
-
-// ----------------------------------------------------------------------------
 // The forward pass: the dynamics of the Transformer
 //
 // Written in its plain form, the one to check against the equations. Where a loop
 // has a faster version (SIMD, several rows at a time, tiles, threads), the plain
-// function calls it from its first line; the fast versions live together in the
-// section "Making it fast" near the end, and each computes exactly the same sums,
+// function calls it when use_fast_kernels is set; the fast versions live together in
+// the section "Making it fast" near the end, and each computes exactly the same sums,
 // bit for bit (tests/test_rope.c compares them). Setting use_fast_kernels to 0
 // runs the plain loops alone: RUN_PLAIN=1 ./run ... does, so that a debugger steps
-// through the loops below and never into "Making it fast".
+// through the loops below and never into "Making it fast" (tests/test_plain_run.py).
+// make debug builds run-debug with -DRUN_PLAIN, which starts with use_fast_kernels at 0.
 
+#ifdef RUN_PLAIN
+static int use_fast_kernels = 0;
+#else
 static int use_fast_kernels = 1;
+#endif
+
+// One matrix of several that multiply the same input: xout = W x, W of d rows.
+typedef struct {
+    float *xout;
+    Matrix w;
+    int d;
+} Projection;
+
+// Which logits forward_block computes: the classifier reads vocab_size x dim
+// weights, as much as all the layers of a small model, so a prompt's blocks skip it
+// but for the last token of the last block.
+typedef enum { LOGITS_LAST = 0, LOGITS_ALL = 1, LOGITS_NONE = 2 } LogitsWanted;
+
+// The steps forward_block calls, defined after it (read_order_layer_begins and _ends
+// in "Making it fast", inspect's in "Inspect").
+static void embedding_row(float *out, Matrix embedding, int token, int dim);
+static void per_layer_inputs(Transformer *t, const int *tokens, int B);
+static void rmsnorm(float *o, const float *x, const float *weight, int size, float eps);
+static void matmuls(RunState *s, const float *x, const Projection *p, int n_proj, int B, int n);
+static void attention(Transformer *t, int l, int B, int pos0);
+static void matmul_tokens(RunState *s, float *xout, const float *x, Matrix w, int B, int n, int d);
+static void feed_forward(const Config *c, RunState *s, const float *x, float *out, Matrix w1, Matrix w3, Matrix w2,
+                         int hidden, int n);
+static void mixture_of_experts(Transformer *t, int l, int B, const float *in);
+static void experts_beside_feed_forward(Transformer *t, int l, int B);
+static void add_per_layer_input(Transformer *t, int l, int B);
+static void softcap(float *x, long n, float cap);
+static void read_order_layer_begins(void);
+static void read_order_layer_ends(void);
+static void inspect_record_chunks(InspectStats *st, const Transformer *t, int layer, const float *q, const float *k,
+                                  int pos);
+static void inspect_count_positions(InspectStats *st, int B, int pos0);
+
+// The forward pass for a block of B tokens at positions pos0 .. pos0+B-1 (B <=
+// PREFILL_BLOCK, pos0 + B <= seq_len). A decoding step is the case B = 1: read it
+// with B = 1 and every "for b" loop runs once. Fills the KV cache at those
+// positions. Returns the logits, one row of vocab_size per token (LOGITS_ALL), only
+// the last token's (LOGITS_LAST), or none (LOGITS_NONE: NULL).
+//
+// The Llama block is the spine: embed; per layer rmsnorm, q k v, RoPE, attention,
+// Wo, residual; rmsnorm, SwiGLU feed-forward, residual; final rmsnorm, classifier.
+// Every other family is a switch on it, read from the file's header, and each acts
+// in one place:
+//   at load, in the RoPE tables  each RoPE setting's theta and scaling rule, longrope
+//     (build_run_state)            (Phi-3 128k, Phi-4-mini) included: rope_frequency
+//                                  gives pair i its omega_i (longrope: divided by the
+//                                  file's factor for the pair), rope_build_tables the
+//                                  cos and sin of every position, which layers only read
+//   here                         embedding_multiplier (Gemma: x * sqrt(dim))
+//                                per_layer_dim (Gemma 4 E2B, E4B): per_layer_inputs,
+//                                  add_per_layer_input
+//                                qkv_bias (Qwen2), qk_norm (Qwen3, Gemma 3, 4), v_norm
+//                                layer[l].rope: the setting whose tables turn q and k,
+//                                  p-RoPE's rope_angles pairs (every model: all pairs
+//                                  for full RoPE; Gemma 4's full layers 64 of 256),
+//                                  none on NoPE layers (SmolLM3), the second setting
+//                                  on Gemma 3's and 4's sliding layers
+//                                layer[l]'s head_size, n_kv_heads, hidden_dim (Gemma 4:
+//                                  each layer its own), kv_source (Gemma 4's KV
+//                                  sharing: no k, v of its own), values_are_keys
+//                                  (Gemma 4 31B: k = v)
+//                                layer[l].window's ring: k and v go to the slot pos mod
+//                                  cache_positions (kv_cache_offset): a sliding layer's
+//                                  cache is a ring of W + PREFILL_BLOCK - 1 positions
+//                                  (kv_positions_of), a full layer's holds seq_len
+//                                post_norms (Gemma 2, 3, 4), layer_scalars (Gemma 4)
+//                                layer[l].experts: a mixture of experts for the
+//                                  feed-forward (Qwen3-MoE, Mixtral), or beside it
+//                                  (Gemma 4 26B-A4B)
+//                                final_softcap (Gemma 2, 4)
+//   one down: feed_forward       activation: SwiGLU, or GeGLU (Gemma)
+//   one down: mixture_of_experts routing: the router's rule (route_tokens, route_token;
+//                                  Gemma 4's own input and per-expert scales)
+//   two down: attention_head     layer[l].window: a sliding layer's keys first_visible ..
+//     (attention -> it)            pos (Mistral, Phi-3, Gemma 2's, 3's and 4's local
+//                                  layers), read from its ring as one or two runs of
+//                                  slots (slot_runs)
+//                                attention_scale (Gemma 2, 3; Gemma 4: 1)
+//                                attention_softcap (Gemma 2)
+//   export.py, before the file   Gemma 1-3's norm x * (1 + w): 1 + w is stored;
+//                                Phi-3's fused qkv and gate_up split in three and two;
+//                                Hugging Face's rotate_half pairs (i, i + d/2) permuted
+//                                  into adjacent pairs (2i, 2i+1) in Wq and Wk rows
+//                                  (and Wo's columns where the values are the keys);
+//                                GPT-NeoX's partial_rotary_factor f as p-RoPE with
+//                                  theta' = theta^(1/f)
+static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, LogitsWanted wanted) {
+    const Config *c = &t->config;
+    const TransformerWeights *w = &t->weights;
+    RunState *s = &t->state;
+    int dim = c->dim;
+    float eps = c->norm_eps;
+
+    // the token embeddings: x[b] = embedding[token b], widened to float32
+    for (int b = 0; b < B; b++) embedding_row(s->x + (size_t)b * dim, w->token_embedding, tokens[b], dim);
+    if (c->embedding_multiplier != 0.0f) // Gemma: x = embedding * sqrt(dim) (the file stores it as rounded)
+        for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] *= c->embedding_multiplier;
+    if (c->per_layer_dim) per_layer_inputs(t, tokens, B); // Gemma 4 E2B, E4B: each layer's slice, from x
+
+    for (int l = 0; l < c->n_layers; l++) {
+        if (B == 1 && use_fast_kernels) read_order_layer_begins(); // decode's reading-order trial ("Making it fast", 5)
+        // this layer's shape: all layers alike but in Gemma 4 (LayerSpec); q_dim is dim in
+        // the Llama block, wider in Qwen3 and Gemma 7B
+        const LayerSpec *ls = &c->layer[l];
+        int head_size = ls->head_size, n_kv_heads = ls->n_kv_heads, hidden = ls->hidden_dim;
+        int q_dim = c->n_heads * head_size, kv_dim = n_kv_heads * head_size;
+        int owns_cache = ls->kv_source == l; // Gemma 4's KV-shared layers compute no k, v
+
+        // attention rmsnorm: xb = rmsnorm(x)
+        for (int b = 0; b < B; b++)
+            rmsnorm(s->xb + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_att + (size_t)l * dim, dim, eps);
+
+        // q = Wq xb, k = Wk xb, v = Wv xb (Gemma 4: no k, v on a KV-shared layer; no Wv
+        // where the values are the keys, the raw key projection copied before k's norm)
+        Projection qkv[3] = {{s->q, matrix_at(w->wq, ls->q_before * dim), q_dim},
+                             {s->k, matrix_at(w->wk, ls->kv_before * dim), kv_dim},
+                             {s->v, matrix_at(w->wv, ls->v_before * dim), kv_dim}};
+        matmuls(s, s->xb, qkv, !owns_cache ? 1 : ls->values_are_keys ? 2 : 3, B, dim);
+        if (owns_cache && ls->values_are_keys) memcpy(s->v, s->k, (size_t)B * kv_dim * sizeof(float));
+        if (c->qkv_bias) { // Qwen2: q += bq, k += bk, v += bv
+            for (int b = 0; b < B; b++) {
+                float *q = s->q + (size_t)b * q_dim, *k = s->k + (size_t)b * kv_dim, *v = s->v + (size_t)b * kv_dim;
+                for (int i = 0; i < q_dim; i++) q[i] += w->bq[ls->q_before + i];
+                for (int i = 0; i < kv_dim; i++) k[i] += w->bk[ls->kv_before + i];
+                for (int i = 0; i < kv_dim; i++) v[i] += w->bv[ls->v_before + i];
+            }
+        }
+        if (c->qk_norm) { // Qwen3, Gemma 3, 4: each query and key head RMSNormed over its head_size values
+            const float *qn = w->q_norm + ls->heads_before, *kn = w->k_norm + ls->k_heads_before;
+            for (int b = 0; b < B; b++) {
+                for (int h = 0; h < c->n_heads; h++) {
+                    float *q = s->q + (size_t)b * q_dim + h * head_size;
+                    rmsnorm(q, q, qn, head_size, eps);
+                }
+                for (int h = 0; owns_cache && h < n_kv_heads; h++) {
+                    float *k = s->k + (size_t)b * kv_dim + h * head_size;
+                    rmsnorm(k, k, kn, head_size, eps);
+                }
+            }
+        }
+        if (c->v_norm && owns_cache) // Gemma 4: each value head RMSNormed, without a weight
+            for (size_t h = 0; h < (size_t)B * n_kv_heads; h++)
+                rmsnorm(s->v + h * head_size, s->v + h * head_size, NULL, head_size, eps);
+
+        // RoPE: rotate q and k by their position with the layer's setting. Only the
+        // first rope_angles = floor(p head_size / 2) pairs turn (p-RoPE; p = 1 is full
+        // RoPE, all head_size / 2), the rest keep their values; a NoPE layer (SmolLM3's
+        // every fourth) turns none. Then k, rotated, and v, never rotated, are cached:
+        // a cached key already holds R(pos) k, so no step rotates it again.
+        int rope = ls->rope, rope_angles = rope_angles_of(c, rope);
+        for (int b = 0; b < B; b++) {
+            int pos = pos0 + b;
+            float *q = s->q + (size_t)b * q_dim, *k = s->k + (size_t)b * kv_dim, *v = s->v + (size_t)b * kv_dim;
+            if (s->inspect) inspect_record_chunks(s->inspect, t, l, q, k, pos); // -m inspect only
+            if (rope != LAYER_NOPE) {
+                const float *cos_pos = s->rope_cos[rope] + (size_t)pos * rope_angles;
+                const float *sin_pos = s->rope_sin[rope] + (size_t)pos * rope_angles;
+                rope_apply(q, c->n_heads, head_size, rope_angles, cos_pos, sin_pos);
+                if (owns_cache) rope_apply(k, n_kv_heads, head_size, rope_angles, cos_pos, sin_pos);
+            }
+            for (int kvh = 0; owns_cache && kvh < n_kv_heads; kvh++) {
+                size_t at = kv_cache_offset(c, l, kvh, pos);
+                memcpy(s->key_cache + at, k + kvh * head_size, head_size * sizeof(float));
+                memcpy(s->value_cache + at, v + kvh * head_size, head_size * sizeof(float));
+            }
+        }
+        if (s->inspect && l == 0) inspect_count_positions(s->inspect, B, pos0);
+
+        // multi-head attention: xb = attention(q, cached k, cached v)
+        attention(t, l, B, pos0);
+
+        // x = x + Wo xb (the residual connection); Gemma 2, 3, 4 normalize Wo xb first
+        matmul_tokens(s, s->xb2, s->xb, matrix_at(w->wo, (size_t)dim * ls->q_before), B, q_dim, dim);
+        if (c->post_norms)
+            for (int b = 0; b < B; b++)
+                rmsnorm(s->xb2 + (size_t)b * dim, s->xb2 + (size_t)b * dim, w->rms_post_att + (size_t)l * dim, dim, eps);
+        for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] += s->xb2[i];
+
+        // ffn rmsnorm: xb = rmsnorm(x)
+        for (int b = 0; b < B; b++)
+            rmsnorm(s->xb + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_ffn + (size_t)l * dim, dim, eps);
+
+        // the feed-forward: x = x + W2 (act(W1 xb) * (W3 xb)), act silu (SwiGLU) or the
+        // tanh GELU (GeGLU: Gemma); Gemma 2, 3, 4 normalize its output first. A layer
+        // with experts (Qwen3-MoE, Mixtral) passes each token through k of them instead;
+        // Gemma 4 26B-A4B's run beside the feed-forward.
+        if (ls->experts && c->routing != ROUTING_GEMMA4) {
+            mixture_of_experts(t, l, B, s->xb);
+        } else {
+            feed_forward(c, s, s->xb, s->xb2, matrix_at(w->w1, ls->hidden_before * dim),
+                         matrix_at(w->w3, ls->hidden_before * dim), matrix_at(w->w2, (size_t)dim * ls->hidden_before),
+                         hidden, B);
+            if (ls->experts) experts_beside_feed_forward(t, l, B); // Gemma 4 26B-A4B
+        }
+        if (c->post_norms)
+            for (int b = 0; b < B; b++)
+                rmsnorm(s->xb2 + (size_t)b * dim, s->xb2 + (size_t)b * dim, w->rms_post_ffn + (size_t)l * dim, dim, eps);
+        for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] += s->xb2[i];
+
+        if (c->per_layer_dim) add_per_layer_input(t, l, B); // Gemma 4 E2B, E4B: x += this layer's input
+        if (c->layer_scalars) // Gemma 4: the whole residual stream scaled by the layer's learned scalar
+            for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] *= w->layer_scalars[l];
+        if (B == 1 && use_fast_kernels) read_order_layer_ends();
+    }
+
+    // final rmsnorm and the classifier: logits = Wcls rmsnorm(x)
+    if (wanted == LOGITS_NONE) return NULL;
+    int first = wanted == LOGITS_ALL ? 0 : B - 1;
+    for (int b = first; b < B; b++) rmsnorm(s->x + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_final, dim, eps);
+    matmul_tokens(s, s->logits, s->x + (size_t)first * dim, w->wcls, B - first, dim, c->vocab_size);
+    if (c->final_softcap != 0.0f) softcap(s->logits, (long)(B - first) * c->vocab_size, c->final_softcap); // Gemma 2, 4
+    return s->logits;
+}
+
+// One token at position pos: the decoding step. Returns vocab_size logits.
+static float *forward(Transformer *t, int token, int pos) { return forward_block(t, &token, 1, pos, LOGITS_ALL); }
+
+// Runs tokens[0..n) at positions pos0.. through the model in blocks, filling the
+// KV cache. Returns the logits of the last token.
+static float *prefill(Transformer *t, const int *tokens, int n, int pos0) {
+    float *logits = NULL;
+    for (int i = 0; i < n; i += PREFILL_BLOCK) {
+        int len = n - i < PREFILL_BLOCK ? n - i : PREFILL_BLOCK;
+        logits = forward_block(t, tokens + i, len, pos0 + i, i + len < n ? LOGITS_NONE : LOGITS_LAST);
+    }
+    return logits;
+}
+
+// The steps of forward_block, in the order it first calls them, each after the
+// pieces it is built from: the embedding row, rmsnorm, the matrix products,
+// attention, the feed-forward, the soft-cap; then the families' additions.
+
+// The SIMD the compiler targets. The kernels' vector paths ("Making it fast") hold
+// eight lanes in one AVX register (x86-64 with AVX2 and FMA; AVX-512 where present
+// widens the prefill tile) or in two NEON registers (64-bit ARM). Every other target
+// runs the plain loops, which compute the same lanes with the same roundings.
+#define DOT_LANES 8 // the partial sums of every dot product (dot(), below)
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define USE_AVX2 1
+#define USE_SIMD 1
+#if defined(__AVX512F__)
+#define USE_AVX512 1
+#endif
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
+#define USE_NEON 1
+#define USE_SIMD 1
+#endif
 
 // The fast versions of the functions below, in "Making it fast".
 #ifdef USE_SIMD
 static float dot_simd(const float *a, const float *b, int n);
 static float dot_weights_simd(Matrix w, const float *x, int n);
 #endif
-typedef struct Projection Projection;
 static void matmul_fast(float *xout, const float *x, Matrix w, int n, int d);
 static void matmul_tiled(float *xout, const float *x, Matrix w, int B, int n, int d, float *scratch);
 static void matmuls_fast(const float *x, int n, const Projection *p, int n_proj);
 static void attention_scores_fast(float *att, const float *q, const float *keys, int n, int head_size);
 static void attention_values_fast(float *out, const float *att, const float *values, int n, int head_size);
-static int attention_fast(Transformer *t, int l, int B, int pos0);
+static void attention_block_scores(Transformer *t, int l, int h, int B, int pos0);
+static int attention_across_threads(const Transformer *t, int l, int B, int pos0);
 static int swiglu_fast(float *hb, const float *hb2, long n);
-static void experts_grouped_fast(Transformer *t, int l, int B, const float *in);
 static int argmax_fast(const float *p, int n);
-static void read_order_layer_begins(void);
-static void read_order_layer_ends(void);
-// -m inspect's accumulators, in "Inspect": they only read q, k and the attention.
-static void inspect_record_chunks(InspectStats *st, const Transformer *t, int layer, const float *q, const float *k,
-                                  int pos);
+// -m inspect's accumulator of the attention weights, in "Inspect"
 static void inspect_record_attention(InspectStats *st, const Config *c, int layer, int h, float bos, float current,
                                      float previous, int pos);
-static void inspect_count_positions(InspectStats *st, int B, int pos0);
-
-// o = w * x / sqrt(mean(x^2) + eps)   (RMSNorm; the order of operations is llama2.c's)
-static void rmsnorm(float *o, const float *x, const float *weight, int size, float eps) {
-    float ss = 0.0f;
-    for (int j = 0; j < size; j++) ss += x[j] * x[j];
-    ss /= size;
-    ss += eps;
-    ss = 1.0f / sqrtf(ss);
-    for (int j = 0; j < size; j++) o[j] = weight ? weight[j] * (ss * x[j]) : ss * x[j]; // no weight: Gemma 4's v norm
-}
-
-// x = exp(x - max) / sum(exp(x - max)), in place
-static void softmax(float *x, int size) {
-    float max_val = x[0];
-    for (int i = 1; i < size; i++)
-        if (x[i] > max_val) max_val = x[i];
-    float sum = 0.0f;
-    for (int i = 0; i < size; i++) {
-        x[i] = expf(x[i] - max_val);
-        sum += x[i];
-    }
-    for (int i = 0; i < size; i++) x[i] /= sum;
-}
-
-// a * b + c, rounded once (a fused multiply-add) wherever the target has one: x86-64
-// with FMA, 64-bit ARM always. The build turns off the compiler's own contraction
-// (-ffp-contract=off), so every dot product below is computed with exactly the same
-// roundings, whichever kernel computes it and on whichever machine.
-static inline float mul_add(float a, float b, float c) {
-#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
-    return fmaf(a, b, c);
-#else
-    return a * b + c;
-#endif
-}
-
-// The dot product every matmul uses: eight interleaved partial sums (lane l takes
-// j = l, l+8, l+16, ...; a tail shorter than eight goes to the first lanes), added
-// pairwise at the end. A plain running sum gives the same value up to rounding, but
-// one long chain of dependent additions cannot use SIMD; eight lanes are one AVX
-// register (two NEON registers). This is the contract every fast kernel keeps.
-static float reduce_lanes(const float acc[DOT_LANES]) {
-    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
-static float dot(const float *a, const float *b, int n) {
-#ifdef USE_SIMD
-    if (use_fast_kernels) return dot_simd(a, b, n); // the same lanes in SIMD registers
-#endif
-    float acc[DOT_LANES] = {0};
-    int j = 0;
-    for (; j + DOT_LANES <= n; j += DOT_LANES)
-        for (int l = 0; l < DOT_LANES; l++) acc[l] = mul_add(a[j + l], b[j + l], acc[l]);
-    for (int l = 0; j < n; j++, l++) acc[l] = mul_add(a[j], b[j], acc[l]);
-    return reduce_lanes(acc);
-}
 
 // The 16-bit weight types widened to float32, exactly (every bf16 and every f16 is
 // a float32 value).
@@ -786,6 +755,55 @@ static inline float widen(const void *data, size_t i, WeightType type) {
     return ((const float *)data)[i];
 }
 
+// out = row `token` of the token embedding, widened to float32.
+static void embedding_row(float *out, Matrix embedding, int token, int dim) {
+    Matrix row = matrix_at(embedding, (size_t)token * dim);
+    for (int j = 0; j < dim; j++) out[j] = widen(row.data, j, row.type);
+}
+
+// o = w * x / sqrt(mean(x^2) + eps)   (RMSNorm; the order of operations is llama2.c's)
+static void rmsnorm(float *o, const float *x, const float *weight, int size, float eps) {
+    float ss = 0.0f;
+    for (int j = 0; j < size; j++) ss += x[j] * x[j];
+    ss /= size;
+    ss += eps;
+    ss = 1.0f / sqrtf(ss);
+    for (int j = 0; j < size; j++) o[j] = weight ? weight[j] * (ss * x[j]) : ss * x[j]; // no weight: Gemma 4's v norm
+}
+
+// a * b + c, rounded once (a fused multiply-add) wherever the target has one: x86-64
+// with FMA, 64-bit ARM always. The build turns off the compiler's own contraction
+// (-ffp-contract=off), so every dot product below is computed with exactly the same
+// roundings, whichever kernel computes it and on whichever machine.
+static inline float mul_add(float a, float b, float c) {
+#if defined(__FMA__) || defined(__ARM_FEATURE_FMA)
+    return fmaf(a, b, c);
+#else
+    return a * b + c;
+#endif
+}
+
+// The dot product every matmul uses: eight interleaved partial sums (lane l takes
+// j = l, l+8, l+16, ...; a tail shorter than eight goes to the first lanes), added
+// pairwise at the end. A plain running sum gives the same value up to rounding, but
+// one long chain of dependent additions cannot use SIMD; eight lanes are one AVX
+// register (two NEON registers). This is the contract every fast kernel keeps.
+static float reduce_lanes(const float acc[DOT_LANES]) {
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+static float dot(const float *a, const float *b, int n) {
+#ifdef USE_SIMD
+    if (use_fast_kernels) return dot_simd(a, b, n); // the same lanes in SIMD registers
+#endif
+    float acc[DOT_LANES] = {0};
+    int j = 0;
+    for (; j + DOT_LANES <= n; j += DOT_LANES)
+        for (int l = 0; l < DOT_LANES; l++) acc[l] = mul_add(a[j + l], b[j + l], acc[l]);
+    for (int l = 0; j < n; j++, l++) acc[l] = mul_add(a[j], b[j], acc[l]);
+    return reduce_lanes(acc);
+}
+
 // W[i,:] . x for a row of weights of any type: each weight widened to float32, then
 // exactly dot()'s lanes and roundings, so a 16-bit row gives the bits the float32
 // row holding the widened weights gives.
@@ -821,14 +839,8 @@ static void matmul_tokens(RunState *s, float *xout, const float *x, Matrix w, in
     for (int b = 0; b < B; b++) matmul(xout + (size_t)b * d, x + (size_t)b * n, w, n, d);
 }
 
-// One matrix of several that multiply the same input: xout = W x, W of d rows.
-struct Projection {
-    float *xout;
-    Matrix w;
-    int d;
-};
-
 // Each projection of p applied to the B tokens of x (rows of n).
+
 static void matmuls(RunState *s, const float *x, const Projection *p, int n_proj, int B, int n) {
     if (use_fast_kernels && B == 1) {
         matmuls_fast(x, n, p, n_proj); // all in one parallel region
@@ -854,6 +866,19 @@ static void attention_values(float *out, const float *att, const float *values, 
     }
     for (int tt = 0; tt < n; tt++)
         for (int i = 0; i < head_size; i++) out[i] += att[tt] * values[(size_t)tt * head_size + i];
+}
+
+// x = exp(x - max) / sum(exp(x - max)), in place
+static void softmax(float *x, int size) {
+    float max_val = x[0];
+    for (int i = 1; i < size; i++)
+        if (x[i] > max_val) max_val = x[i];
+    float sum = 0.0f;
+    for (int i = 0; i < size; i++) {
+        x[i] = expf(x[i] - max_val);
+        sum += x[i];
+    }
+    for (int i = 0; i < size; i++) x[i] /= sum;
 }
 
 // The first position layer l's query at pos attends to: 0 (full attention), or, on
@@ -893,59 +918,70 @@ static void softmax_runs(float *x, const SlotRuns *r) {
         for (int j = r->start[i]; j < r->start[i] + r->n[i]; j++) x[j] /= sum;
 }
 
-// Grouped-query causal attention of query head h for token b of a block, at position
-// pos in layer l. Key/value head h / group serves `group` query heads; the keys and
-// values are layer l's cache, or (Gemma 4's KV sharing) its kv_source's.
+// Grouped-query causal attention of query head h in layer l for the B tokens of a
+// block: token b, at position pos = pos0 + b, sees positions up to pos, the earlier
+// tokens of its own block included (their keys and values are already in the cache).
+// Key/value head h / group serves `group` query heads; the keys and values are layer
+// l's cache, or (Gemma 4's KV sharing) its kv_source's.
 //   score_t = q_h . k_t / sqrt(head_size),  t = first .. pos (first_visible)
 //   a = softmax(score)
 //   out_h = sum_t a_t v_t
 // Key t sits in slot t mod P of the cache (P = cache_positions: seq_len, or a sliding
 // layer's ring), and its score in the same slot of att: the slots of first .. pos are
 // one run, or two where they wrap past the ring's end (slot_runs); each loop below
-// walks the runs in position order. With scores_ready, the products q_h . k_t are
-// already in att (attention_fast computes a whole block's at once).
-static void attention_head(Transformer *t, int l, int b, int h, int pos, int scores_ready) {
+// walks the runs in position order.
+static void attention_head(Transformer *t, int l, int h, int B, int pos0) {
     const Config *c = &t->config;
     RunState *s = &t->state;
     const LayerSpec *ls = &c->layer[l];
     int head_size = ls->head_size, group = c->n_heads / ls->n_kv_heads, q_dim = c->n_heads * head_size;
+    int P = ls->cache_positions;
     size_t kv_offset = kv_cache_offset(c, l, h / group, 0);
-    const float *q = s->q + (size_t)b * q_dim + h * head_size;
-    float *att = s->att + ((size_t)b * c->n_heads + h) * c->max_cache_positions;
     const float *keys = s->key_cache + kv_offset, *values = s->value_cache + kv_offset; // slot j: + j * head_size
-    int first = first_visible(c, l, pos), P = ls->cache_positions;
-    SlotRuns runs = slot_runs(first, pos, P);
-    for (int i = 0; i < 2; i++) {
-        int j0 = runs.start[i], n = runs.n[i];
-        if (!scores_ready) attention_scores(att + j0, q, keys + (size_t)j0 * head_size, n, head_size);
-        if (c->attention_scale == 0.0f) { // the Llama block: 1 / sqrt(head_size)
-            float root = sqrtf(head_size);
-            for (int j = j0; j < j0 + n; j++) att[j] /= root;
-        } else { // a model's own scale (Gemma 2, 3: query_pre_attn_scalar^-1/2)
-            for (int j = j0; j < j0 + n; j++) att[j] *= c->attention_scale;
+    // the products q_h . k_t of a block's tokens as one matrix product ("Making it fast", 4)
+    int scores_ready = use_fast_kernels && B > 1;
+    if (scores_ready) attention_block_scores(t, l, h, B, pos0);
+    for (int b = 0; b < B; b++) {
+        int pos = pos0 + b, first = first_visible(c, l, pos);
+        const float *q = s->q + (size_t)b * q_dim + h * head_size;
+        float *att = s->att + ((size_t)b * c->n_heads + h) * c->max_cache_positions;
+        SlotRuns runs = slot_runs(first, pos, P);
+        for (int i = 0; i < 2; i++) {
+            int j0 = runs.start[i], n = runs.n[i];
+            if (!scores_ready) attention_scores(att + j0, q, keys + (size_t)j0 * head_size, n, head_size);
+            if (c->attention_scale == 0.0f) { // the Llama block: 1 / sqrt(head_size)
+                float root = sqrtf(head_size);
+                for (int j = j0; j < j0 + n; j++) att[j] /= root;
+            } else { // a model's own scale (Gemma 2, 3: query_pre_attn_scalar^-1/2)
+                for (int j = j0; j < j0 + n; j++) att[j] *= c->attention_scale;
+            }
+            if (c->attention_softcap != 0.0f) { // Gemma 2: score -> cap tanh(score / cap), |score| < cap
+                float cap = c->attention_softcap;
+                for (int j = j0; j < j0 + n; j++) att[j] = cap * tanhf(att[j] / cap);
+            }
         }
-        if (c->attention_softcap != 0.0f) { // Gemma 2: score -> cap tanh(score / cap), |score| < cap
-            float cap = c->attention_softcap;
-            for (int j = j0; j < j0 + n; j++) att[j] = cap * tanhf(att[j] / cap);
-        }
+        softmax_runs(att, &runs);
+        if (s->inspect) // the weights on BOS, the current and the previous position (0 out of the window)
+            inspect_record_attention(s->inspect, c, l, h, first == 0 ? att[0] : 0.0f, att[pos % P],
+                                     pos >= 1 && pos - 1 >= first ? att[(pos - 1) % P] : 0.0f, pos);
+        float *out = s->xb + (size_t)b * q_dim + h * head_size;
+        memset(out, 0, head_size * sizeof(float));
+        for (int i = 0; i < 2; i++) // out = sum_t a_t v_t, run by run (attention_values adds to out)
+            attention_values(out, att + runs.start[i], values + (size_t)runs.start[i] * head_size, runs.n[i],
+                             head_size);
     }
-    softmax_runs(att, &runs);
-    if (s->inspect) // the weights on BOS, the current and the previous position (0 out of the window)
-        inspect_record_attention(s->inspect, c, l, h, first == 0 ? att[0] : 0.0f, att[pos % P],
-                                 pos >= 1 && pos - 1 >= first ? att[(pos - 1) % P] : 0.0f, pos);
-    float *out = s->xb + (size_t)b * q_dim + h * head_size;
-    memset(out, 0, head_size * sizeof(float));
-    for (int i = 0; i < 2; i++) // out = sum_t a_t v_t, run by run (attention_values adds to out)
-        attention_values(out, att + runs.start[i], values + (size_t)runs.start[i] * head_size, runs.n[i], head_size);
 }
 
-// Attention of every head for the B tokens of a block at positions pos0 .. pos0+B-1.
-// Token b sees positions 0 .. pos0 + b, the earlier tokens of its own block included
-// (their keys and values are already in the cache).
+// Attention of every head for the B tokens of a block at positions pos0 .. pos0+B-1,
+// head by head.
 static void attention(Transformer *t, int l, int B, int pos0) {
-    if (use_fast_kernels && attention_fast(t, l, B, pos0)) return; // heads across threads; a block's scores as a matrix product
-    for (int h = 0; h < t->config.n_heads; h++)
-        for (int b = 0; b < B; b++) attention_head(t, l, b, h, pos0 + b, 0);
+    int h, n_heads = t->config.n_heads;
+    if (use_fast_kernels && attention_across_threads(t, l, B, pos0)) { // "Making it fast", 4
+#pragma omp parallel for private(h)
+        for (h = 0; h < n_heads; h++) attention_head(t, l, h, B, pos0);
+        return;
+    }
+    for (h = 0; h < n_heads; h++) attention_head(t, l, h, B, pos0);
 }
 
 // SwiGLU's gate for one unit: silu(gate) * up, with silu(v) = v * sigmoid(v)
@@ -969,24 +1005,6 @@ static void geglu(float *hb, const float *hb2, long n) {
     for (long i = 0; i < n; i++) hb[i] = geglu_unit(hb[i], hb2[i]);
 }
 
-// x = cap tanh(x / cap) over n floats (Gemma 2's final-logit soft-cap)
-static void softcap(float *x, long n, float cap) {
-    for (long i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
-}
-
-// out = row `token` of the token embedding, widened to float32.
-static void embedding_row(float *out, Matrix embedding, int token, int dim) {
-    Matrix row = matrix_at(embedding, (size_t)token * dim);
-    for (int j = 0; j < dim; j++) out[j] = widen(row.data, j, row.type);
-}
-
-// The families' additions to the feed-forward step, after prefill below: Gemma 4's
-// per-layer inputs, and the mixtures of experts.
-static void per_layer_inputs(Transformer *t, const int *tokens, int B);
-static void add_per_layer_input(Transformer *t, int l, int B);
-static void mixture_of_experts(Transformer *t, int l, int B, const float *in);
-static void experts_beside_feed_forward(Transformer *t, int l, int B);
-
 // The feed-forward of n tokens x (n, dim), of width hidden, into out (n, dim):
 //   out = W2 (act(W1 x) * (W3 x)),  act silu (SwiGLU) or the tanh GELU (GeGLU: Gemma)
 // a layer's (forward_block), or one expert's (expert_feed_forward).
@@ -999,188 +1017,9 @@ static void feed_forward(const Config *c, RunState *s, const float *x, float *ou
     matmul_tokens(s, out, s->hb, w2, n, hidden, c->dim);
 }
 
-// Which logits forward_block computes: the classifier reads vocab_size x dim
-// weights, as much as all the layers of a small model, so a prompt's blocks skip it
-// but for the last token of the last block.
-typedef enum { LOGITS_LAST = 0, LOGITS_ALL = 1, LOGITS_NONE = 2 } LogitsWanted;
-
-// The forward pass for a block of B tokens at positions pos0 .. pos0+B-1 (B <=
-// PREFILL_BLOCK, pos0 + B <= seq_len). A decoding step is the case B = 1: read it
-// with B = 1 and every "for b" loop runs once. Fills the KV cache at those
-// positions. Returns the logits, one row of vocab_size per token (LOGITS_ALL), only
-// the last token's (LOGITS_LAST), or none (LOGITS_NONE: NULL).
-//
-// The Llama block is the spine: embed; per layer rmsnorm, q k v, RoPE, attention,
-// Wo, residual; rmsnorm, SwiGLU feed-forward, residual; final rmsnorm, classifier.
-// Every other family is a switch on it, read from the file's header:
-//   here                         embedding_multiplier (Gemma: x * sqrt(dim))
-//                                qkv_bias (Qwen2), qk_norm (Qwen3, Gemma 3, 4)
-//                                layer[l].rope: p-RoPE's rope_angles pairs (every model:
-//                                  all pairs for full RoPE; Gemma 4's full layers 64
-//                                  of 256), NoPE layers (SmolLM3), the second setting
-//                                  (Gemma 3's and 4's sliding layers)
-//                                post_norms (Gemma 2, 3, 4), activation GeGLU (Gemma)
-//                                final_softcap (Gemma 2, 4)
-//                                layer[l]'s head_size, n_kv_heads, hidden_dim (Gemma 4:
-//                                  each layer its own), kv_source (Gemma 4's KV
-//                                  sharing), values_are_keys (Gemma 4 31B: k = v),
-//                                  v_norm, per_layer_dim, layer_scalars (Gemma 4)
-//                                layer[l].experts: a mixture of experts for the
-//                                  feed-forward (Qwen3-MoE, Mixtral), or beside it
-//                                  (Gemma 4 26B-A4B); mixture_of_experts
-//   attention_head, one down     layer[l].window: sliding layers (Mistral, Phi-3,
-//                                  Gemma 2's, 3's and 4's local layers)
-//                                attention_scale (Gemma 2, 3; Gemma 4: 1)
-//                                attention_softcap (Gemma 2)
-//   export.py, before the file   Gemma 1-3's norm x * (1 + w): 1 + w is stored;
-//                                Phi-3's fused qkv and gate_up split in three and two;
-//                                Hugging Face's rotate_half pairs (i, i + d/2) permuted
-//                                  into adjacent pairs (2i, 2i+1) in Wq and Wk rows
-//                                  (and Wo's columns where the values are the keys);
-//                                GPT-NeoX's partial_rotary_factor f as p-RoPE with
-//                                  theta' = theta^(1/f)
-static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, LogitsWanted wanted) {
-    const Config *c = &t->config;
-    const TransformerWeights *w = &t->weights;
-    RunState *s = &t->state;
-    int dim = c->dim;
-    float eps = c->norm_eps;
-    int n_rotated[3] = {0, setting_angles(c, LAYER_ROPE_FIRST), setting_angles(c, LAYER_ROPE_SECOND)}; // per setting
-    const float *cos_tables[3] = {NULL, s->rope_cos, s->rope2_cos}, *sin_tables[3] = {NULL, s->rope_sin, s->rope2_sin};
-
-    // the token embeddings: x[b] = embedding[token b], widened to float32
-    for (int b = 0; b < B; b++) embedding_row(s->x + (size_t)b * dim, w->token_embedding, tokens[b], dim);
-    if (c->embedding_multiplier != 0.0f) // Gemma: x = embedding * sqrt(dim) (the file stores it as rounded)
-        for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] *= c->embedding_multiplier;
-    if (c->per_layer_dim) per_layer_inputs(t, tokens, B); // Gemma 4 E2B, E4B: each layer's slice, from x
-
-    for (int l = 0; l < c->n_layers; l++) {
-        if (B == 1) read_order_layer_begins(); // timing only ("Making it fast", 5): the same bits
-        // this layer's shape: all layers alike but in Gemma 4 (LayerSpec); q_dim is dim in
-        // the Llama block, wider in Qwen3 and Gemma 7B
-        const LayerSpec *ls = &c->layer[l];
-        int head_size = ls->head_size, n_kv_heads = ls->n_kv_heads, hidden = ls->hidden_dim;
-        int q_dim = c->n_heads * head_size, kv_dim = n_kv_heads * head_size;
-        int owns_cache = ls->kv_source == l; // Gemma 4's KV-shared layers compute no k, v
-
-        // attention rmsnorm: xb = rmsnorm(x)
-        for (int b = 0; b < B; b++)
-            rmsnorm(s->xb + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_att + (size_t)l * dim, dim, eps);
-
-        // q = Wq xb, k = Wk xb, v = Wv xb (Gemma 4: no k, v on a KV-shared layer; no Wv
-        // where the values are the keys, the raw key projection copied before k's norm)
-        Projection qkv[3] = {{s->q, matrix_at(w->wq, ls->q_before * dim), q_dim},
-                             {s->k, matrix_at(w->wk, ls->kv_before * dim), kv_dim},
-                             {s->v, matrix_at(w->wv, ls->v_before * dim), kv_dim}};
-        matmuls(s, s->xb, qkv, !owns_cache ? 1 : ls->values_are_keys ? 2 : 3, B, dim);
-        if (owns_cache && ls->values_are_keys) memcpy(s->v, s->k, (size_t)B * kv_dim * sizeof(float));
-        if (c->qkv_bias) { // Qwen2: q += bq, k += bk, v += bv
-            for (int b = 0; b < B; b++) {
-                float *q = s->q + (size_t)b * q_dim, *k = s->k + (size_t)b * kv_dim, *v = s->v + (size_t)b * kv_dim;
-                for (int i = 0; i < q_dim; i++) q[i] += w->bq[ls->q_before + i];
-                for (int i = 0; i < kv_dim; i++) k[i] += w->bk[ls->kv_before + i];
-                for (int i = 0; i < kv_dim; i++) v[i] += w->bv[ls->v_before + i];
-            }
-        }
-        if (c->qk_norm) { // Qwen3, Gemma 3, 4: each query and key head RMSNormed over its head_size values
-            const float *qn = w->q_norm + ls->heads_before, *kn = w->k_norm + ls->k_heads_before;
-            for (int b = 0; b < B; b++) {
-                for (int h = 0; h < c->n_heads; h++) {
-                    float *q = s->q + (size_t)b * q_dim + h * head_size;
-                    rmsnorm(q, q, qn, head_size, eps);
-                }
-                for (int h = 0; owns_cache && h < n_kv_heads; h++) {
-                    float *k = s->k + (size_t)b * kv_dim + h * head_size;
-                    rmsnorm(k, k, kn, head_size, eps);
-                }
-            }
-        }
-        if (c->v_norm && owns_cache) // Gemma 4: each value head RMSNormed, without a weight
-            for (size_t h = 0; h < (size_t)B * n_kv_heads; h++)
-                rmsnorm(s->v + h * head_size, s->v + h * head_size, NULL, head_size, eps);
-
-        // RoPE: rotate q and k by their position with the layer's setting. Only the
-        // first n_rotated = floor(p head_size / 2) pairs turn (p-RoPE; p = 1 is full
-        // RoPE, all head_size / 2), the rest keep their values; a NoPE layer (SmolLM3's
-        // every fourth) turns none. Then k, rotated, and v, never rotated, are cached:
-        // a cached key already holds R(pos) k, so no step rotates it again.
-        int rope = ls->rope;
-        for (int b = 0; b < B; b++) {
-            int pos = pos0 + b;
-            float *q = s->q + (size_t)b * q_dim, *k = s->k + (size_t)b * kv_dim, *v = s->v + (size_t)b * kv_dim;
-            if (s->inspect) inspect_record_chunks(s->inspect, t, l, q, k, pos); // -m inspect only
-            if (rope != LAYER_NOPE) {
-                const float *cos_pos = cos_tables[rope] + (size_t)pos * n_rotated[rope];
-                const float *sin_pos = sin_tables[rope] + (size_t)pos * n_rotated[rope];
-                rope_apply(q, c->n_heads, head_size, n_rotated[rope], cos_pos, sin_pos);
-                if (owns_cache) rope_apply(k, n_kv_heads, head_size, n_rotated[rope], cos_pos, sin_pos);
-            }
-            for (int kvh = 0; owns_cache && kvh < n_kv_heads; kvh++) {
-                size_t at = kv_cache_offset(c, l, kvh, pos);
-                memcpy(s->key_cache + at, k + kvh * head_size, head_size * sizeof(float));
-                memcpy(s->value_cache + at, v + kvh * head_size, head_size * sizeof(float));
-            }
-        }
-        if (s->inspect && l == 0) inspect_count_positions(s->inspect, B, pos0);
-
-        // multi-head attention: xb = attention(q, cached k, cached v)
-        attention(t, l, B, pos0);
-
-        // x = x + Wo xb (the residual connection); Gemma 2, 3, 4 normalize Wo xb first
-        matmul_tokens(s, s->xb2, s->xb, matrix_at(w->wo, (size_t)dim * ls->q_before), B, q_dim, dim);
-        if (c->post_norms)
-            for (int b = 0; b < B; b++)
-                rmsnorm(s->xb2 + (size_t)b * dim, s->xb2 + (size_t)b * dim, w->rms_post_att + (size_t)l * dim, dim, eps);
-        for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] += s->xb2[i];
-
-        // ffn rmsnorm: xb = rmsnorm(x)
-        for (int b = 0; b < B; b++)
-            rmsnorm(s->xb + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_ffn + (size_t)l * dim, dim, eps);
-
-        // the feed-forward: x = x + W2 (act(W1 xb) * (W3 xb)), act silu (SwiGLU) or the
-        // tanh GELU (GeGLU: Gemma); Gemma 2, 3, 4 normalize its output first. A layer
-        // with experts (Qwen3-MoE, Mixtral) passes each token through k of them instead;
-        // Gemma 4 26B-A4B's run beside the feed-forward.
-        if (ls->experts && c->routing != ROUTING_GEMMA4) {
-            mixture_of_experts(t, l, B, s->xb);
-        } else {
-            feed_forward(c, s, s->xb, s->xb2, matrix_at(w->w1, ls->hidden_before * dim),
-                         matrix_at(w->w3, ls->hidden_before * dim), matrix_at(w->w2, (size_t)dim * ls->hidden_before),
-                         hidden, B);
-            if (ls->experts) experts_beside_feed_forward(t, l, B); // Gemma 4 26B-A4B
-        }
-        if (c->post_norms)
-            for (int b = 0; b < B; b++)
-                rmsnorm(s->xb2 + (size_t)b * dim, s->xb2 + (size_t)b * dim, w->rms_post_ffn + (size_t)l * dim, dim, eps);
-        for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] += s->xb2[i];
-
-        if (c->per_layer_dim) add_per_layer_input(t, l, B); // Gemma 4 E2B, E4B: x += this layer's input
-        if (c->layer_scalars) // Gemma 4: the whole residual stream scaled by the layer's learned scalar
-            for (size_t i = 0; i < (size_t)B * dim; i++) s->x[i] *= w->layer_scalars[l];
-        if (B == 1) read_order_layer_ends();
-    }
-
-    // final rmsnorm and the classifier: logits = Wcls rmsnorm(x)
-    if (wanted == LOGITS_NONE) return NULL;
-    int first = wanted == LOGITS_ALL ? 0 : B - 1;
-    for (int b = first; b < B; b++) rmsnorm(s->x + (size_t)b * dim, s->x + (size_t)b * dim, w->rms_final, dim, eps);
-    matmul_tokens(s, s->logits, s->x + (size_t)first * dim, w->wcls, B - first, dim, c->vocab_size);
-    if (c->final_softcap != 0.0f) softcap(s->logits, (long)(B - first) * c->vocab_size, c->final_softcap); // Gemma 2, 4
-    return s->logits;
-}
-
-// One token at position pos: the decoding step. Returns vocab_size logits.
-static float *forward(Transformer *t, int token, int pos) { return forward_block(t, &token, 1, pos, LOGITS_ALL); }
-
-// Runs tokens[0..n) at positions pos0.. through the model in blocks, filling the
-// KV cache. Returns the logits of the last token.
-static float *prefill(Transformer *t, const int *tokens, int n, int pos0) {
-    float *logits = NULL;
-    for (int i = 0; i < n; i += PREFILL_BLOCK) {
-        int len = n - i < PREFILL_BLOCK ? n - i : PREFILL_BLOCK;
-        logits = forward_block(t, tokens + i, len, pos0 + i, i + len < n ? LOGITS_NONE : LOGITS_LAST);
-    }
-    return logits;
+// x = cap tanh(x / cap) over n floats (Gemma 2's final-logit soft-cap)
+static void softcap(float *x, long n, float cap) {
+    for (long i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
 }
 
 // The families' additions to a layer, which forward_block calls: Gemma 4's per-layer
@@ -1311,22 +1150,28 @@ static void combine_experts(const Config *c, RunState *s, int B) {
     }
 }
 
-// Layer l's experts on the B tokens of in (xb; Gemma 4: expert_in), into xb2: token by
-// token, each chosen expert in turn. A block's tokens grouped by expert
-// (experts_grouped_fast) compute the same bits, each expert's weights read once a
-// block rather than once a token.
+// Layer l's experts on the B tokens of in (xb; Gemma 4: expert_in), into xb2: expert by
+// expert, each on the tokens that chose it, gathered into a block of their own, so
+// that its rows are read once a block rather than once a token; each token's output
+// is what the expert computes for the token alone (a block's matmul computes each
+// token's row as matmul does). Then each token's chosen outputs are combined.
 static void mixture_of_experts(Transformer *t, int l, int B, const float *in) {
     const Config *c = &t->config;
     RunState *s = &t->state;
+    int dim = c->dim, K = c->n_experts_used;
     route_tokens(t, l, B);
-    if (use_fast_kernels && B > 1) {
-        experts_grouped_fast(t, l, B, in);
-    } else {
-        int K = c->n_experts_used;
-        for (int b = 0; b < B; b++)
-            for (int j = 0; j < K; j++)
-                expert_feed_forward(t, l, s->chosen[(size_t)b * K + j], in + (size_t)b * c->dim,
-                                    s->expert_out + ((size_t)b * K + j) * c->dim, 1);
+    for (int e = 0; e < c->n_experts; e++) {
+        int n = 0; // the tokens that chose e (each at most once), gathered into expert_x; slot b K + j is
+                   // token b's j-th choice
+        for (int slot = 0; slot < B * K; slot++)
+            if (s->chosen[slot] == e)
+                memcpy(s->expert_x + (size_t)n++ * dim, in + (size_t)(slot / K) * dim, dim * sizeof(float));
+        if (n == 0) continue;
+        expert_feed_forward(t, l, e, s->expert_x, s->xb2, n); // xb2 is free until combine_experts
+        n = 0; // each token's output into its slot of expert_out
+        for (int slot = 0; slot < B * K; slot++)
+            if (s->chosen[slot] == e)
+                memcpy(s->expert_out + (size_t)slot * dim, s->xb2 + (size_t)n++ * dim, dim * sizeof(float));
     }
     combine_experts(c, s, B);
 }
@@ -1351,6 +1196,147 @@ static void experts_beside_feed_forward(Transformer *t, int l, int B) {
         rmsnorm(out, out, w->rms_post_experts + sparse, dim, c->norm_eps);
         for (int i = 0; i < dim; i++) out[i] += s->dense_out[(size_t)b * dim + i];
     }
+}
+
+// ----------------------------------------------------------------------------
+// Past the training length: the scaling rules
+//
+// A model trained on contexts of L positions (original_len) has seen pair i
+// turn through at most L * omega_i radians. Past L, the slow pairs reach angles
+// never seen in training, and attention breaks down. Each rule changes only the
+// frequencies omega_i (and one attention factor), so that positions up to s * L
+// (s = factor) look more like the trained ones. Nothing else in the forward
+// pass changes, and since the KV cache holds keys rotated by R(n), a rule can be
+// chosen at inference time without retraining.
+//   none    omega_i
+//   linear  omega_i / s: every position divided by s ("position interpolation",
+//           Chen et al. 2023). The fast pairs, which resolve neighbouring tokens,
+//           turn s times slower too.
+//   ntk     theta' = theta * s^(d/(d-2)), d = head_size ("NTK-aware", bloc97 2023):
+//           pair 0 keeps its frequency, the slowest pair is divided by s, those
+//           between by less (a larger base stretches the slow end of the spectrum).
+//   yarn    (Peng et al. 2023) by each pair's number of turns over L, r_i = L / wavelength_i:
+//           r_i > beta_fast: kept; r_i < beta_slow: divided by s; a linear ramp
+//           between. Plus an attention factor, 0.1 ln s + 1 by default, that
+//           multiplies cos and sin (so q . k of the rotated pairs by its square):
+//           interpolated attention is flatter, and this sharpens it again.
+//   llama3  (Meta's Llama 3.1) by wavelength: above L / low_freq_factor divided by
+//           s, below L / high_freq_factor kept, a smooth blend between.
+// Each rule equals the rope-initialisation function of Hugging Face transformers
+// with the same parameters (tests/scaling_reference.py). p-RoPE composes with every
+// rule: the rule acts on the rotated pairs only (for yarn, whose ramp is counted
+// over the rotated dims, as transformers counts it with partial_rotary_factor), and
+// the unrotated pairs stay unrotated.
+
+// The scaling rules' parameters, with their defaults where the file stores 0.
+static float or_default(float value, float fallback) { return value != 0.0f ? value : fallback; }
+static float yarn_beta_fast(const RopeSetting *r) { return or_default(r->yarn_beta_fast, 32.0f); }
+static float yarn_beta_slow(const RopeSetting *r) { return or_default(r->yarn_beta_slow, 1.0f); }
+static float llama3_low_freq(const RopeSetting *r) { return or_default(r->llama3_low_freq_factor, 1.0f); }
+static float llama3_high_freq(const RopeSetting *r) { return or_default(r->llama3_high_freq_factor, 4.0f); }
+
+// yarn's ramp: the (fractional) pair index at which a pair turns `rotations` times
+// over the original length, for `dims` rotated dims with base `base`:
+//   i = dims * ln(L / (2 pi rotations)) / (2 ln base)
+static double yarn_correction_pair(double rotations, int dims, double base, int original_len) {
+    return dims * log(original_len / (rotations * 2.0 * M_PI)) / (2.0 * log(base));
+}
+
+// yarn's weight of the interpolated frequency for pair i: 0 for the fast pairs
+// (kept), 1 for the slow ones (divided by s), linear between. The bounds are
+// rounded outwards and clamped to [0, dims - 1], as transformers does.
+static double yarn_ramp(const Config *c, int which, int i) {
+    const RopeSetting *r = &c->rope[which];
+    int dims = 2 * rope_angles_of(c, which); // the rotated dims
+    double base = pow(r->theta, (double)dims / rope_head_size(c, which)); // so that base^(-2i/dims) = theta^(-2i/head_size)
+    double low = floor(yarn_correction_pair(yarn_beta_fast(r), dims, base, r->original_len));
+    double high = ceil(yarn_correction_pair(yarn_beta_slow(r), dims, base, r->original_len));
+    low = fmax(low, 0.0);
+    high = fmin(high, dims - 1.0);
+    if (low == high) high += 0.001; // no division by zero
+    return fmin(fmax((i - low) / (high - low), 0.0), 1.0);
+}
+
+// llama3's frequency: interpolated past L / low_freq_factor, kept below L /
+// high_freq_factor, and between a blend weighted by how often the pair turns over L.
+static double llama3_frequency(const RopeSetting *r, double omega) {
+    double s = r->factor, L = r->original_len, low = llama3_low_freq(r), high = llama3_high_freq(r);
+    double wavelength = 2.0 * M_PI / omega;
+    if (wavelength < L / high) return omega;
+    if (wavelength > L / low) return omega / s;
+    double smooth = (L / wavelength - low) / (high - low);
+    return (1.0 - smooth) * omega / s + smooth * omega;
+}
+
+// omega_i of a rotating pair i under the rule in force, in radians per token.
+static float rope_frequency(const Config *c, int which, int i) {
+    const RopeSetting *r = &c->rope[which];
+    float omega = rope_base_frequency(c, which, i), s = r->factor;
+    int d = rope_head_size(c, which);
+    switch (r->scaling) {
+    case ROPE_SCALING_LINEAR:
+        return omega / s;
+    case ROPE_SCALING_NTK: {
+        if (d <= 2) return omega; // a single pair: omega_0 = 1 whatever the base
+        double theta = (double)r->theta * pow(s, (double)d / (d - 2));
+        return (float)pow(theta, -2.0 * i / d);
+    }
+    case ROPE_SCALING_YARN: {
+        double ramp = yarn_ramp(c, which, i);
+        return (float)((double)omega / s * ramp + (double)omega * (1.0 - ramp));
+    }
+    case ROPE_SCALING_LLAMA3:
+        return (float)llama3_frequency(r, omega);
+    case ROPE_SCALING_LONGROPE: {
+        // Phi-3 128k, Phi-4-mini: omega_i / ext_i, ext the short factors when the
+        // context in use is within the trained length, the long ones beyond it (as
+        // llama.cpp chooses, by the context rather than the text so far)
+        if (!r->longrope_factors) return omega; // the header alone (no weights mapped yet)
+        if (i >= r->longrope_pairs) return NAN;  // no factor for this pair: never read past them
+        int longer = c->seq_len > r->original_len;
+        return omega / r->longrope_factors[(longer ? r->longrope_pairs : 0) + i];
+    }
+    default:
+        return omega;
+    }
+}
+
+// The factor that multiplies cos and sin: the file's, else yarn's 0.1 ln s + 1 (1
+// for s <= 1), else 1.
+static float rope_attention_factor(const Config *c, int which) {
+    const RopeSetting *r = &c->rope[which];
+    if (r->attention_factor != 0.0f) return r->attention_factor;
+    if (r->scaling == ROPE_SCALING_YARN && r->factor > 1) return (float)(0.1 * log(r->factor) + 1.0);
+    if (r->scaling == ROPE_SCALING_LONGROPE && r->factor > 1 && r->original_len > 1) // sqrt(1 + ln s / ln L)
+        return (float)sqrt(1.0 + log(r->factor) / log(r->original_len));
+    return 1.0f;
+}
+
+// ----------------------------------------------------------------------------
+// Errors: a function that fails writes one line here and returns -1; main prints
+// it as "run: error: ..." and exits. Library code never exits, so fuzzers and
+// tests can call it.
+
+static char error_message[512];
+
+static int fail(const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(error_message, sizeof(error_message), fmt, args);
+    va_end(args);
+    return -1;
+}
+
+// Puts "where: " before the message a failed callee left: where is formatted as
+// fail's message is ("checkpoint %s", path), and the line reads "where: message".
+static int fail_in(const char *fmt, ...) {
+    char reason[sizeof(error_message)], where[sizeof(error_message)];
+    snprintf(reason, sizeof(reason), "%s", error_message);
+    va_list args;
+    va_start(args, fmt);
+    vsnprintf(where, sizeof(where), fmt, args);
+    va_end(args);
+    return fail("%s: %s", where, reason);
 }
 
 // ----------------------------------------------------------------------------
@@ -1394,13 +1380,12 @@ static int kv_cache_shift(Transformer *t, int to, int from, int n) {
     RunState *s = &t->state;
     int delta = from - to;
     static float cos_delta[3][MAX_DIM / 2], minus_sin_delta[3][MAX_DIM / 2]; // R(-delta) per setting, for rope_apply
-    int rotated[3] = {0, 0, 0}; // LAYER_NOPE: nothing turns
+    int rope_angles[3] = {0, 0, 0}; // LAYER_NOPE: nothing turns
     for (int which = LAYER_ROPE_FIRST; which <= LAYER_ROPE_SECOND; which++) {
         if (which == LAYER_ROPE_SECOND && !has_second_rope(c)) break;
-        Config setting = rope_setting(c, which), *r = &setting;
-        rotated[which] = rope_angles_of(r);
-        for (int i = 0; i < rotated[which]; i++) { // the tables' angles for position delta, without the attention factor
-            float angle = delta * rope_frequency(r, i);
+        rope_angles[which] = rope_angles_of(c, which);
+        for (int i = 0; i < rope_angles[which]; i++) { // the tables' angles for position delta, without the attention factor
+            float angle = delta * rope_frequency(c, which, i);
             cos_delta[which][i] = cosf(angle);
             minus_sin_delta[which][i] = -sinf(angle);
         }
@@ -1416,7 +1401,7 @@ static int kv_cache_shift(Transformer *t, int to, int from, int n) {
         // each layer's keys turn back by its own setting's angles; a NoPE layer's keys carry no
         // position; a layer that shares another's cache (Gemma 4) moves with it
         const LayerSpec *ls = &c->layer[l];
-        int which = ls->rope, n_rotated = rotated[which], head_size = ls->head_size;
+        int which = ls->rope, head_size = ls->head_size;
         if (ls->kv_source != l) continue;
         int ring = ls->cache_positions < c->seq_len, moved = ring && n > ls->window - 1 ? ls->window - 1 : n;
         for (int kvh = 0; kvh < ls->n_kv_heads; kvh++) {
@@ -1428,7 +1413,7 @@ static int kv_cache_shift(Transformer *t, int to, int from, int n) {
                 float *value = ring ? key + head_size : s->value_cache + dst;
                 memcpy(value, s->value_cache + src, head_size * sizeof(float));
                 memcpy(key, s->key_cache + src, head_size * sizeof(float));
-                rope_apply(key, 1, head_size, n_rotated, cos_delta[which], minus_sin_delta[which]);
+                rope_apply(key, 1, head_size, rope_angles[which], cos_delta[which], minus_sin_delta[which]);
             }
             for (int j = n - moved; ring && j < n; j++) {
                 size_t dst = kv_cache_offset(c, l, kvh, to + j);
@@ -1554,6 +1539,71 @@ static int sample(Sampler *s, float *logits) {
 }
 
 // ----------------------------------------------------------------------------
+// Names for the numbers the program depends on
+
+enum { EXIT_OK = 0, EXIT_BAD_INPUT = 1, EXIT_BAD_USAGE = 2 };       // exit codes
+enum { TOKEN_UNK = 0, TOKEN_BOS = 1, TOKEN_EOS = 2, TOKEN_BYTE0 = 3 }; // SentencePiece ids
+
+#define MAGIC_LLAMA2C_V1 0x616b3432u  // llama2.c's export "version 1": "ak42"
+#define MAGIC_ROPE 0x45504f52u        // our format: the bytes "ROPE"
+#define HEADER_BYTES 256              // both versioned formats pad their header to 256
+#define ROPE_V2_ALIGNMENT 64          // ROPE version 2: every tensor starts at a multiple of 64 bytes
+#define LEGACY_HEADER_BYTES 28        // llama2.c legacy: seven int32
+
+// Sanity limits on header fields (MAX_DIM and MAX_LAYERS are with the Config): far
+// above any real model, low enough that no product of them overflows 64 bits. The
+// file size check does the real work.
+#define MAX_HIDDEN (1 << 20)
+#define MAX_VOCAB (1 << 22)
+#define MAX_SEQ_LEN (1 << 20)
+#define MAX_EXPERTS 1024     // a mixture of experts' count (Qwen3-30B-A3B: 128)
+#define MAX_EXPERTS_USED 64  // the experts a token uses (Qwen3-30B-A3B: 8; Mixtral: 2)
+// A sanity bound on the KV cache of the context in use (not on the header's seq_len:
+// -c rescues a file that declares more). The machine's memory is checked as well
+// (check_context_fits); this bound stays for machines with more than it.
+#define MAX_KV_CACHE_BYTES (64ull << 30)
+// cos and sin are multiplied by the attention factor, and so the attention scores
+// by its square: bounded so that the scores stay finite. Every rule's own factor
+// is below 10 (yarn's 0.1 ln s + 1 at the largest float32 s).
+#define MAX_ROPE_ATTENTION_FACTOR 100.0f
+// Threads (-T, OMP_NUM_THREADS): more than any machine this runs on has cores, and
+// few enough that the OpenMP runtime can start them.
+#define MAX_THREADS 1024
+
+// The context run uses when -c is not given: the file's seq_len, capped here. Models
+// now declare 32k to 131k positions, and the KV cache (float32 here) and the scores
+// grow with the context: Llama 3.1 8B's 131,072 positions would take 32 GiB of cache
+// before the first token. 4096 positions (Llama 2's and Phi-3-mini-4k's trained
+// length, and a common default context of local runners) hold a long prompt or a
+// chat session and cost that 8B model 1 GiB, within a laptop's memory; the stories
+// models (256 to 1024) are under the cap. -c N asks for more, up to what memory
+// allows; the start-up line says when the cap applies.
+#define DEFAULT_CONTEXT 4096
+
+// Where a model or tokenizer comes from, for the errors that say one is missing.
+#define WHERE_TO_GET_MODELS "models/ has stories260K.bin and tok512.bin; the README's \"Models\" says where to get more"
+
+// The names and counts of the model's enums (RopeScaling, WeightType, Activation, Routing)
+static const char *rope_scaling_names[] = {"none", "linear", "ntk", "yarn", "llama3", "longrope"};
+#define N_ROPE_SCALINGS 6
+#define N_FLAG_SCALINGS 5 // --rope-scaling's: longrope needs the file's factors
+static const char *weight_type_names[] = {"f32", "bf16", "f16", "q8_0"};
+#define N_WEIGHT_TYPES 4
+#define N_ACTIVATIONS 2
+#define N_ROUTINGS 4
+
+// The block options' flags (ROPE version 2, byte 112)
+#define BLOCK_QKV_BIAS 1u   // q, k and v projections add a bias (Qwen2)
+#define BLOCK_QK_NORM 2u    // an RMSNorm over each query and key head before RoPE (Qwen3, Gemma 3)
+#define BLOCK_POST_NORMS 4u // RMSNorms on the attention's and the feed-forward's outputs (Gemma 2, 3, 4)
+#define BLOCK_V_NORM 8u     // an RMSNorm without weight over each value head (Gemma 4)
+#define BLOCK_LAYER_SCALAR 16u // a learned scalar multiplies the residual stream after each layer (Gemma 4)
+#define BLOCK_PER_LAYER_INPUT 32u // per-layer inputs: a slice of a second embedding per layer (Gemma 4 E2B, E4B)
+#define BLOCK_EXPERTS 64u   // a mixture of experts in place of the feed-forward (Qwen3-MoE, Mixtral)
+#define BLOCK_FLAGS_KNOWN (BLOCK_QKV_BIAS | BLOCK_QK_NORM | BLOCK_POST_NORMS | BLOCK_V_NORM | BLOCK_LAYER_SCALAR | \
+                           BLOCK_PER_LAYER_INPUT | BLOCK_EXPERTS)
+
+// ----------------------------------------------------------------------------
 // Loading a checkpoint: detect the format, check the header, check the file size,
 // then point the weights into the mapped file.
 
@@ -1569,6 +1619,22 @@ static float read_f32(const unsigned char *p) {
 }
 static uint64_t read_u64(const unsigned char *p) { return (uint64_t)read_u32(p) | (uint64_t)read_u32(p + 4) << 32; }
 
+// A RoPE setting's ten header fields, in the order both settings store them (the first
+// at byte 44, the second at byte 152; docs/format.md): theta, fraction, factor, the
+// rule, the original length, then the rules' five parameters.
+static void read_rope_setting(const unsigned char *p, RopeSetting *r) {
+    r->theta = read_f32(p);
+    r->fraction = read_f32(p + 4);
+    r->factor = read_f32(p + 8);
+    r->scaling = (RopeScaling)read_i32(p + 12);
+    r->original_len = read_i32(p + 16);
+    r->yarn_beta_fast = read_f32(p + 20);
+    r->yarn_beta_slow = read_f32(p + 24);
+    r->attention_factor = read_f32(p + 28);
+    r->llama3_low_freq_factor = read_f32(p + 32);
+    r->llama3_high_freq_factor = read_f32(p + 36);
+}
+
 // x rounded up to a multiple of unit (a tensor's start in an aligned file, an allocation's size)
 static uint64_t round_up(uint64_t x, uint64_t unit) { return (x + unit - 1) / unit * unit; }
 
@@ -1580,59 +1646,59 @@ static int check_range(const char *name, long value, long lo, long hi) {
 
 // A rule's parameter: 0 (the default), or finite and > 0. `allowed`: whether the
 // rule in force has this parameter at all (if not, it must be 0).
-static int check_rope_parameter(const char *name, float value, int allowed, const Config *c) {
+static int check_rope_parameter(const char *name, float value, int allowed, const RopeSetting *r) {
     if (value == 0.0f) return 0;
     if (!allowed) return fail("%s is %g, but the rope scaling rule %s has no such parameter", name, value,
-                              rope_scaling_names[c->rope_scaling]);
+                              rope_scaling_names[r->scaling]);
     if (!isfinite(value) || value < 0) return fail("%s %g must be finite and > 0 (0: the default)", name, value);
     return 0;
 }
 
 // The scaling rule and its parameters (see "Past the training length" in the RoPE
 // section for what each means).
-static int validate_rope_scaling(const Config *c) {
-    int rule = c->rope_scaling;
+static int validate_rope_scaling(const RopeSetting *r) {
+    int rule = r->scaling;
     if (rule < 0 || rule >= N_ROPE_SCALINGS)
         return fail("rope_scaling %d is not a rule this program knows (0 none, 1 linear, 2 ntk, 3 yarn, 4 llama3, "
                     "5 longrope)", rule);
-    if (!isfinite(c->rope_factor) || c->rope_factor < 1) // every rule stretches; none shrinks
-        return fail("rope_factor %g must be finite and >= 1", c->rope_factor);
-    if (c->rope_original_len < 1 || c->rope_original_len > MAX_SEQ_LEN)
-        return fail("rope_original_len %d is out of range [1, %d]", c->rope_original_len, MAX_SEQ_LEN);
+    if (!isfinite(r->factor) || r->factor < 1) // every rule stretches; none shrinks
+        return fail("rope_factor %g must be finite and >= 1", r->factor);
+    if (r->original_len < 1 || r->original_len > MAX_SEQ_LEN)
+        return fail("rope_original_len %d is out of range [1, %d]", r->original_len, MAX_SEQ_LEN);
     int yarn = rule == ROPE_SCALING_YARN, llama3 = rule == ROPE_SCALING_LLAMA3;
-    if (check_rope_parameter("yarn_beta_fast", c->yarn_beta_fast, yarn, c) ||
-        check_rope_parameter("yarn_beta_slow", c->yarn_beta_slow, yarn, c) ||
-        check_rope_parameter("rope_attention_factor", c->rope_attention_factor, 1, c) ||
-        check_rope_parameter("llama3_low_freq_factor", c->llama3_low_freq_factor, llama3, c) ||
-        check_rope_parameter("llama3_high_freq_factor", c->llama3_high_freq_factor, llama3, c))
+    if (check_rope_parameter("yarn_beta_fast", r->yarn_beta_fast, yarn, r) ||
+        check_rope_parameter("yarn_beta_slow", r->yarn_beta_slow, yarn, r) ||
+        check_rope_parameter("rope_attention_factor", r->attention_factor, 1, r) ||
+        check_rope_parameter("llama3_low_freq_factor", r->llama3_low_freq_factor, llama3, r) ||
+        check_rope_parameter("llama3_high_freq_factor", r->llama3_high_freq_factor, llama3, r))
         return -1;
-    if (c->rope_attention_factor > MAX_ROPE_ATTENTION_FACTOR)
+    if (r->attention_factor > MAX_ROPE_ATTENTION_FACTOR)
         return fail("rope_attention_factor %g must be at most %g (the attention scores are multiplied by its square)",
-                    c->rope_attention_factor, MAX_ROPE_ATTENTION_FACTOR);
-    if (llama3 && llama3_high_freq(c) <= llama3_low_freq(c))
-        return fail("llama3_high_freq_factor %g must be above llama3_low_freq_factor %g", llama3_high_freq(c),
-                    llama3_low_freq(c));
+                    r->attention_factor, MAX_ROPE_ATTENTION_FACTOR);
+    if (llama3 && llama3_high_freq(r) <= llama3_low_freq(r))
+        return fail("llama3_high_freq_factor %g must be above llama3_low_freq_factor %g", llama3_high_freq(r),
+                    llama3_low_freq(r));
     // yarn keeps the pairs that turn more than beta_fast times over L and divides those
     // below beta_slow: reversed, the rule would divide the fast pairs and keep the slow
-    if (yarn && yarn_beta_fast(c) < yarn_beta_slow(c))
-        return fail("yarn_beta_fast %g must not be below yarn_beta_slow %g", yarn_beta_fast(c), yarn_beta_slow(c));
+    if (yarn && yarn_beta_fast(r) < yarn_beta_slow(r))
+        return fail("yarn_beta_fast %g must not be below yarn_beta_slow %g", yarn_beta_fast(r), yarn_beta_slow(r));
     return 0;
 }
 
-static float rope_frequency(const Config *c, int i);
+static float rope_frequency(const Config *c, int which, int i);
 
 // The RoPE tables hold cos and sin of pos * omega_i for pos < seq_len. omega_i =
 // theta^(-2i/head_size) is at most 1 for theta >= 1, but a theta below 1 makes it
 // grow with i, and a tiny one (subnormal, say) makes it, or the angle at the last
 // position, infinite in float32, and then cos and sin NaN. The largest angle of pair
 // i is (seq_len - 1) * omega_i, computed as rope_build_tables computes it.
-static int check_rope_angles(const Config *c) {
-    int n_rotated = rope_angles_of(c);
-    for (int i = 0; i < n_rotated; i++) {
-        float omega = rope_frequency(c, i), angle = (float)(c->seq_len - 1) * omega;
+static int check_rope_angles(const Config *c, int which) {
+    int rope_angles = rope_angles_of(c, which);
+    for (int i = 0; i < rope_angles; i++) {
+        float omega = rope_frequency(c, which, i), angle = (float)(c->seq_len - 1) * omega;
         if (!isfinite(omega) || !isfinite(angle))
             return fail("rope_theta %g is too small: pair %d turns %g radians per token, and at position %d the "
-                        "angle is not finite in float32", c->rope_theta, i, omega, c->seq_len - 1);
+                        "angle is not finite in float32", c->rope[which].theta, i, omega, c->seq_len - 1);
     }
     return 0;
 }
@@ -1640,10 +1706,9 @@ static int check_rope_angles(const Config *c) {
 // check_rope_angles for each RoPE setting the layers use (-c changes the context
 // of both); a failure in the second names it, as validate_config does.
 static int check_every_rope_angles(const Config *c) {
-    if (check_rope_angles(c) != 0) return -1;
+    if (check_rope_angles(c, LAYER_ROPE_FIRST) != 0) return -1;
     if (!has_second_rope(c)) return 0;
-    Config second = rope_setting(c, LAYER_ROPE_SECOND);
-    return check_rope_angles(&second) != 0 ? fail_in("second RoPE setting") : 0;
+    return check_rope_angles(c, LAYER_ROPE_SECOND) != 0 ? fail_in("second RoPE setting") : 0;
 }
 
 // Checks that the sizes are positive, bounded and consistent with each other.
@@ -1663,18 +1728,18 @@ static int validate_config(const Config *c) {
     if ((long long)c->n_layers * c->per_layer_dim > MAX_HIDDEN)
         return fail("n_layers %d x per_layer_input_dim %d is above %d", c->n_layers, c->per_layer_dim, MAX_HIDDEN);
     if (!isfinite(c->norm_eps) || c->norm_eps <= 0) return fail("norm_eps %g must be finite and > 0", c->norm_eps);
-    if (!isfinite(c->rope_theta) || c->rope_theta <= 0)
-        return fail("rope_theta %g must be finite and > 0", c->rope_theta);
-    if (!(c->rope_fraction >= 0 && c->rope_fraction <= 1))
-        return fail("rope_fraction %g must be in [0, 1]", c->rope_fraction);
-    if (validate_rope_scaling(c) != 0 || check_rope_angles(c) != 0) return -1;
+    const RopeSetting *first = &c->rope[LAYER_ROPE_FIRST], *second = &c->rope[LAYER_ROPE_SECOND];
+    if (!isfinite(first->theta) || first->theta <= 0)
+        return fail("rope_theta %g must be finite and > 0", first->theta);
+    if (!(first->fraction >= 0 && first->fraction <= 1))
+        return fail("rope_fraction %g must be in [0, 1]", first->fraction);
+    if (validate_rope_scaling(first) != 0 || check_rope_angles(c, LAYER_ROPE_FIRST) != 0) return -1;
     if (has_second_rope(c)) { // the second setting: the same rules, its own fields
-        Config second = rope_setting(c, LAYER_ROPE_SECOND);
-        if (!isfinite(second.rope_theta) || second.rope_theta <= 0)
-            return fail("rope2_theta %g must be finite and > 0 (0: no second setting)", second.rope_theta);
-        if (!(second.rope_fraction >= 0 && second.rope_fraction <= 1))
-            return fail("rope2_fraction %g must be in [0, 1]", second.rope_fraction);
-        if (validate_rope_scaling(&second) != 0 || check_rope_angles(&second) != 0)
+        if (!isfinite(second->theta) || second->theta <= 0)
+            return fail("rope2_theta %g must be finite and > 0 (0: no second setting)", second->theta);
+        if (!(second->fraction >= 0 && second->fraction <= 1))
+            return fail("rope2_fraction %g must be in [0, 1]", second->fraction);
+        if (validate_rope_scaling(second) != 0 || check_rope_angles(c, LAYER_ROPE_SECOND) != 0)
             return fail_in("second RoPE setting");
     }
     return 0; // the KV cache is sized by the context in use, and checked there (check_context_fits)
@@ -1786,26 +1851,18 @@ static int parse_header_v2(const unsigned char *data, Config *c) {
         return -1;
     c->layer_table_offset = read_u64(data + 136);
     c->layer_table_bytes = read_u64(data + 144);
-    c->rope2.rope_theta = read_f32(data + 152);
-    c->rope2.rope_fraction = read_f32(data + 156);
-    c->rope2.rope_factor = read_f32(data + 160);
-    c->rope2.rope_scaling = (RopeScaling)read_i32(data + 164);
-    c->rope2.rope_original_len = read_i32(data + 168);
-    c->rope2.yarn_beta_fast = read_f32(data + 172);
-    c->rope2.yarn_beta_slow = read_f32(data + 176);
-    c->rope2.rope_attention_factor = read_f32(data + 180);
-    c->rope2.llama3_low_freq_factor = read_f32(data + 184);
-    c->rope2.llama3_high_freq_factor = read_f32(data + 188);
+    RopeSetting *second = &c->rope[LAYER_ROPE_SECOND];
+    read_rope_setting(data + 152, second); // bytes 152..191
     if (!has_second_rope(c)) {
         for (int i = 156; i < 192; i++)
             if (data[i] != 0) return fail("second RoPE setting field at byte %d is not zero, but rope2_theta is 0", i);
     } else {
-        if (c->rope2.rope_scaling == ROPE_SCALING_NONE && c->rope2.rope_factor != 1.0f)
+        if (second->scaling == ROPE_SCALING_NONE && second->factor != 1.0f)
             return fail("rope2_factor %g with rope2_scaling 0 (none): the factor of no rule must be 1",
-                        c->rope2.rope_factor);
-        if (c->rope2.rope_original_len < 0)
-            return fail("rope2_original_len %d must be >= 0 (0: seq_len)", c->rope2.rope_original_len);
-        if (c->rope2.rope_scaling == ROPE_SCALING_LONGROPE)
+                        second->factor);
+        if (second->original_len < 0)
+            return fail("rope2_original_len %d must be >= 0 (0: seq_len)", second->original_len);
+        if (second->scaling == ROPE_SCALING_LONGROPE)
             return fail("rope2_scaling 5 (longrope) is for the first setting only");
     }
     return 0;
@@ -1897,10 +1954,11 @@ static int parse_layer_table(const unsigned char *table, Config *c) {
         if (ls->rope == LAYER_ROPE_FIRST && ls->head_size != head_size_of(c))
             return fail("layer %d: head_size %d, but the first RoPE setting's layers have the header's %d", l,
                         ls->head_size, head_size_of(c));
-        if (ls->rope == LAYER_ROPE_SECOND && c->rope2_head_size && ls->head_size != c->rope2_head_size)
+        RopeSetting *second = &c->rope[LAYER_ROPE_SECOND];
+        if (ls->rope == LAYER_ROPE_SECOND && second->head_size && ls->head_size != second->head_size)
             return fail("layer %d: head_size %d, but an earlier layer of the second RoPE setting has %d", l,
-                        ls->head_size, c->rope2_head_size);
-        if (ls->rope == LAYER_ROPE_SECOND) c->rope2_head_size = ls->head_size;
+                        ls->head_size, second->head_size);
+        if (ls->rope == LAYER_ROPE_SECOND) second->head_size = ls->head_size;
     }
     return 0;
 }
@@ -1921,6 +1979,8 @@ static int kv_positions_of(const Config *c, int l) {
     return window > 0 && window < c->seq_len - (PREFILL_BLOCK - 1) ? kv_positions_of_window(window) : c->seq_len;
 }
 static int is_ring(const Config *c, int l) { return kv_positions_of(c, l) < c->seq_len; }
+
+static int max_int(int a, int b) { return a > b ? a : b; }
 
 // Lays out the KV cache for the context in use (c->seq_len): the caches of the
 // layers that own one (all but Gemma 4's KV-shared layers) back to back, each
@@ -1999,10 +2059,11 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
                         size_t *data_offset, uint64_t *expected_size, SectionSpan *tokenizer) {
     tokenizer->offset = tokenizer->bytes = 0;
     memset(c, 0, sizeof(*c));
+    RopeSetting *first = &c->rope[LAYER_ROPE_FIRST], *second = &c->rope[LAYER_ROPE_SECOND];
     c->norm_eps = 1e-5f; // the llama2.c formats: fixed by llama2.c's model.py
-    c->rope_theta = 10000.0f;
-    c->rope_fraction = 1.0f;
-    c->rope_factor = 1.0f;
+    first->theta = 10000.0f;
+    first->fraction = 1.0f;
+    first->factor = 1.0f;
     if (size < LEGACY_HEADER_BYTES) return fail("file is too small (%zu bytes) to hold a checkpoint header", size);
     uint32_t magic = read_u32(data);
     if (magic == MAGIC_ROPE || magic == MAGIC_LLAMA2C_V1) {
@@ -2039,16 +2100,7 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
         if (shared != 0 && shared != 1) return fail("shared_classifier is %d, expected 0 or 1", shared);
         c->shared_classifier = shared;
         c->norm_eps = read_f32(data + 40);
-        c->rope_theta = read_f32(data + 44);
-        c->rope_fraction = read_f32(data + 48);
-        c->rope_factor = read_f32(data + 52);
-        c->rope_scaling = (RopeScaling)read_i32(data + 56);
-        c->rope_original_len = read_i32(data + 60);
-        c->yarn_beta_fast = read_f32(data + 64);
-        c->yarn_beta_slow = read_f32(data + 68);
-        c->rope_attention_factor = read_f32(data + 72);
-        c->llama3_low_freq_factor = read_f32(data + 76);
-        c->llama3_high_freq_factor = read_f32(data + 80);
+        read_rope_setting(data + 44, first); // bytes 44..83
         int reserved_from = 84;
         if (c->version == 2) {
             if (parse_header_v2(data, c) != 0) return -1;
@@ -2059,14 +2111,14 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
         for (int i = reserved_from; i < HEADER_BYTES; i++)
             if (data[i] != 0) return fail("reserved header byte %d is not zero (a newer format?)", i);
         // files written before the rules: rule 0 with a factor is linear scaling
-        if (c->rope_scaling == ROPE_SCALING_NONE && c->rope_factor != 1.0f) c->rope_scaling = ROPE_SCALING_LINEAR;
-        if (c->rope_original_len < 0)
-            return fail("rope_original_len %d must be >= 0 (0: seq_len)", c->rope_original_len);
-        if (c->rope_scaling == ROPE_SCALING_LONGROPE && c->version != 2)
+        if (first->scaling == ROPE_SCALING_NONE && first->factor != 1.0f) first->scaling = ROPE_SCALING_LINEAR;
+        if (first->original_len < 0)
+            return fail("rope_original_len %d must be >= 0 (0: seq_len)", first->original_len);
+        if (first->scaling == ROPE_SCALING_LONGROPE && c->version != 2)
             return fail("rope_scaling 5 (longrope) needs version 2, which stores its factors");
     }
-    if (c->rope_original_len == 0) c->rope_original_len = c->seq_len; // the trained length, unless the file says
-    if (c->rope2.rope_original_len == 0 && has_second_rope(c)) c->rope2.rope_original_len = c->seq_len;
+    if (first->original_len == 0) first->original_len = c->seq_len; // the trained length, unless the file says
+    if (second->original_len == 0 && has_second_rope(c)) second->original_len = c->seq_len;
     if (validate_config(c) != 0) return -1;
     default_layers(c);
     // records of eight fields change the tensors' sizes: read before the layout (records
@@ -2075,7 +2127,7 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
         c->layer_table_offset <= size && c->layer_table_bytes <= size - c->layer_table_offset &&
         parse_layer_table(data + c->layer_table_offset, c) != 0)
         return -1;
-    if (c->rope2_head_size && check_every_rope_angles(c) != 0) return -1; // the second over its own head size
+    if (second->head_size && check_every_rope_angles(c) != 0) return -1; // the second over its own head size
     place_layers(c);
     if (check_q8_0_rows(c) != 0) return -1;
     *data_offset = *format == FORMAT_LLAMA2C_LEGACY ? LEGACY_HEADER_BYTES : HEADER_BYTES;
@@ -2172,7 +2224,8 @@ static uint64_t map_weights(TransformerWeights *w, const Config *c, CheckpointFo
     w->k_norm = c->qk_norm ? next_vector(&t, c->k_heads_floats) : NULL;
     w->rms_post_att = c->post_norms ? next_vector(&t, layers * dim) : NULL;
     w->rms_post_ffn = c->post_norms ? next_vector(&t, layers * dim) : NULL;
-    w->rope_factors = c->rope_scaling == ROPE_SCALING_LONGROPE ? next_vector(&t, 2ull * rope_angles_of(c)) : NULL;
+    w->rope_factors = c->rope[LAYER_ROPE_FIRST].scaling == ROPE_SCALING_LONGROPE
+                          ? next_vector(&t, 2ull * rope_angles_of(c, LAYER_ROPE_FIRST)) : NULL;
     // Gemma 4's, after those
     w->layer_scalars = c->layer_scalars ? next_vector(&t, layers) : NULL;
     uint64_t P = c->per_layer_dim;
@@ -2216,15 +2269,16 @@ static int open_regular_file(const char *path, const char *what, size_t *size);
 static char *read_whole_file(const char *path, const char *what, size_t *size);
 static int check_tokenizer_start(const char *path, int vocab_size);
 
-// Longrope's factors, from the mapped file, into the config: finite and > 0, and the
-// angles they give finite.
+// Longrope's factors, from the mapped file, into the first setting: finite and > 0,
+// and the angles they give finite.
 static int use_longrope_factors(Config *c, const float *factors) {
-    c->longrope_factors = factors;
-    c->longrope_pairs = rope_angles_of(c);
-    for (int i = 0; i < 2 * rope_angles_of(c); i++)
+    RopeSetting *first = &c->rope[LAYER_ROPE_FIRST];
+    first->longrope_factors = factors;
+    first->longrope_pairs = rope_angles_of(c, LAYER_ROPE_FIRST);
+    for (int i = 0; i < 2 * first->longrope_pairs; i++)
         if (!isfinite(factors[i]) || factors[i] <= 0)
             return fail("longrope factor %d is %g; it must be finite and > 0", i, factors[i]);
-    return check_rope_angles(c);
+    return check_rope_angles(c, LAYER_ROPE_FIRST);
 }
 
 // Opens and maps a checkpoint. Nothing is allocated until the file size agrees
@@ -2272,6 +2326,18 @@ static int load_checkpoint(Transformer *t, const char *path) {
     return 0;
 }
 
+// The bytes of matrices a decoding step reads: the layers' (wq and wo, q_dim x dim; wk
+// and wv, kv_dim x dim; w1, w2, w3, hidden x dim), with experts the router and the k
+// chosen experts of each layer with them, and the classifier. *all (if not NULL): the
+// same with every expert, the file's matrices less the embedding's.
+static double matrix_bytes_per_token(const Config *c, double *all) {
+    uint64_t dim = c->dim, layers = dim * (2 * c->q_rows + c->kv_rows + c->v_rows + 3 * c->hidden_rows);
+    uint64_t router = dim * c->n_experts * c->sparse_layers, expert = 3 * dim * c->expert_hidden * c->sparse_layers;
+    uint64_t classifier = (uint64_t)c->vocab_size * dim;
+    if (all) *all = (double)weight_bytes(c->weight_type, layers + router + expert * c->n_experts + classifier);
+    return (double)weight_bytes(c->weight_type, layers + router + expert * c->n_experts_used + classifier);
+}
+
 // ----------------------------------------------------------------------------
 // Run state: activations, KV cache and RoPE tables
 
@@ -2300,10 +2366,10 @@ static void free_run_state(RunState *s) {
     free(s->q_pairs);
     free(s->key_cache);
     free(s->value_cache);
-    free(s->rope_cos);
-    free(s->rope_sin);
-    free(s->rope2_cos);
-    free(s->rope2_sin);
+    for (int which = 0; which < 3; which++) {
+        free(s->rope_cos[which]);
+        free(s->rope_sin[which]);
+    }
     memset(s, 0, sizeof(*s));
 }
 
@@ -2375,14 +2441,11 @@ static uint64_t run_state_fixed_floats(const Config *c) {
 
 // The width of a setting's cos and sin tables: its rotated pairs, and at least one
 // (a setting that rotates nothing still gets a table to point at).
-static int rope_table_width(const Config *c) { return max_int(rope_angles_of(c), 1); }
+static int rope_table_width(const Config *c, int which) { return max_int(rope_angles_of(c, which), 1); }
 
 static uint64_t run_state_floats_per_position(const Config *c) {
-    uint64_t angles = rope_table_width(c);
-    if (has_second_rope(c)) {
-        Config second = rope_setting(c, LAYER_ROPE_SECOND);
-        angles += rope_table_width(&second);
-    }
+    uint64_t angles = rope_table_width(c, LAYER_ROPE_FIRST);
+    if (has_second_rope(c)) angles += rope_table_width(c, LAYER_ROPE_SECOND);
     uint64_t scores = has_full_cache(c) ? (uint64_t)PREFILL_BLOCK * c->n_heads : 0;
     return kv_cache_floats_per_position(c) + scores + 2 * angles;
 }
@@ -2498,7 +2561,7 @@ static int build_run_state(RunState *s, Config *c) {
     memset(s, 0, sizeof(*s));
     size_t B = PREFILL_BLOCK, kv_dim = c->max_kv_dim;
     size_t cache = place_kv_caches(c); // every layer's own cache (a sliding layer's ring), back to back
-    size_t angles = rope_table_width(c);
+    size_t angles = rope_table_width(c, LAYER_ROPE_FIRST);
     size_t wide = max_int(c->dim, c->max_q_dim); // xb: a normalized x, then the heads' outputs
     s->x = alloc_floats(B * c->dim);
     s->xb = alloc_floats(B * wide);
@@ -2536,26 +2599,28 @@ static int build_run_state(RunState *s, Config *c) {
             return fail("out of memory allocating the run state (experts)");
         }
     }
-    s->key_cache = alloc_floats_in_huge_pages(cache);
-    s->value_cache = alloc_floats_in_huge_pages(cache);
-    s->rope_cos = alloc_floats((size_t)c->seq_len * angles);
-    s->rope_sin = alloc_floats((size_t)c->seq_len * angles);
+    // the KV cache in huge pages ("Making it fast", 5), but for RUN_PLAIN=1
+    s->key_cache = use_fast_kernels ? alloc_floats_in_huge_pages(cache) : alloc_floats(cache);
+    s->value_cache = use_fast_kernels ? alloc_floats_in_huge_pages(cache) : alloc_floats(cache);
+    float **cos1 = &s->rope_cos[LAYER_ROPE_FIRST], **sin1 = &s->rope_sin[LAYER_ROPE_FIRST];
+    *cos1 = alloc_floats((size_t)c->seq_len * angles);
+    *sin1 = alloc_floats((size_t)c->seq_len * angles);
     if (!s->x || !s->xb || !s->xb2 || !s->hb || !s->hb2 || !s->q || !s->k || !s->v || !s->att || !s->logits ||
-        !s->scratch || !s->q_head || !s->q_pairs || !s->key_cache || !s->value_cache || !s->rope_cos || !s->rope_sin) {
+        !s->scratch || !s->q_head || !s->q_pairs || !s->key_cache || !s->value_cache || !*cos1 || !*sin1) {
         free_run_state(s);
         return fail("out of memory allocating the run state (KV cache %zu MiB)", cache * 2 * sizeof(float) >> 20);
     }
-    rope_build_tables(s->rope_cos, s->rope_sin, c);
+    rope_build_tables(*cos1, *sin1, c, LAYER_ROPE_FIRST);
     if (has_second_rope(c)) { // Gemma 3's local layers: their own theta
-        Config second = rope_setting(c, LAYER_ROPE_SECOND);
-        size_t angles2 = rope_table_width(&second);
-        s->rope2_cos = alloc_floats((size_t)c->seq_len * angles2);
-        s->rope2_sin = alloc_floats((size_t)c->seq_len * angles2);
-        if (!s->rope2_cos || !s->rope2_sin) {
+        float **cos2 = &s->rope_cos[LAYER_ROPE_SECOND], **sin2 = &s->rope_sin[LAYER_ROPE_SECOND];
+        size_t angles2 = rope_table_width(c, LAYER_ROPE_SECOND);
+        *cos2 = alloc_floats((size_t)c->seq_len * angles2);
+        *sin2 = alloc_floats((size_t)c->seq_len * angles2);
+        if (!*cos2 || !*sin2) {
             free_run_state(s);
             return fail("out of memory allocating the second RoPE setting's tables");
         }
-        rope_build_tables(s->rope2_cos, s->rope2_sin, &second);
+        rope_build_tables(*cos2, *sin2, c, LAYER_ROPE_SECOND);
     }
     return 0;
 }
@@ -4252,10 +4317,10 @@ static void print_shade(double value, double max_value) {
     fputs(shades[level], stdout);
 }
 
-// The pairs that rotate in layer l, for the report: its setting's (the first
-// setting's on a NoPE layer, as the report has always marked them).
-static int inspect_rotated(const Config *c, int l) {
-    return c->layer[l].rope == LAYER_ROPE_SECOND ? setting_angles(c, LAYER_ROPE_SECOND) : rope_angles_of(c);
+// The RoPE setting the report shows for layer l: its own (the first on a NoPE layer,
+// as the report has always marked its pairs).
+static int inspect_setting(const Config *c, int l) {
+    return c->layer[l].rope == LAYER_ROPE_SECOND ? LAYER_ROPE_SECOND : LAYER_ROPE_FIRST;
 }
 
 static void print_inspect_report(const Config *c, const InspectStats *st) {
@@ -4273,9 +4338,10 @@ static void print_inspect_report(const Config *c, const InspectStats *st) {
     }
     printf("frequency usage: mean |q chunk| (left) and |k chunk| (right) per rotary pair,\n");
     printf("highest frequency first, shaded to each row's maximum; '|' marks where the\n");
-    printf("unrotated pairs of p-RoPE begin (%d of %d pairs rotate)\n", rope_angles_of(c), head_size_of(c) / 2);
+    printf("unrotated pairs of p-RoPE begin (%d of %d pairs rotate)\n", rope_angles_of(c, LAYER_ROPE_FIRST),
+           head_size_of(c) / 2);
     for (int l = 0; l < c->n_layers; l++) {
-        int pairs = c->layer[l].head_size / 2, rotated = inspect_rotated(c, l);
+        int pairs = c->layer[l].head_size / 2, rope_angles = rope_angles_of(c, inspect_setting(c, l));
         for (int h = 0; h < c->n_heads; h++) {
             const double *qn = st->q_norm + ((size_t)l * c->n_heads + h) * inspect_stride(c);
             const double *kn = st->k_norm + ((size_t)l * c->n_heads + h) * inspect_stride(c);
@@ -4286,12 +4352,12 @@ static void print_inspect_report(const Config *c, const InspectStats *st) {
             }
             printf("L%-2d H%-2d q ", l, h);
             for (int i = 0; i < pairs; i++) {
-                if (i == rotated) putchar('|');
+                if (i == rope_angles) putchar('|');
                 print_shade(qn[i], qmax);
             }
             printf("  k ");
             for (int i = 0; i < pairs; i++) {
-                if (i == rotated) putchar('|');
+                if (i == rope_angles) putchar('|');
                 print_shade(kn[i], kmax);
             }
             printf("\n");
@@ -4313,17 +4379,15 @@ static void print_inspect_report(const Config *c, const InspectStats *st) {
 static int write_inspect_csv(FILE *f, const char *path, const Config *c, const InspectStats *st) {
     double n = st->positions > 0 ? (double)st->positions : 1.0;
     double na = st->attn_positions > 0 ? (double)st->attn_positions : 1.0;
-    Config second = rope_setting(c, LAYER_ROPE_SECOND);
     fprintf(f, "kind,layer,head,pair,frequency,q_norm,k_norm,rotated,bos,current,previous\n");
     for (int l = 0; l < c->n_layers; l++) {
-        int pairs = c->layer[l].head_size / 2, rotated = inspect_rotated(c, l);
-        const Config *setting = c->layer[l].rope == LAYER_ROPE_SECOND ? &second : c;
+        int pairs = c->layer[l].head_size / 2, which = inspect_setting(c, l), rope_angles = rope_angles_of(c, which);
         for (int h = 0; h < c->n_heads; h++)
             for (int i = 0; i < pairs; i++) {
                 size_t idx = ((size_t)l * c->n_heads + h) * inspect_stride(c) + i;
                 fprintf(f, "chunk,%d,%d,%d,%.9g,%.9g,%.9g,%d,,,\n", l, h, i,
-                        i < rotated ? rope_frequency(setting, i) : 0.0f, st->q_norm[idx] / n, st->k_norm[idx] / n,
-                        i < rotated);
+                        i < rope_angles ? rope_frequency(c, which, i) : 0.0f, st->q_norm[idx] / n,
+                        st->k_norm[idx] / n, i < rope_angles);
             }
     }
     for (int l = 0; l < c->n_layers; l++)
@@ -5140,19 +5204,25 @@ static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOpti
 //
 // Everything above defines what the program computes; everything here computes the
 // same thing faster, bit for bit. Each function refines a plain one above and is
-// called from it. Decoding a token streams every weight from memory once, so it is
-// bound by memory bandwidth: its kernels keep many reads in flight, in patterns the
-// hardware prefetchers follow. A prompt goes through in blocks of tokens, and each
-// weight loaded feeds every token of the block, so prefill is bound by arithmetic:
-// its kernel keeps the multiply-add units busy. docs/performance.md has the
-// measurements behind each choice. Weights stored in 16 bits are widened in the
-// registers as they are loaded (lanes_load_weights), and the arithmetic after the
-// load is the float32 kernels': the same bits from half the bytes.
+// called from it, only when use_fast_kernels is set: RUN_PLAIN=1 runs none of this
+// section. None calls a step of the plain path back; they build only on the pieces
+// both paths compute with: the dot products (dot, dot_weights: the lanes and
+// roundings every kernel keeps), mul_add, reduce_lanes, widen, swiglu_unit, and the
+// addressing of the matrices and the cache (matrix_at, kv_cache_offset, slot_runs).
+//   Decoding a token streams every weight from memory once, so it is bound by memory
+// bandwidth: its kernels keep many reads in flight, in patterns the hardware
+// prefetchers follow. A prompt goes through in blocks of tokens, and each weight
+// loaded feeds every token of the block, so prefill is bound by arithmetic: its
+// kernel keeps the multiply-add units busy. docs/performance.md has the measurements
+// behind each choice. Weights stored in 16 bits are widened in the registers as they
+// are loaded (lanes_load_weights), and the arithmetic after the load is the float32
+// kernels': the same bits from half the bytes.
 //   1. dot() in SIMD registers
 //   2. decode: rows in groups of four, in the reading order that decode's first
 //      tokens timed fastest, the rows split across threads
 //   3. prefill: tiles of rows x tokens
-//   4. attention and SwiGLU across threads; greedy decoding's argmax
+//   4. attention: a block's scores as a matrix product, the heads across threads;
+//      SwiGLU across threads; greedy decoding's argmax
 //   5. memory: the KV cache in huge pages, pages touched before the clock starts,
 //      threads pinned to cores; the trial of the decode reading orders
 
@@ -5946,11 +6016,11 @@ static void attention_values_fast(float *out, const float *att, const float *val
     }
 }
 
-// For a block of B > 1 tokens: head h's products q_b . k_t for all of them at once, a
-// matrix product Q_h K_h^T (tokens x cache slots) that runs on the prefill tile, the
-// cached keys of the head being the rows of a matrix (they are consecutive,
-// head_size apart). Each product is dot(k_t, q_b), exactly what attention_scores
-// computes for one token (the product is symmetric), into key t's slot. Token b
+// attention_head()'s scores for a block of B > 1 tokens: head h's products q_b . k_t for
+// all of them at once, a matrix product Q_h K_h^T (tokens x cache slots) that runs on
+// the prefill tile, the cached keys of the head being the rows of a matrix (they are
+// consecutive, head_size apart). Each product is dot(k_t, q_b), exactly what
+// attention_scores computes for one token (the product is symmetric), into key t's slot. Token b
 // needs positions first_visible .. pos0 + b; a tile of tokens computes from its first
 // token's first visible position to its last token's position (one or two runs of
 // slots on a sliding layer's ring: at most W + TILE_TOKENS - 1 positions, fewer than
@@ -5983,14 +6053,9 @@ static void attention_block_scores(Transformer *t, int l, int h, int B, int pos0
     }
 }
 
-static void attention_for_head(Transformer *t, int l, int h, int B, int pos0) {
-    if (B > 1) attention_block_scores(t, l, h, B, pos0);
-    for (int b = 0; b < B; b++) attention_head(t, l, b, h, pos0 + b, B > 1);
-}
-
-// attention(): the heads split across threads, each thread taking all tokens of its
-// heads, when the work is worth a parallel region; a block's scores as a matrix
-// product. Inspect's sums are not safe to share, so it runs on one thread.
+// attention(): whether its heads go across threads, each thread taking all tokens of
+// its heads: when the work is worth a parallel region. Inspect's sums are not safe to
+// share, so it runs on one thread.
 //   The work is the scores' multiply-adds, in a matmul's units. In a decoding step
 // each comes with a wait on memory (the keys and values come from DRAM, above), and
 // with its share of the values' pass and the softmax, so that one costs several
@@ -5998,46 +6063,16 @@ static void attention_for_head(Transformer *t, int l, int h, int B, int pos0) {
 // docs/performance.md, "DECODE_ATTENTION_WEIGHT").
 #define DECODE_ATTENTION_WEIGHT 8
 
-static int attention_fast(Transformer *t, int l, int B, int pos0) {
+static int attention_across_threads(const Transformer *t, int l, int B, int pos0) {
     const Config *c = &t->config;
     int keys = pos0 + B < c->layer[l].cache_positions ? pos0 + B : c->layer[l].cache_positions; // at most a ring
     long work = (long)B * c->n_heads * keys * c->layer[l].head_size; // the scores' multiply-adds
     if (B == 1) work *= DECODE_ATTENTION_WEIGHT;
-    int h;
-    if (!worth_a_parallel_region(work) || t->state.inspect) {
-        for (h = 0; h < c->n_heads; h++) attention_for_head(t, l, h, B, pos0);
-        return 1;
-    }
-#pragma omp parallel for private(h)
-    for (h = 0; h < c->n_heads; h++) attention_for_head(t, l, h, B, pos0);
-    return 1;
+    return worth_a_parallel_region(work) && !t->state.inspect;
 }
 
 // swiglu() split across threads when a block makes it worth a region (its expf per
 // hidden unit and token adds up over a prompt). Returns 0 when it is not.
-// A mixture of experts on a block (mixture_of_experts, B > 1): the tokens grouped by
-// expert, so that each chosen expert's rows stream from memory once for the block
-// (as a matrix product over its tokens) instead of once per token. Each token's
-// rows come out as expert_feed_forward computes them for the token alone (a block's
-// matmul computes each token's row as matmul does), into the same expert_out slot.
-static void experts_grouped_fast(Transformer *t, int l, int B, const float *in) {
-    const Config *c = &t->config;
-    RunState *s = &t->state;
-    int dim = c->dim, K = c->n_experts_used;
-    for (int e = 0; e < c->n_experts; e++) {
-        int n = 0; // the tokens that chose e (each at most once), gathered into expert_x
-        for (int slot = 0; slot < B * K; slot++)
-            if (s->chosen[slot] == e)
-                memcpy(s->expert_x + (size_t)n++ * dim, in + (size_t)(slot / K) * dim, dim * sizeof(float));
-        if (n == 0) continue;
-        expert_feed_forward(t, l, e, s->expert_x, s->xb2, n); // xb2 is free until combine_experts
-        n = 0;
-        for (int slot = 0; slot < B * K; slot++)
-            if (s->chosen[slot] == e)
-                memcpy(s->expert_out + (size_t)slot * dim, s->xb2 + (size_t)n++ * dim, dim * sizeof(float));
-    }
-}
-
 static int swiglu_fast(float *hb, const float *hb2, long n) {
     if (!worth_a_parallel_region(n * 16)) return 0; // an expf costs some sixteen multiply-adds
     long i;
@@ -6230,18 +6265,6 @@ static ReadOrderTrial read_order_trial; // one for the process, as read_order is
 
 // At start-up: the order from RUN_READ_ORDER (forced >= 0), or a trial on decode's
 // first tokens for a model too large for a cache.
-// The bytes of matrices a decoding step reads: the layers' (wq and wo, q_dim x dim; wk
-// and wv, kv_dim x dim; w1, w2, w3, hidden x dim), with experts the router and the k
-// chosen experts of each layer with them, and the classifier. *all (if not NULL): the
-// same with every expert, the file's matrices less the embedding's.
-static double matrix_bytes_per_token(const Config *c, double *all) {
-    uint64_t dim = c->dim, layers = dim * (2 * c->q_rows + c->kv_rows + c->v_rows + 3 * c->hidden_rows);
-    uint64_t router = dim * c->n_experts * c->sparse_layers, expert = 3 * dim * c->expert_hidden * c->sparse_layers;
-    uint64_t classifier = (uint64_t)c->vocab_size * dim;
-    if (all) *all = (double)weight_bytes(c->weight_type, layers + router + expert * c->n_experts + classifier);
-    return (double)weight_bytes(c->weight_type, layers + router + expert * c->n_experts_used + classifier);
-}
-
 static void start_read_order_trial(const Config *c, int forced) {
     ReadOrderTrial *trial = &read_order_trial;
     memset(trial, 0, sizeof(*trial));
@@ -6277,7 +6300,7 @@ static void end_read_order_trial(ReadOrderTrial *trial) {
 // next order in turn, and its time becomes that order's sample.
 static void read_order_layer_begins(void) {
     ReadOrderTrial *trial = &read_order_trial;
-    if (trial->state != TRIAL_RUNNING || !use_fast_kernels) return;
+    if (trial->state != TRIAL_RUNNING) return;
     long k = trial->layers;
     read_order = (ReadOrder)((k + k / N_READ_ORDERS) % N_READ_ORDERS);
     trial->started = time_in_s();
@@ -6285,7 +6308,7 @@ static void read_order_layer_begins(void) {
 
 static void read_order_layer_ends(void) {
     ReadOrderTrial *trial = &read_order_trial;
-    if (trial->state != TRIAL_RUNNING || !use_fast_kernels) return;
+    if (trial->state != TRIAL_RUNNING) return;
     long k = trial->layers++;
     trial->seconds[read_order][k / N_READ_ORDERS] = time_in_s() - trial->started; // one sample per round
     if (trial->layers == (long)N_READ_ORDERS * READ_ORDER_SAMPLES) end_read_order_trial(trial);
@@ -6338,48 +6361,49 @@ static void print_layers_using(const Config *c, const char *label, int which) {
     if (any) printf("\n");
 }
 
-static void print_rope_setting(const Config *c);
+static void print_rope_setting(const Config *c, int which);
 
 // -m rope: the first setting's pairs; with a per-layer table, the layers using it,
 // the second setting's pairs and layers, and the NoPE layers (no rotation at all).
 static void print_rope(const Config *c) {
-    print_rope_setting(c);
+    print_rope_setting(c, LAYER_ROPE_FIRST);
     if (c->layer_table_bytes == 0) return; // one setting on every layer: as version 1 prints it
     print_layers_using(c, "layers using this setting: ", LAYER_ROPE_FIRST);
     if (has_second_rope(c)) {
-        Config second = rope_setting(c, LAYER_ROPE_SECOND);
         printf("\nsecond setting:\n");
-        print_rope_setting(&second);
+        print_rope_setting(c, LAYER_ROPE_SECOND);
         print_layers_using(c, "layers using the second setting: ", LAYER_ROPE_SECOND);
     }
     print_layers_using(c, "NoPE layers (not rotated): ", LAYER_NOPE);
 }
 
-static void print_rope_setting(const Config *c) {
-    int pairs = head_size_of(c) / 2, rotated = rope_angles_of(c);
-    float s = c->rope_factor;
-    printf("attention_factor: %.9g\n", rope_attention_factor(c));
+static void print_rope_setting(const Config *c, int which) {
+    const RopeSetting *r = &c->rope[which];
+    int pairs = rope_head_size(c, which) / 2, rope_angles = rope_angles_of(c, which);
+    float s = r->factor;
+    printf("attention_factor: %.9g\n", rope_attention_factor(c, which));
     printf("pair omega wavelength\n");
     for (int i = 0; i < pairs; i++) {
-        if (i < rotated) printf("%d %.9g %.9g\n", i, rope_frequency(c, i), 2.0 * M_PI / rope_frequency(c, i));
+        if (i < rope_angles)
+            printf("%d %.9g %.9g\n", i, rope_frequency(c, which, i), 2.0 * M_PI / rope_frequency(c, which, i));
         else printf("%d 0 inf\n", i);
     }
     printf("rule: %s, factor %g, original length %d, theta %g, %d of %d pairs rotate\n",
-           rope_scaling_names[c->rope_scaling], s, c->rope_original_len, c->rope_theta, rotated, pairs);
-    if (c->rope_scaling == ROPE_SCALING_LONGROPE) { // per-pair factors: which set the context chose
+           rope_scaling_names[r->scaling], s, r->original_len, r->theta, rope_angles, pairs);
+    if (r->scaling == ROPE_SCALING_LONGROPE) { // per-pair factors: which set the context chose
         printf("longrope: each pair divided by its %s factor (context %d %s the original length %d)\n",
-               c->seq_len > c->rope_original_len ? "long" : "short", c->seq_len,
-               c->seq_len > c->rope_original_len ? "beyond" : "within", c->rope_original_len);
-        if (rotated < pairs) print_pair_run("not rotated (p-RoPE)", rotated, pairs - 1);
+               c->seq_len > r->original_len ? "long" : "short", c->seq_len,
+               c->seq_len > r->original_len ? "beyond" : "within", r->original_len);
+        if (rope_angles < pairs) print_pair_run("not rotated (p-RoPE)", rope_angles, pairs - 1);
         return;
     }
     // each rotated pair: kept (omega_i), interpolated (omega_i / s) or blended (between)
     const char *labels[] = {"kept", "interpolated (divided by the factor)", "blended (between kept and interpolated)"};
     int first = 0, kind = -1;
-    for (int i = 0; i <= rotated; i++) {
+    for (int i = 0; i <= rope_angles; i++) {
         int k = -1;
-        if (i < rotated) {
-            double ratio = (double)rope_frequency(c, i) / rope_base_frequency(c, i);
+        if (i < rope_angles) {
+            double ratio = (double)rope_frequency(c, which, i) / rope_base_frequency(c, which, i);
             k = fabs(ratio - 1.0) < 1e-6 ? 0 : fabs(ratio * s - 1.0) < 1e-6 ? 1 : 2;
         }
         if (k != kind) {
@@ -6387,7 +6411,7 @@ static void print_rope_setting(const Config *c) {
             first = i, kind = k;
         }
     }
-    if (rotated < pairs) print_pair_run("not rotated (p-RoPE)", rotated, pairs - 1);
+    if (rope_angles < pairs) print_pair_run("not rotated (p-RoPE)", rope_angles, pairs - 1);
 }
 
 // ----------------------------------------------------------------------------
@@ -6756,29 +6780,30 @@ static const char *format_name(CheckpointFormat f, const Config *c) {
 // The rotary flags over the file's settings: --rope-scaling (a new rule starts
 // from its default parameters), --rope-factor (on a file without a rule: linear),
 // --rope-original-len. Bad combinations exit with a usage error.
-static void apply_rope_scaling_flags(Config *c, int scaling, float factor, int original_len) {
-    if (scaling >= 0 && scaling != (int)c->rope_scaling) {
-        if (scaling != ROPE_SCALING_NONE && factor == 0 && c->rope_factor == 1.0f)
+static void apply_rope_scaling_flags(RopeSetting *r, int scaling, float factor, int original_len) {
+    if (scaling >= 0 && scaling != (int)r->scaling) {
+        if (scaling != ROPE_SCALING_NONE && factor == 0 && r->factor == 1.0f)
             usage_error("--rope-scaling %s needs --rope-factor (the file has no factor)", rope_scaling_names[scaling]);
-        c->rope_scaling = (RopeScaling)scaling;
-        c->yarn_beta_fast = c->yarn_beta_slow = c->rope_attention_factor = 0.0f;
-        c->llama3_low_freq_factor = c->llama3_high_freq_factor = 0.0f;
-        if (scaling == ROPE_SCALING_NONE) c->rope_factor = 1.0f;
+        r->scaling = (RopeScaling)scaling;
+        r->yarn_beta_fast = r->yarn_beta_slow = r->attention_factor = 0.0f;
+        r->llama3_low_freq_factor = r->llama3_high_freq_factor = 0.0f;
+        if (scaling == ROPE_SCALING_NONE) r->factor = 1.0f;
     }
     if (factor > 0) {
-        c->rope_factor = factor;
-        if (c->rope_scaling == ROPE_SCALING_NONE) c->rope_scaling = ROPE_SCALING_LINEAR;
+        r->factor = factor;
+        if (r->scaling == ROPE_SCALING_NONE) r->scaling = ROPE_SCALING_LINEAR;
     }
-    if (original_len > 0) c->rope_original_len = original_len;
-    if (validate_rope_scaling(c) != 0) usage_error("%s", error_message);
+    if (original_len > 0) r->original_len = original_len;
+    if (validate_rope_scaling(r) != 0) usage_error("%s", error_message);
 }
 
-// "none", or e.g. "yarn x8 (original length 64, attention factor 1.21)"
+// The first setting's rule: "none", or e.g. "yarn x8 (original length 64, attention factor 1.21)"
 static const char *rope_scaling_text(const Config *c) {
     static char text[160];
-    if (c->rope_scaling == ROPE_SCALING_NONE) return "none";
-    snprintf(text, sizeof(text), "%s x%g (original length %d, attention factor %g)", rope_scaling_names[c->rope_scaling],
-             c->rope_factor, c->rope_original_len, rope_attention_factor(c));
+    const RopeSetting *r = &c->rope[LAYER_ROPE_FIRST];
+    if (r->scaling == ROPE_SCALING_NONE) return "none";
+    snprintf(text, sizeof(text), "%s x%g (original length %d, attention factor %g)", rope_scaling_names[r->scaling],
+             r->factor, r->original_len, rope_attention_factor(c, LAYER_ROPE_FIRST));
     return text;
 }
 
@@ -6915,18 +6940,20 @@ int main(int argc, char *argv[]) {
         refuse_output_over_input("--csv", csv_path, checkpoint_path, tokenizer_file(tokenizer_path, &transformer),
                                  text_path);
     Config *c = &transformer.config;
-    float file_fraction = c->rope_fraction;
-    if (rope_theta > 0) c->rope_theta = rope_theta;
-    if (rope_fraction >= 0) c->rope_fraction = rope_fraction;
-    apply_rope_scaling_flags(c, scaling, rope_factor, (int)rope_original_len);
+    RopeSetting *first = &c->rope[LAYER_ROPE_FIRST]; // the flags' setting
+    float file_fraction = first->fraction;
+    if (rope_theta > 0) first->theta = rope_theta;
+    if (rope_fraction >= 0) first->fraction = rope_fraction;
+    apply_rope_scaling_flags(first, scaling, rope_factor, (int)rope_original_len);
     // longrope's factors are one per rotated pair of the file: another fraction has no factors
-    if (c->rope_scaling == ROPE_SCALING_LONGROPE && rope_angles_of(c) != c->longrope_pairs)
+    if (first->scaling == ROPE_SCALING_LONGROPE && rope_angles_of(c, LAYER_ROPE_FIRST) != first->longrope_pairs)
         usage_error("--rope-fraction %g rotates %d pairs, but this file's longrope factors are for its %d rotated "
                     "pairs (one per pair): keep its fraction %g, or export without longrope", rope_fraction,
-                    rope_angles_of(c), c->longrope_pairs, file_fraction);
+                    rope_angles_of(c, LAYER_ROPE_FIRST), first->longrope_pairs, file_fraction);
     // the header's settings passed: a failure now is the flags' (a smaller theta, or
     // with --rope-fraction more pairs that rotate)
-    if (check_rope_angles(c) != 0) usage_error("%s: %s", rope_theta > 0 ? "--rope-theta" : "--rope-fraction", error_message);
+    if (check_rope_angles(c, LAYER_ROPE_FIRST) != 0)
+        usage_error("%s: %s", rope_theta > 0 ? "--rope-theta" : "--rope-fraction", error_message);
     // the context in use: -c, else the file's seq_len up to DEFAULT_CONTEXT. It sizes
     // the KV cache, the scores and the RoPE tables; the scaling rule stays relative to
     // the trained length (rope_original_len), which the header's seq_len gave
@@ -6947,9 +6974,10 @@ int main(int argc, char *argv[]) {
             " (%s): dim %d, hidden %d, layers %d, heads %d/%d, vocab %d, context %d%s | rope theta %g%s, "
             "fraction %g%s (%d of %d pairs rotate), scaling %s, eps %g | %s\n",
             format_name(transformer.format, c), c->dim, c->hidden_dim, c->n_layers, c->n_heads,
-            c->n_kv_heads, c->vocab_size, c->seq_len, context_text(context > 0, file_seq_len), c->rope_theta,
-            rope_theta > 0 ? " (command line)" : "", c->rope_fraction, rope_fraction >= 0 ? " (command line)" : "",
-            rope_angles_of(c), head_size_of(c) / 2, rope_scaling_text(c), c->norm_eps, kv_cache_text(c));
+            c->n_kv_heads, c->vocab_size, c->seq_len, context_text(context > 0, file_seq_len), first->theta,
+            rope_theta > 0 ? " (command line)" : "", first->fraction, rope_fraction >= 0 ? " (command line)" : "",
+            rope_angles_of(c, LAYER_ROPE_FIRST), head_size_of(c) / 2, rope_scaling_text(c), c->norm_eps,
+            kv_cache_text(c));
     if (c->n_experts) { // a mixture of experts: what decoding reads of it
         double all, read = matrix_bytes_per_token(c, &all);
         fprintf(stderr, "run: experts: %d of %d a token in %llu of %d layers (width %d); a token reads %.4g of %.4g GB "
@@ -6974,7 +7002,8 @@ int main(int argc, char *argv[]) {
     if (steps == 0 || steps > c->seq_len) steps = c->seq_len;
     // the KV cache positions to map in before the clock: generation's steps; chat
     // fills the whole context in a long session; ppl and inspect map theirs as they go
-    if (!is_tokenize) {
+    // ("Making it fast", 5: RUN_PLAIN=1 runs none of it)
+    if (!is_tokenize && use_fast_kernels) {
         prepare_to_run(&transformer, is_generate ? (int)steps : is_chat ? c->seq_len : 0);
         start_read_order_trial(c, forced_read_order);
     }

@@ -59,7 +59,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     else CHECK(c.version == 2 && section.offset % 64 == 0 && section.offset + section.bytes == expected);
     // the bound that keeps the products from overflowing: far below 2^63
     CHECK(expected < (1ull << 62));
-    CHECK(rope_angles_of(&c) >= 0 && rope_angles_of(&c) <= head_size_of(&c) / 2);
+    CHECK(rope_angles_of(&c, LAYER_ROPE_FIRST) >= 0 && rope_angles_of(&c, LAYER_ROPE_FIRST) <= head_size_of(&c) / 2);
     if (expected != size) return 0;
 
     // An aligned private copy, as mmap would give (the formats keep floats 4-aligned,
@@ -130,9 +130,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         matrix_inside(w->per_layer_out, layers * dim * P, lo, hi, alignment);
         check_inside(w->rms_per_layer, layers * dim, sizeof(float), lo, hi, alignment);
     }
-    if (c.rope_scaling == ROPE_SCALING_LONGROPE) { // its factors, as load_checkpoint points the config at them
-        check_inside(w->rope_factors, 2ull * rope_angles_of(&c), sizeof(float), lo, hi, alignment);
-        t.config.longrope_factors = w->rope_factors;
+    if (c.rope[LAYER_ROPE_FIRST].scaling == ROPE_SCALING_LONGROPE) { // its factors, as load_checkpoint points the config at them
+        check_inside(w->rope_factors, 2ull * rope_angles_of(&c, LAYER_ROPE_FIRST), sizeof(float), lo, hi, alignment);
+        t.config.rope[LAYER_ROPE_FIRST].longrope_factors = w->rope_factors;
     }
     if (c.layer_table_bytes == 8ull * c.n_layers) { // records of eight fields were read by parse_header
         CHECK(c.layer_table_offset % ROPE_V2_ALIGNMENT == 0 && c.layer_table_offset + c.layer_table_bytes <= size);

@@ -1,13 +1,20 @@
 """RUN_PLAIN=1 runs the plain loops of the forward pass and the sampler only (none of "Making it
 fast"), for a learner stepping through the equations with a debugger. It must print the same
-bytes as the default run: the fast kernels are refinements that compute the same sums."""
+bytes as the default run: the fast kernels are refinements that compute the same sums. make
+debug's build (run-debug: -O0 -g, built with RUN_PLAIN) runs under gdb with a breakpoint on
+every function of "Making it fast", none of which may be entered."""
 import os
+import re
+import shutil
 import subprocess
 
 import pytest
 
 import family_fixtures
-from conftest import LONG_TEXT, RUN_BIN, RUN_PREFIX, STORIES, TOK512, export
+import gemma4_fixtures
+import moe_fixtures
+import run_c_source
+from conftest import LONG_TEXT, ROOT, RUN_BIN, RUN_PREFIX, STORIES, TOK512, export
 from ropefile import as_16bit, random_weights, write_checkpoint
 
 STORY = ("Once upon a time, there was a little girl named Lily. She loved to play outside in the park. "
@@ -108,3 +115,99 @@ def test_run_plain_other_than_0_or_1_is_a_usage_error():
     assert r.returncode == 2
     assert r.stderr.decode().splitlines() == [
         "run: error: RUN_PLAIN expects 1 (plain loops) or 0, got 'yes' (run -h for usage)"]
+
+
+# ----------------------------------------------------------------------------
+# make debug's build under gdb: no function of "Making it fast" is entered
+
+# Each function gets a breakpoint that reports its entry and lets the run go on.
+GDB_SCRIPT = """
+import gdb
+gdb.execute("set breakpoint pending off")
+class Entered(gdb.Breakpoint):
+    def stop(self):
+        gdb.write("entered %s\\n" % self.location)
+        return False
+placed = 0
+for name in NAMES:
+    try:
+        Entered("run.c:" + name)
+        placed += 1
+    except gdb.error:
+        pass  # not in this build: the other target's SIMD, or a static inline never called
+gdb.write("breakpoints placed: %d\\n" % placed)
+"""
+
+
+def making_it_fast():
+    """The functions run.c's section "Making it fast" defines."""
+    return sorted(set(run_c_source.functions_in(run_c_source.run_c_lines(), "// Making it fast")))
+
+
+@pytest.fixture(scope="module")
+def debug_build():
+    if RUN_BIN != str(ROOT / "run"):
+        pytest.skip("make debug's build is checked with the default build's tests")
+    if shutil.which("gdb") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("gdb is not installed")
+        pytest.skip("gdb is not installed")
+    r = subprocess.run(["make", "-s", "run-debug"], cwd=ROOT, capture_output=True, timeout=600)
+    assert r.returncode == 0, r.stderr.decode()
+    return ROOT / "run-debug"
+
+
+def entered_under_gdb(binary, tmp_path, *args):
+    """Runs binary args under gdb; returns the "Making it fast" functions it entered."""
+    names = making_it_fast()
+    script = tmp_path / "breakpoints.py"
+    script.write_text(f"NAMES = {names!r}\n" + GDB_SCRIPT)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("RUN_PLAIN", None)  # the build is plain by itself
+    r = subprocess.run(["gdb", "-nx", "-batch", "-x", str(script), "-ex", "run", "--args", str(binary),
+                        *map(str, args)], capture_output=True, text=True, timeout=600, env=env,
+                       stdin=subprocess.DEVNULL)
+    placed = re.search(r"breakpoints placed: (\d+)", r.stdout)
+    assert placed and int(placed.group(1)) >= len(names) // 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert re.search(r"\[Inferior 1 \(process \d+\) exited normally\]", r.stdout), r.stdout[-2000:] + r.stderr
+    return sorted(set(re.findall(r"^entered run\.c:(\w+)", r.stdout, re.M)))
+
+
+@pytest.fixture(scope="module")
+def family_models(tmp_path_factory):
+    """Exported fixtures of the families' switches: Gemma 3 (two RoPE settings, sliding rings,
+    GeGLU), Gemma 4 E2B (per-layer inputs, KV sharing), Qwen3-MoE and Gemma 4 26B-A4B (experts
+    in place of the feed-forward, and beside it)."""
+    root = tmp_path_factory.mktemp("debug")
+    writers = {"Gemma-3-1B": lambda d: family_fixtures.write_checkpoint(d, "Gemma-3-1B", "F32", seed=11, window=13),
+               "gemma-4-E2B-it": lambda d: gemma4_fixtures.write_checkpoint(d, "gemma-4-E2B-it", "BF16"),
+               "Qwen3-30B-A3B": lambda d: moe_fixtures.write_checkpoint(d, "Qwen3-30B-A3B", "BF16", seed=3),
+               "gemma-4-26B-A4B": lambda d: moe_fixtures.write_checkpoint_gemma4(d, "gemma-4-26B-A4B", "F32",
+                                                                                seed=3)}
+    models = []
+    for name, write in writers.items():
+        write(root / name)
+        export(root / name, root / f"{name}.bin")
+        models.append(root / f"{name}.bin")
+    return models
+
+
+def test_make_debug_prints_the_bytes_of_the_default_build(debug_build):
+    args = [STORIES, "-z", TOK512, "-t", "0.8", "-s", "42", "-n", "120", "-p", "Once upon a time"]
+    debug, default = (subprocess.run([str(b), *map(str, args)], capture_output=True, timeout=300,
+                                     stdin=subprocess.DEVNULL) for b in (debug_build, RUN_BIN))
+    assert debug.returncode == 0 and default.returncode == 0, debug.stderr + default.stderr
+    assert debug.stdout and debug.stdout == default.stdout
+
+
+def test_the_plain_loops_enter_no_function_of_making_it_fast(debug_build, tmp_path, bf16_model, family_models):
+    # the forward pass in prefill blocks and decoding steps, greedy and sampled, inspect, and
+    # every family's switch; gdb reports any entry into "Making it fast"
+    runs = [(STORIES, "-z", TOK512, "-t", "0", "-n", "40", "-p", "Once upon a time"),
+            (STORIES, "-z", TOK512, "-t", "0.8", "-s", "42", "-n", "24", "-p", STORY[:150]),
+            (STORIES, "-z", TOK512, "-m", "inspect", "-p", STORY[:150]),
+            (bf16_model, "-z", TOK512, "-m", "ppl", "-p", STORY),
+            *[(model, "-z", TOK512, "-t", "0", "-n", "8", "-p", LONG_TEXT[:300]) for model in family_models]]
+    entered = {str(args[0].name) + " " + " ".join(map(str, args[3:5])): entered_under_gdb(debug_build, tmp_path, *args)
+               for args in runs}
+    assert not any(entered.values()), {k: v for k, v in entered.items() if v}

@@ -21,10 +21,10 @@ static Config rope_config(int head_size, float theta, float fraction) {
     c.dim = head_size;
     c.n_heads = 1;
     c.n_kv_heads = 1;
-    c.rope_theta = theta;
-    c.rope_fraction = fraction;
-    c.rope_factor = 1.0f;
-    c.rope_original_len = 64;
+    c.rope[LAYER_ROPE_FIRST].theta = theta;
+    c.rope[LAYER_ROPE_FIRST].fraction = fraction;
+    c.rope[LAYER_ROPE_FIRST].factor = 1.0f;
+    c.rope[LAYER_ROPE_FIRST].original_len = 64;
     return c;
 }
 
@@ -51,8 +51,8 @@ static double score_at(const Config *c, const float *q0, const float *k0, int m,
     int d = head_size_of(c);
     memcpy(q, q0, d * sizeof(float));
     memcpy(k, k0, d * sizeof(float));
-    rope_rotate_head(q, c, m);
-    rope_rotate_head(k, c, n);
+    rope_rotate_head(q, c, LAYER_ROPE_FIRST, m);
+    rope_rotate_head(k, c, LAYER_ROPE_FIRST, n);
     double s = 0;
     for (int i = 0; i < d; i++) s += (double)q[i] * k[i];
     return s;
@@ -72,7 +72,7 @@ static void test_rotation_equals_block_diagonal_matrix(void) {
                 double R[16 * 16];
                 random_vector(x, d, &rng);
                 memcpy(y, x, sizeof(x));
-                rope_rotate_head(y, &c, m);
+                rope_rotate_head(y, &c, LAYER_ROPE_FIRST, m);
                 rotation_matrix(R, d, thetas[ti], (int)(fractions[fi] * d / 2), m);
                 for (int r = 0; r < d; r++) {
                     double expect = 0;
@@ -121,7 +121,7 @@ static void test_rotation_preserves_norm(void) {
         random_vector(x, 128, &rng);
         double before = 0, after = 0;
         for (int i = 0; i < 128; i++) before += (double)x[i] * x[i];
-        rope_rotate_head(x, &c, pos);
+        rope_rotate_head(x, &c, LAYER_ROPE_FIRST, pos);
         for (int i = 0; i < 128; i++) after += (double)x[i] * x[i];
         double err = fabs(sqrt(after) - sqrt(before)) / sqrt(before);
         if (err > worst) worst = err;
@@ -137,7 +137,7 @@ static void test_prope_leaves_unrotated_pairs_alone(void) {
     unsigned long long rng = 9;
     random_vector(x, 16, &rng);
     memcpy(y, x, sizeof(x));
-    rope_rotate_head(y, &c, 123);
+    rope_rotate_head(y, &c, LAYER_ROPE_FIRST, 123);
     int untouched = memcmp(x + 8, y + 8, 8 * sizeof(float)) == 0;
     int rotated = memcmp(x, y, 8 * sizeof(float)) != 0;
     check(untouched && rotated, "prope_rotates_first_pairs_and_leaves_the_rest_bitwise", "pairs >= rope_angles changed");
@@ -152,7 +152,7 @@ static void test_rope_angles_is_floor_of_p_times_half_head(void) {
     char detail[96] = "";
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         Config c = rope_config(cases[i].d, 10000.0f, cases[i].p);
-        int got = rope_angles_of(&c);
+        int got = rope_angles_of(&c, LAYER_ROPE_FIRST);
         if (got != cases[i].expect) {
             ok = 0;
             snprintf(detail, sizeof(detail), "d=%d p=%g: got %d, expected %d", cases[i].d, cases[i].p, got, cases[i].expect);
@@ -164,16 +164,16 @@ static void test_rope_angles_is_floor_of_p_times_half_head(void) {
 static void test_table_rope_equals_plain_rope(void) {
     Config c = rope_config(32, 500000.0f, 0.75f);
     c.seq_len = 300;
-    int n = rope_angles_of(&c);
+    int n = rope_angles_of(&c, LAYER_ROPE_FIRST);
     float *cos_t = malloc(sizeof(float) * c.seq_len * n), *sin_t = malloc(sizeof(float) * c.seq_len * n);
-    rope_build_tables(cos_t, sin_t, &c);
+    rope_build_tables(cos_t, sin_t, &c, LAYER_ROPE_FIRST);
     unsigned long long rng = 11;
     int same = 1;
     for (int pos = 0; pos < c.seq_len; pos += 13) {
         float a[32], b[32];
         random_vector(a, 32, &rng);
         memcpy(b, a, sizeof(a));
-        rope_rotate_head(a, &c, pos);
+        rope_rotate_head(a, &c, LAYER_ROPE_FIRST, pos);
         rope_apply(b, 1, 32, n, cos_t + pos * n, sin_t + pos * n);
         same &= memcmp(a, b, sizeof(a)) == 0;
     }
@@ -185,10 +185,10 @@ static void test_table_rope_equals_plain_rope(void) {
 static void test_rope_frequencies_follow_theta(void) {
     // omega_i = theta^(-2i/d): omega_0 = 1, and omega_{d/2-1} = theta^(-(d-2)/d)
     Config c = rope_config(64, 10000.0f, 1.0f);
-    double w0 = rope_frequency(&c, 0), wl = rope_frequency(&c, 31), expect = pow(10000.0, -62.0 / 64.0);
-    c.rope_scaling = ROPE_SCALING_LINEAR;
-    c.rope_factor = 4.0f;
-    double scaled = rope_frequency(&c, 5), expect_scaled = pow(10000.0, -10.0 / 64.0) / 4.0;
+    double w0 = rope_frequency(&c, LAYER_ROPE_FIRST, 0), wl = rope_frequency(&c, LAYER_ROPE_FIRST, 31), expect = pow(10000.0, -62.0 / 64.0);
+    c.rope[LAYER_ROPE_FIRST].scaling = ROPE_SCALING_LINEAR;
+    c.rope[LAYER_ROPE_FIRST].factor = 4.0f;
+    double scaled = rope_frequency(&c, LAYER_ROPE_FIRST, 5), expect_scaled = pow(10000.0, -10.0 / 64.0) / 4.0;
     check(w0 == 1.0 && fabs(wl - expect) / expect < 1e-6 && fabs(scaled - expect_scaled) / expect_scaled < 1e-6,
           "rope_frequency_is_theta_pow_minus_2i_over_d_divided_by_scale", "wrong frequency");
 }
@@ -199,16 +199,17 @@ static void test_rope_frequencies_follow_theta(void) {
 // any read beyond: the extra pairs get NaN (which every caller's check refuses).
 static void test_longrope_never_reads_past_its_factors(void) {
     Config c = rope_config(16, 10000.0f, 0.5f); // 4 of 8 pairs rotate
-    c.rope_scaling = ROPE_SCALING_LONGROPE, c.rope_factor = 8.0f, c.rope_original_len = 32, c.seq_len = 64;
-    int pairs = rope_angles_of(&c);
+    RopeSetting *r = &c.rope[LAYER_ROPE_FIRST];
+    r->scaling = ROPE_SCALING_LONGROPE, r->factor = 8.0f, r->original_len = 32, c.seq_len = 64;
+    int pairs = rope_angles_of(&c, LAYER_ROPE_FIRST);
     float *factors = malloc(sizeof(float) * 2 * pairs);
     for (int i = 0; i < 2 * pairs; i++) factors[i] = 1.0f + i; // short 1..4, long 5..8
     int loaded = use_longrope_factors(&c, factors) == 0;
-    c.rope_fraction = 1.0f; // all 8 pairs: the factors cover only 4
+    r->fraction = 1.0f; // all 8 pairs: the factors cover only 4
     int within = 1, beyond = 1;
-    for (int i = 0; i < rope_angles_of(&c); i++) {
-        float omega = rope_frequency(&c, i);
-        if (i < pairs) within &= omega == rope_base_frequency(&c, i) / (float)(1 + pairs + i); // the long set
+    for (int i = 0; i < rope_angles_of(&c, LAYER_ROPE_FIRST); i++) {
+        float omega = rope_frequency(&c, LAYER_ROPE_FIRST, i);
+        if (i < pairs) within &= omega == rope_base_frequency(&c, LAYER_ROPE_FIRST, i) / (float)(1 + pairs + i); // the long set
         else beyond &= isnan(omega);
     }
     check(loaded && pairs == 4 && within && beyond, "longrope_never_reads_past_its_factors",
@@ -662,8 +663,9 @@ static int make_variant(Transformer *t) {
     c->attention_scale = 0.3f;
     c->attention_softcap = 5.0f;
     c->final_softcap = 20.0f;
-    c->rope2.rope_theta = 500.0f, c->rope2.rope_fraction = 0.5f, c->rope2.rope_factor = 1.0f;
-    c->rope2.rope_original_len = c->seq_len;
+    RopeSetting *second = &c->rope[LAYER_ROPE_SECOND];
+    second->theta = 500.0f, second->fraction = 0.5f, second->factor = 1.0f;
+    second->original_len = c->seq_len;
     c->layer_table_bytes = 8ull * c->n_layers; // (as loaded from a table: -m rope and inspect print it)
     int ropes[4] = {variant_layer0, LAYER_ROPE_SECOND, LAYER_ROPE_FIRST, LAYER_NOPE}, windows[4] = {variant_window0, 7, 0, 5};
     for (int l = 0; l < c->n_layers; l++) c->layer[l].rope = ropes[l % 4], c->layer[l].window = windows[l % 4];
@@ -880,12 +882,13 @@ static void test_shifted_keys_equal_fresh_keys(const char *checkpoint, float fra
         check(0, name, error_message);
         return;
     }
-    if (use_variant) fraction = a.config.rope_fraction; // the variant's settings as they are
-    a.config.rope_fraction = b.config.rope_fraction = fraction;
+    RopeSetting *ra = &a.config.rope[LAYER_ROPE_FIRST], *rb = &b.config.rope[LAYER_ROPE_FIRST];
+    if (use_variant) fraction = ra->fraction; // the variant's settings as they are
+    ra->fraction = rb->fraction = fraction;
     if (rule != ROPE_SCALING_NONE) {
-        a.config.rope_scaling = b.config.rope_scaling = rule;
-        a.config.rope_factor = b.config.rope_factor = 4.0f;
-        a.config.rope_original_len = b.config.rope_original_len = 64;
+        ra->scaling = rb->scaling = rule;
+        ra->factor = rb->factor = 4.0f;
+        ra->original_len = rb->original_len = 64;
     }
     if (build_run_state(&a.state, &a.config) || build_run_state(&b.state, &b.config)) {
         check(0, name, error_message);
