@@ -32,7 +32,7 @@ bench/in_cache: bench/in_cache.c run.c
 	$(CC) $(BUILD_FLAGS) -Wno-unused-function $(OPENMP) -o $@ bench/in_cache.c -lm
 
 .PHONY: bench bench-moe
-bench: run bench/stream bench/peak bench/in_cache
+bench: run bench/stream bench/peak bench/in_cache bench/read_order
 	MODELS=$(MODELS) PEER=$(PEER) LLAMA_BENCH=$(LLAMA_BENCH) $(PYTHON) bench/bench.py $(BENCH_ARGS)
 	$(if $(filter 0,$(BENCH_MOE))$(findstring --quick,$(BENCH_ARGS)),,$(MAKE) --no-print-directory bench-moe)
 

@@ -35,7 +35,8 @@ static void layer_matmuls(Transformer *t, int l) {
     const Config *c = &t->config;
     const TransformerWeights *w = &t->weights;
     RunState *s = &t->state;
-    size_t dim = c->dim, kv_dim = kv_dim_of(c), hidden = c->hidden_dim, q_dim = q_dim_of(c);
+    size_t dim = c->dim, kv_dim = (size_t)c->n_kv_heads * head_size_of(c), hidden = c->hidden_dim,
+           q_dim = (size_t)c->n_heads * head_size_of(c);
     Projection qkv[3] = {{s->q, matrix_at(w->wq, l * q_dim * dim), (int)q_dim},
                          {s->k, matrix_at(w->wk, l * kv_dim * dim), (int)kv_dim},
                          {s->v, matrix_at(w->wv, l * kv_dim * dim), (int)kv_dim}};
@@ -54,11 +55,7 @@ static void all_matmuls(Transformer *t) {
 }
 
 // The bytes all_matmuls (and a decode step) reads from the weights (of any type).
-static double matmul_bytes(const Config *c) {
-    double dim = c->dim, hidden = c->hidden_dim, kv_dim = kv_dim_of(c);
-    return (double)weight_type_bytes(c->weight_type) *
-           (c->n_layers * (2 * dim * dim + 2 * dim * kv_dim + 3 * dim * hidden) + dim * c->vocab_size);
-}
+static double matmul_bytes(const Config *c) { return matrix_bytes_per_token(c, NULL); }
 
 static int compare_doubles(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -76,7 +73,7 @@ static double time_layer_matmuls(Transformer *t, int l) {
 static void time_orders_by_layer(Transformer *t, int rounds) {
     const Config *c = &t->config;
     int L = c->n_layers, steps = rounds * L;
-    double layer_bytes = (matmul_bytes(c) - (double)weight_type_bytes(c->weight_type) * c->dim * c->vocab_size) / L;
+    double layer_bytes = (matmul_bytes(c) - (double)weight_bytes(c->weight_type, (uint64_t)c->dim * c->vocab_size)) / L;
     double *samples = malloc(sizeof(double) * N_READ_ORDERS * steps); // [order][step]
     for (int step = 0; step < steps; step++)
         for (int k = 0; k < N_READ_ORDERS; k++) {
@@ -119,15 +116,16 @@ int main(int argc, char **argv) {
 
     // the whole mapping, from the first weight on, as rows of dim weights of the file's type
     Matrix region = t.weights.token_embedding;
-    size_t element_bytes = weight_type_bytes(region.type);
-    size_t region_weights = (t.file_size - (size_t)((const char *)region.data - (const char *)t.mapped)) / element_bytes;
+    double weight_bytes_each = (double)weight_bytes(region.type, 1024) / 1024; // Q8_0: 34 bytes a block of 32
+    size_t region_weights =
+        (size_t)((double)(t.file_size - (size_t)((const char *)region.data - (const char *)t.mapped)) / weight_bytes_each);
     int region_rows = (int)(region_weights / c->dim);
     float *region_out = alloc_floats(region_rows);
     if (!region_out) {
         fprintf(stderr, "read_order: out of memory\n");
         return 1;
     }
-    double bytes[3] = {(double)element_bytes * region_rows * c->dim, matmul_bytes(c), matmul_bytes(c)};
+    double bytes[3] = {weight_bytes_each * region_rows * c->dim, matmul_bytes(c), matmul_bytes(c)};
     const char *names[3] = {"one region", "matrices", "forward"};
     double gbs[3] = {0}, order_gbs[N_READ_ORDERS] = {0};
     double *ratios = malloc(sizeof(double) * N_READ_ORDERS * rounds); // [order][round]: this round's ratio to order 0
