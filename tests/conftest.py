@@ -1,5 +1,6 @@
 """Shared paths and helpers for the tests. Models and goldens are the copies the repository ships
 (models/, tests/data/); MODELS= and GOLDEN= point elsewhere."""
+import importlib.util
 import os
 import shlex
 import subprocess
@@ -22,6 +23,18 @@ STORIES_V1 = MODELS / "stories260K_v1.bin"
 TOK512 = MODELS / "tok512.bin"
 LLAMA_TOKENIZER = MODELS / "tokenizer.bin"
 PREFILL_BLOCK = 128  # run.c's block of prompt tokens
+
+
+def load_export():
+    """export.py as a module, for the tests that call its functions or main() in-process: loaded
+    once from the file (the repository root is not a package)."""
+    if "export_under_test" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("export_under_test", ROOT / "export.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["export_under_test"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["export_under_test"]
+
 # 422 tokens with tok512: longer than a shrunk window (8) plus a prefill block, the ring a
 # sliding layer's cache holds (run.c's kv_positions_of: W + PREFILL_BLOCK - 1 positions),
 # three times over, so that its slots wrap inside a block and across blocks

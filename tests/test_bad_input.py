@@ -894,9 +894,7 @@ STACK_MIN_K = os.sysconf("SC_THREAD_STACK_MIN") // 1024  # glibc's PTHREAD_STACK
 
 
 def run_with_threads(value, *argv):
-    argv = [str(a) for a in argv]
-    return subprocess.run(RUN_PREFIX + [RUN_BIN] + argv, capture_output=True, stdin=subprocess.DEVNULL, timeout=60,
-                          env=dict(os.environ, OMP_NUM_THREADS=value)), argv
+    return run(*argv, timeout=60, env={"OMP_NUM_THREADS": value}), [str(a) for a in argv]
 
 
 @pytest.mark.parametrize("value, message", [("1025", "OMP_NUM_THREADS must be in [1, 1024], got 1025"),
@@ -943,9 +941,7 @@ def test_openmp_settings_the_runtime_refuses_or_cannot_start_get_our_line(name, 
     """libgomp prints "Invalid value" and goes on, warns of a stack below its minimum and goes on,
     or stops at the first parallel region with "Thread creation failed" and exit 1: run refuses
     such a value first, exit 2 with its own line."""
-    argv = [str(a) for a in (STORIES, "-z", TOK512, "-t", "0", "-n", "4", "-p", "Once", "-T", "2")]
-    r = subprocess.run(RUN_PREFIX + [RUN_BIN] + argv, capture_output=True, stdin=subprocess.DEVNULL, timeout=60,
-                       env=dict(os.environ, **{name: value}))
+    r = run(STORIES, "-z", TOK512, "-t", "0", "-n", "4", "-p", "Once", "-T", "2", timeout=60, env={name: value})
     assert message in assert_our_line_comes_last(r, name), r.stderr
 
 
@@ -960,8 +956,7 @@ def openmp_rows_of_the_testing_doc():
 @pytest.mark.skipif(b"libgomp.so" not in Path(RUN_BIN).read_bytes(), reason="libgomp's lines: a build with OpenMP")
 def test_the_testing_docs_table_says_which_refused_openmp_values_libgomp_also_prints_for():
     for name, value, libgomp in openmp_rows_of_the_testing_doc():
-        r = subprocess.run(RUN_PREFIX + [RUN_BIN, str(STORIES), "-z", str(TOK512), "-n", "2", "-T", "2"],
-                           capture_output=True, stdin=subprocess.DEVNULL, timeout=60, env=dict(os.environ, **{name: value}))
+        r = run(STORIES, "-z", TOK512, "-n", "2", "-T", "2", timeout=60, env={name: value})
         assert_our_line_comes_last(r, name)
         assert (b"libgomp: " in r.stderr) == (libgomp == "yes"), (name, value, r.stderr)
 
@@ -970,8 +965,7 @@ def test_the_testing_docs_table_says_which_refused_openmp_values_libgomp_also_pr
                                          ("OMP_STACKSIZE", f"{STACK_MIN_K}K"),
                                          ("OMP_THREAD_LIMIT", "1"), ("OMP_NUM_THREADS", "2,1")])
 def test_openmp_settings_the_runtime_accepts_still_run(name, value):
-    r = subprocess.run(RUN_PREFIX + [RUN_BIN, str(STORIES), "-z", str(TOK512), "-t", "0", "-n", "4", "-p", "Once"],
-                       capture_output=True, stdin=subprocess.DEVNULL, timeout=60, env=dict(os.environ, **{name: value}))
+    r = run(STORIES, "-z", TOK512, "-t", "0", "-n", "4", "-p", "Once", timeout=60, env={name: value})
     assert r.returncode == 0 and r.stdout.startswith(b"Once"), r.stderr
 
 

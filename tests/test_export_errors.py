@@ -9,7 +9,6 @@ safetensors file is a u64 header length, a JSON header, then the raw data),
 with tiny sizes: dim 8, 2 heads of 4, 1 kv head, hidden 12, 1 layer, vocab 16.
 """
 
-import importlib.util
 import json
 import math
 import os
@@ -19,6 +18,8 @@ import sys
 
 import numpy as np
 import pytest
+
+from conftest import load_export
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPORT = os.path.join(ROOT, "export.py")
@@ -547,9 +548,7 @@ def test_rope_fraction_is_exact_in_float32(tmp_path):
 # Seams between export.py and run (issue 32): what export.py writes, run loads
 
 
-_spec = importlib.util.spec_from_file_location("export_under_test", EXPORT)
-export_module = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(export_module)
+export_module = load_export()
 
 
 @pytest.fixture

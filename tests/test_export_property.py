@@ -22,24 +22,20 @@ handler is a last resort these never reach. There is no hypothesis package here;
 seeded random generator stands in for it.
 """
 import contextlib
-import importlib.util
 import io
 import json
 import math
 import random
 import struct
-import subprocess
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, TOK512, run
+from conftest import TOK512, load_export, run
 from ropefile import write_random_checkpoint
 from test_export_errors import safetensors_bytes, sentencepiece_model
 
-_spec = importlib.util.spec_from_file_location("export_for_property", ROOT / "export.py")
-export = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(export)
+export = load_export()
 
 N_CONFIGS = 80
 N_TOKENIZERS = 60

@@ -9,7 +9,6 @@ Most exports run in-process (export.main) to keep this quick; the exit codes and
 one-line messages of a real process are checked with subprocesses for a few of them.
 Nothing here runs ./run: whether run.c reads the fields as it should is tested elsewhere.
 """
-import importlib.util
 import json
 import math
 import re
@@ -21,12 +20,10 @@ import numpy as np
 import pytest
 
 import hf_fixture
-from conftest import ROOT, STORIES
+from conftest import ROOT, STORIES, load_export
 
 EXPORT = ROOT / "export.py"
-_spec = importlib.util.spec_from_file_location("export_under_test", EXPORT)
-export = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(export)
+export = load_export()
 
 # head_dim 16 (8 pairs); max_position_embeddings (the header's seq_len) 128
 SIZES = dict(dim=32, hidden_dim=48, n_layers=1, n_heads=2, n_kv_heads=1, vocab_size=64, seq_len=128)
