@@ -2274,6 +2274,64 @@ def check_gemma4_head_sizes(c, files, prefix):
                               f"{s.head_size} wide ({name} has shape {stored})")
 
 
+def gemma4_tensors(c, orders, source):
+    """{ROPE name: [pieces]} of a Gemma 4 model, from `source` (a Hugging Face checkpoint's or a GGUF
+    file's): source.piece(ours, name, shape, heads, order, column_order) reads one piece, checked;
+    source.name(ours, layer) and source.own(layer, name) name them; source.scalar(layer) is the
+    layer scalar; source.experts(layer, tensors) adds a layer's experts. See read_gemma4."""
+    dim, nh, L, P, V = c.dim, c.n_heads, c.n_layers, c.per_layer_dim, c.vocab_size
+    shapes = layer_shapes(c)
+    tensors = {name: [] for name, _ in tensor_shapes(c)}
+    tensors["token_embedding"] = [source.piece("token_embedding", source.name("token_embedding"), (V, dim))]
+    tensors["rms_final"] = [source.piece("rms_final", source.name("rms_final"), (dim,))]
+    if not c.shared_classifier:
+        tensors["wcls"] = [source.piece("wcls", source.name("wcls"), (V, dim))]
+    for l, s in enumerate(shapes):
+        order, hs, own = orders[s.rope], s.head_size, s.source == l
+        q_dim, kv_dim = nh * hs, s.n_kv_heads * hs
+
+        def add(ours, shape, own_name=None, **kw):
+            """Layer l's piece of our tensor: named in HF_TENSORS, or own_name within the layer."""
+            name = source.own(l, own_name) if own_name else source.name(ours, l)
+            tensors[ours].append(source.piece(ours, name, shape, **kw))
+
+        add("rms_att", (dim,))
+        add("rms_post_att", (dim,))
+        add("rms_ffn", (dim,))
+        add("rms_post_ffn", (dim,))
+        add("wq", (q_dim, dim), heads=nh, order=order)
+        add("q_norm", (hs,), heads=1, order=order)
+        if own:
+            add("wk", (kv_dim, dim), heads=s.n_kv_heads, order=order)
+            add("k_norm", (hs,), heads=1, order=order)
+            if not s.values:
+                add("wv", (kv_dim, dim))
+        permuted_values = shapes[s.source].values  # the cache's values are the permuted key projection
+        add("wo", (dim, q_dim), column_order=(nh, order) if permuted_values else None)
+        add("w1", (s.hidden_dim, dim))
+        add("w2", (dim, s.hidden_dim))
+        add("w3", (s.hidden_dim, dim))
+        tensors["layer_scalars"].append(source.scalar(l))
+        if s.experts:  # 26B-A4B: the router, the experts (gate and up fused, gate first) and their norms
+            E = c.n_experts
+            add("router", (E, dim), "router.proj.weight")
+            source.experts(l, tensors)
+            add("router_scale", (dim,), "router.scale")
+            add("expert_scale", (E,), "router.per_expert_scale")
+            add("rms_pre_experts", (dim,))
+            add("rms_post_dense", (dim,))
+            add("rms_post_experts", (dim,))
+        if P:
+            add("per_layer_gate", (P, dim))
+            add("per_layer_projection_out", (dim, P))
+            add("rms_per_layer", (dim,))
+    if P:
+        for ours, shape in (("per_layer_embedding", (V, L * P)), ("per_layer_projection_in", (L * P, dim)),
+                            ("per_layer_projection_norm", (P,))):
+            tensors[ours] = [source.piece(ours, source.name(ours), shape)]
+    return tensors
+
+
 def read_gemma4(model_dir, t, multimodal):
     """Read a Gemma 4 checkpoint (its text decoder): (Config, {name: [loaders]}, the matrices' type).
 
@@ -2297,13 +2355,46 @@ def read_gemma4(model_dir, t, multimodal):
     check_gemma4_parts(t, c, files, prefix)
     matrix_types = set()
 
-    def piece(ours, name, shape, heads=None, order=None, column_order=None):
-        file = checked_tensor(files, ours, name, list(shape), matrix_types)
-        return lazy_tensor(file, name, heads, order, column_order=column_order)
+    class Source:
+        """Where read_gemma4's tensors are: this checkpoint's safetensors."""
+        @staticmethod
+        def piece(ours, name, shape, heads=None, order=None, column_order=None):
+            file = checked_tensor(files, ours, name, list(shape), matrix_types)
+            return lazy_tensor(file, name, heads, order, column_order=column_order)
+
+        @staticmethod
+        def name(ours, layer=None):
+            """Our tensor's name in this checkpoint (the text decoder's under prefix)."""
+            if ours == "wcls":
+                return head_name
+            return prefix + names[ours].format(i=layer).removeprefix("model.")
+
+        @staticmethod
+        def own(layer, name):
+            """A tensor of layer's that HF_TENSORS does not name (the router's, the experts')."""
+            return f"{prefix}layers.{layer}.{name}"
+
+        @staticmethod
+        def scalar(layer):
+            name = Source.name("layer_scalars", layer)
+            if name not in files:
+                return np.ones(1, np.float32)  # transformers' buffer default
+            stored = files[name].entries[name]["shape"]
+            if math.prod(stored) != 1:
+                raise ExportError(f"tensor {name} has shape {stored}, expected [1]")
+            return lambda: widen(files[name].raw(name)[1]).reshape(1)
+
+        @staticmethod
+        def experts(layer, tensors):
+            """The experts' pieces (gate and up fused, gate first), one loader per expert."""
+            E, H, dim = c.n_experts, c.expert_hidden, c.dim
+            tensors["expert_w1"] += expert_pieces(Source.own(layer, "experts.gate_up_proj"), (E, 2 * H, dim), 0, H)
+            tensors["expert_w2"] += expert_pieces(Source.own(layer, "experts.down_proj"), (E, dim, H), 0, dim)
+            tensors["expert_w3"] += expert_pieces(Source.own(layer, "experts.gate_up_proj"), (E, 2 * H, dim), H, 2 * H)
 
     def expert_pieces(name, shape, first, end):
         """Rows first..end of each expert of a stacked (experts, rows, cols) tensor, one loader each."""
-        piece("expert_w1", name, shape)  # its presence, shape and dtype, checked now
+        Source.piece("expert_w1", name, shape)  # its presence, shape and dtype, checked now
         def loader(e):
             def load():
                 return files[name].raw(name)[1][e, first:end]
@@ -2311,79 +2402,538 @@ def read_gemma4(model_dir, t, multimodal):
             return load
         return [loader(e) for e in range(shape[0])]
 
-    def scalar(name):
-        if name not in files:
-            return np.ones(1, np.float32)  # transformers' buffer default
-        stored = files[name].entries[name]["shape"]
-        if math.prod(stored) != 1:
-            raise ExportError(f"tensor {name} has shape {stored}, expected [1]")
-        return lambda: widen(files[name].raw(name)[1]).reshape(1)
-
     names = {**HF_TENSORS, **HF_FOUR_NORMS}
-
-    def stored(ours, layer=None):
-        """Our tensor's name in this checkpoint (the text decoder's under prefix)."""
-        return prefix + names[ours].format(i=layer).removeprefix("model.")
-
-    dim, nh, L, P, V = c.dim, c.n_heads, c.n_layers, c.per_layer_dim, c.vocab_size
-    shapes = layer_shapes(c)
-    tensors = {name: [] for name, _ in tensor_shapes(c)}
-    tensors["token_embedding"] = [piece("token_embedding", stored("token_embedding"), (V, dim))]
-    tensors["rms_final"] = [piece("rms_final", stored("rms_final"), (dim,))]
-    if not c.shared_classifier:
-        tensors["wcls"] = [piece("wcls", head_name, (V, dim))]
-    for l, s in enumerate(shapes):
-        at = f"{prefix}layers.{l}."
-        order, hs, own = orders[s.rope], s.head_size, s.source == l
-        q_dim, kv_dim = nh * hs, s.n_kv_heads * hs
-
-        def add(ours, shape, own_name=None, **kw):
-            """Layer l's piece of our tensor: named in HF_TENSORS, or own_name within the layer."""
-            name = at + own_name if own_name else stored(ours, l)
-            tensors[ours].append(piece(ours, name, shape, **kw))
-
-        add("rms_att", (dim,))
-        add("rms_post_att", (dim,))
-        add("rms_ffn", (dim,))
-        add("rms_post_ffn", (dim,))
-        add("wq", (q_dim, dim), heads=nh, order=order)
-        add("q_norm", (hs,), heads=1, order=order)
-        if own:
-            add("wk", (kv_dim, dim), heads=s.n_kv_heads, order=order)
-            add("k_norm", (hs,), heads=1, order=order)
-            if not s.values:
-                add("wv", (kv_dim, dim))
-        permuted_values = shapes[s.source].values  # the cache's values are the permuted key projection
-        add("wo", (dim, q_dim), column_order=(nh, order) if permuted_values else None)
-        add("w1", (s.hidden_dim, dim))
-        add("w2", (dim, s.hidden_dim))
-        add("w3", (s.hidden_dim, dim))
-        tensors["layer_scalars"].append(scalar(stored("layer_scalars", l)))
-        if s.experts:  # 26B-A4B: the router, the experts (gate and up fused, gate first) and their norms
-            E, H = c.n_experts, c.expert_hidden
-            add("router", (E, dim), "router.proj.weight")
-            tensors["expert_w1"] += expert_pieces(at + "experts.gate_up_proj", (E, 2 * H, dim), 0, H)
-            tensors["expert_w2"] += expert_pieces(at + "experts.down_proj", (E, dim, H), 0, dim)
-            tensors["expert_w3"] += expert_pieces(at + "experts.gate_up_proj", (E, 2 * H, dim), H, 2 * H)
-            add("router_scale", (dim,), "router.scale")
-            add("expert_scale", (E,), "router.per_expert_scale")
-            add("rms_pre_experts", (dim,))
-            add("rms_post_dense", (dim,))
-            add("rms_post_experts", (dim,))
-        if P:
-            add("per_layer_gate", (P, dim))
-            add("per_layer_projection_out", (dim, P))
-            add("rms_per_layer", (dim,))
-    if P:
-        tensors["per_layer_embedding"] = [piece("per_layer_embedding", stored("per_layer_embedding"), (V, L * P))]
-        tensors["per_layer_projection_in"] = [piece("per_layer_projection_in", stored("per_layer_projection_in"),
-                                                    (L * P, dim))]
-        tensors["per_layer_projection_norm"] = [piece("per_layer_projection_norm",
-                                                      stored("per_layer_projection_norm"), (P,))]
+    tensors = gemma4_tensors(c, orders, Source)
     source_type = matrices_type(matrix_types)
     if multimodal:
         say_later("note: gemma4: the text decoder is exported; the vision and audio towers are left out")
     return c, tensors, source_type
+
+
+# ----------------------------------------------------------------------------
+# Reading a GGUF file (llama.cpp's format): its metadata as the config.json it came from, its
+# tensors by name. The container itself is read by read_gguf_file (below); here GGUF's names
+# and conventions are mapped onto the families' table, so that a GGUF file meets the same
+# family logic as a Hugging Face directory (config_from_json), not a copy of it. What GGUF
+# stores differently (docs/gguf.md):
+#   - llama.cpp's `llama` and `smollm3` architectures have q and k in adjacent pairs already (the
+#     converter permutes them): they are this format's order and are copied as they are; every
+#     other architecture keeps Hugging Face's halves, permuted here as read_hf permutes them;
+#   - gemma, gemma2 and gemma3 store norms as 1 + w (computed in float32), which is what this
+#     format stores for Gemma; gemma4 stores w, as this format does;
+#   - keys llama.cpp does not write are taken as llama.cpp's code takes them (GGUF_HARD_CODED);
+#   - Llama 3's scaling is a rope_freqs tensor of per-pair divisors (gguf_llama3_rule).
+
+# The tensors' GGUF names (ROPE name: name; {i} the layer), beside HF_TENSORS
+GGUF_TENSORS = {
+    "token_embedding": "token_embd.weight",
+    "rms_final": "output_norm.weight",
+    "wcls": "output.weight",
+    "rms_att": "blk.{i}.attn_norm.weight",
+    "wq": "blk.{i}.attn_q.weight",
+    "wk": "blk.{i}.attn_k.weight",
+    "wv": "blk.{i}.attn_v.weight",
+    "wo": "blk.{i}.attn_output.weight",
+    "rms_ffn": "blk.{i}.ffn_norm.weight",  # Gemma 2, 3: pre_feedforward_layernorm, the same place
+    "w1": "blk.{i}.ffn_gate.weight",
+    "w2": "blk.{i}.ffn_down.weight",
+    "w3": "blk.{i}.ffn_up.weight",
+    "bq": "blk.{i}.attn_q.bias",
+    "bk": "blk.{i}.attn_k.bias",
+    "bv": "blk.{i}.attn_v.bias",
+    "q_norm": "blk.{i}.attn_q_norm.weight",
+    "k_norm": "blk.{i}.attn_k_norm.weight",
+    "rms_post_att": "blk.{i}.post_attention_norm.weight",
+    "rms_post_ffn": "blk.{i}.post_ffw_norm.weight",
+    "router": "blk.{i}.ffn_gate_inp.weight",
+    "expert_w1": "blk.{i}.ffn_gate_exps.weight",
+    "expert_w2": "blk.{i}.ffn_down_exps.weight",
+    "expert_w3": "blk.{i}.ffn_up_exps.weight",
+}
+# Phi-3's fused tensors: (GGUF name, which band of its rows) as Family.fused's
+GGUF_FUSED = {"wq": ("blk.{i}.attn_qkv.weight", 0), "wk": ("blk.{i}.attn_qkv.weight", 1),
+              "wv": ("blk.{i}.attn_qkv.weight", 2), "w1": ("blk.{i}.ffn_up.weight", 0),
+              "w3": ("blk.{i}.ffn_up.weight", 1)}
+# the architectures whose q and k rows llama.cpp's converter permutes into adjacent pairs (its
+# LLAMA_ROPE_TYPE_NORM models): this format's order; the others keep Hugging Face's halves
+GGUF_ADJACENT_PAIRS = {"llama", "smollm3"}
+# the GGUF tensor types this format holds as they are, by their ggml names
+GGUF_KINDS = {"F32": "f32", "BF16": "bf16", "F16": "f16", "Q8_0": "q8_0"}
+GGUF_NUMPY = {"F32": "<f4", "BF16": "<u2", "F16": "<f2"}
+
+
+def gguf_family(g):
+    """(model_type, Family) of a GGUF file's general.architecture: llama.cpp's `llama` is Llama's
+    (Mistral's and SmolLM2's too: their files say no more), Mixtral's when it has experts."""
+    arch = g.metadata.get("general.architecture")
+    if not isinstance(arch, str):
+        raise ExportError(f"{g.path}: general.architecture is missing or not a string")
+    names = [t for t, f in FAMILIES.items() if f.gguf == arch]
+    if not names:
+        known = sorted({f.gguf for f in FAMILIES.values()})
+        raise ExportError(f"{g.path}: general.architecture {arch!r} is not supported (only {', '.join(known)})")
+    if arch == "llama":
+        names = ["mixtral" if gguf_value(g, "llama.expert_count", int, 0) else "llama"]
+    return names[0], FAMILIES[names[0]]
+
+
+def gguf_value(g, key, kind, default=None):
+    """A metadata value of the Python kind int, float, bool or str (an int is a float too), or
+    default when the file has no such key; one line naming the key otherwise."""
+    if key not in g.metadata:
+        if default is None:
+            raise ExportError(f"{g.path}: metadata key {key} is missing")
+        return default
+    value = g.metadata[key]
+    ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        ok, value = True, float(value)
+    if not ok:
+        raise ExportError(f"{g.path}: metadata {key} is {value!r}, expected {kind.__name__}")
+    return value
+
+
+def gguf_positive(g, key, default=None):
+    """A metadata integer in [1, 2^31 - 1]."""
+    value = gguf_value(g, key, int, default)
+    if not 0 < value <= INT32_MAX:
+        raise ExportError(f"{g.path}: metadata {key} {value} must be a positive int32")
+    return value
+
+
+def gguf_tensor(g, name, what="tensor"):
+    """The GGUF tensor `name` (one line when the file has none)."""
+    if name not in g.tensors:
+        raise ExportError(f"{g.path}: {what} {name} is missing")
+    return g.tensors[name]
+
+
+# What llama.cpp's code takes for the keys its converter does not write, by architecture
+# (docs/gguf.md): Gemma 2's and 3's query scale is 1/sqrt(head_dim) but for their 27B models
+# (46 and 62 layers: 1/sqrt(hidden / heads)); Gemma 3's layers slide but every sixth; SmolLM3's
+# every fourth layer is NoPE (configuration_smollm3.py's default, which hf_layers applies);
+# Qwen3-MoE renormalizes the chosen experts' weights. Mistral's sliding window does not reach
+# the file (its architecture is `llama`): llama.cpp attends over the whole context, and so does
+# the converted file.
+GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+
+
+def gguf_rope_scaling(g, arch, rope_freqs):
+    """The rope_scaling dict of config.json that the file's rope keys describe, or None."""
+    kind = gguf_value(g, f"{arch}.rope.scaling.type", str, "none")
+    original = gguf_value(g, f"{arch}.rope.scaling.original_context_length", int, 0)
+    if rope_freqs is not None:
+        return None  # gguf_llama3_rule reads it
+    if kind == "none":
+        return None
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": gguf_value(g, f"{arch}.rope.scaling.factor", float)}
+    if kind == "yarn":
+        rope = {"rope_type": "yarn", "factor": gguf_value(g, f"{arch}.rope.scaling.factor", float)}
+        if original:
+            rope["original_max_position_embeddings"] = original
+        return rope
+    if kind == "longrope":
+        return None  # phi3: gguf_longrope
+    raise ExportError(f"{g.path}: metadata {arch}.rope.scaling.type {kind!r} is not supported (only none, linear, "
+                      "yarn, and Llama 3's and Phi-3's factor tensors)")
+
+
+def gguf_float_tensor(g, name):
+    """A small F32 tensor's values (rope_freqs, the longrope factors) as float64s."""
+    t = gguf_tensor(g, name)
+    if t.type_name != "F32" or len(t.shape) != 1:
+        raise ExportError(f"{g.path}: tensor {name} must be a one-dimensional F32 tensor (it is {t.type_name} "
+                          f"{list(t.shape)})")
+    values = gguf_array(g, name)[1].astype(np.float64)
+    if not np.all(np.isfinite(values)) or not np.all(values > 0):
+        raise ExportError(f"{g.path}: tensor {name}: every factor must be finite and > 0")
+    return values
+
+
+def gguf_llama3_rule(g, base, head_dim, rope_freqs):
+    """The llama3 rule a rope_freqs tensor encodes. llama.cpp divides pair i's frequency by
+    rope_freqs[i], which its converter computed from config.json's factor, low_freq_factor,
+    high_freq_factor and original_max_position_embeddings L (the 2025 converter read L at the
+    top level only, default 8192; later ones in rope_scaling too): 1 for wavelengths below
+    L / high, the factor above L / low, a smooth blend between. The rule is the one whose
+    divisors these are (each within 2^-20 of the stored float32: the converter's float32
+    arithmetic), the factor the largest divisor, tried: low 1 and high 4 (every Llama 3.x) with
+    L 8192, with the L each blended divisor gives, and with an L between the kept and the divided
+    wavelengths when none is blended (every such L gives the same frequencies); then low 1 with
+    high and L solved from two blended divisors. None fits: one line naming the tensor."""
+    if len(rope_freqs) != head_dim // 2:
+        raise ExportError(f"{g.path}: tensor rope_freqs has {len(rope_freqs)} entries for {head_dim // 2} pairs")
+    factor = float(rope_freqs.max())
+    wavelen = 2 * math.pi * base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+
+    def divisors(low, high, original):
+        smooth = (original / wavelen - low) / (high - low)
+        with np.errstate(divide="ignore"):
+            mid = 1 / ((1 - smooth) / factor + smooth)
+        return np.where(wavelen < original / high, 1.0, np.where(wavelen > original / low, factor, mid))
+
+    candidates = [(1.0, 4.0, 8192)]
+    middle = np.flatnonzero((rope_freqs > 1) & (rope_freqs < factor))
+    blend = (1 / rope_freqs - 1 / factor) / (1 - 1 / factor) if factor > 1 else np.zeros_like(rope_freqs)
+    candidates += [(1.0, 4.0, round(wavelen[i] * (3 * blend[i] + 1))) for i in middle]
+    divided = wavelen[rope_freqs == factor]
+    if not len(middle) and len(divided):
+        candidates.append((1.0, 4.0, math.floor(divided.min())))
+    if len(middle) >= 2:  # blend_i = (L / w_i - 1) / (high - 1): a line in 1 / w_i
+        a, b = np.polyfit(1 / wavelen[middle], blend[middle], 1)
+        if a > 0 and b < 0:
+            high = 1 - 1 / b
+            candidates.append((1.0, float(high), round(a * (high - 1))))
+    for low, high, original in candidates:
+        if high > low and original > 0 and np.allclose(divisors(low, high, original), rope_freqs, rtol=2**-20, atol=0):
+            return {"rope_type": "llama3", "factor": factor, "low_freq_factor": low, "high_freq_factor": high,
+                    "original_max_position_embeddings": original}
+    raise ExportError(f"{g.path}: tensor rope_freqs: its per-pair divisors are not the llama3 rule's for any "
+                      "low/high frequency factors and original length tried")
+
+
+def gguf_longrope(g, arch, config, head_dim):
+    """Phi-3's longrope (rope_factors_short / _long tensors, their original length and attention
+    factor keys) as config.json's rope_scaling."""
+    short = gguf_float_tensor(g, "rope_factors_short.weight")
+    long = gguf_float_tensor(g, "rope_factors_long.weight")
+    if len(short) != len(long):
+        raise ExportError(f"{g.path}: rope_factors_short has {len(short)} entries, rope_factors_long {len(long)}")
+    rope = {"rope_type": "longrope", "short_factor": [float(x) for x in short],
+            "long_factor": [float(x) for x in long]}
+    original = gguf_value(g, f"{arch}.rope.scaling.original_context_length", int)
+    config["original_max_position_embeddings"] = original
+    if f"{arch}.rope.scaling.attn_factor" in g.metadata:
+        rope["attention_factor"] = gguf_value(g, f"{arch}.rope.scaling.attn_factor", float)
+    return rope
+
+
+def gguf_config(g):
+    """The config.json dict (model_type and the keys config_from_json reads) that a GGUF file's
+    metadata and tensor shapes describe, as llama.cpp reads them."""
+    model_type, family = gguf_family(g)
+    arch = family.gguf
+    embedding = gguf_tensor(g, GGUF_TENSORS["token_embedding"])
+    if len(embedding.shape) != 2:
+        raise ExportError(f"{g.path}: tensor token_embd.weight has shape {list(embedding.shape)}; expected "
+                          "(vocab, embedding_length)")
+    dim, n_heads = gguf_positive(g, f"{arch}.embedding_length"), gguf_positive(g, f"{arch}.attention.head_count")
+    n_layers = gguf_positive(g, f"{arch}.block_count")
+    per_layer = lambda key, read: 1 if family.layer_records and isinstance(g.metadata.get(key), list) else read(key)
+    config = {
+        "model_type": model_type, "architectures": [family.architecture],
+        "hidden_size": dim, "num_hidden_layers": n_layers, "num_attention_heads": n_heads,
+        # Gemma 4's lists of per-layer values are read by gguf_gemma4_config
+        "num_key_value_heads": per_layer(f"{arch}.attention.head_count_kv", lambda k: gguf_positive(g, k, n_heads)),
+        "intermediate_size": per_layer(f"{arch}.feed_forward_length", lambda k: gguf_positive(g, k)),
+        "max_position_embeddings": gguf_positive(g, f"{arch}.context_length"),
+        "rms_norm_eps": gguf_value(g, f"{arch}.attention.layer_norm_rms_epsilon", float),
+        "rope_theta": gguf_value(g, f"{arch}.rope.freq_base", float, 10000.0),
+        "vocab_size": int(embedding.shape[0]),
+        "tie_word_embeddings": GGUF_TENSORS["wcls"] not in g.tensors,
+    }
+    if embedding.shape[1] != dim:
+        raise ExportError(f"{g.path}: tensor token_embd.weight has rows of {embedding.shape[1]}, but "
+                          f"{arch}.embedding_length is {dim}")
+    key_length = gguf_value(g, f"{arch}.attention.key_length", int, 0)
+    value_length = gguf_value(g, f"{arch}.attention.value_length", int, key_length)
+    if key_length != value_length:
+        raise ExportError(f"{g.path}: metadata {arch}.attention.key_length {key_length} differs from value_length "
+                          f"{value_length}; this format has one head size")
+    head_dim = key_length or dim // n_heads
+    if key_length:
+        config["head_dim"] = key_length
+    rotary = gguf_value(g, f"{arch}.rope.dimension_count", int, head_dim)
+    if rotary != head_dim:
+        if arch != "phi3" or not 0 < rotary < head_dim:
+            raise ExportError(f"{g.path}: metadata {arch}.rope.dimension_count {rotary} differs from the head size "
+                              f"{head_dim}; partial rotation is read for phi3 only")
+        config["partial_rotary_factor"] = rotary / head_dim
+    window = gguf_value(g, f"{arch}.attention.sliding_window", int, 0)
+    if window and family.sliding in ("all", "alternate", "pattern"):
+        config["sliding_window"] = window
+    for key, ours in (("attn_logit_softcapping", "attn_logit_softcapping"),
+                      ("final_logit_softcapping", "final_logit_softcapping")):
+        if f"{arch}.{key}" in g.metadata:
+            config[ours] = gguf_value(g, f"{arch}.{key}", float)
+    if family.gemma_block:
+        # sqrt(hidden_size) rounded to the model's dtype (hf_config): the matrices' type tells it
+        config["torch_dtype"] = {"F32": "float32", "F16": "float16"}.get(embedding.type_name, "bfloat16")
+        config["hidden_activation"] = "gelu_pytorch_tanh"
+    if family.post_norms:  # query_pre_attn_scalar: llama.cpp's rule
+        scale_by_width = n_layers == GEMMA_27B_LAYERS.get(arch)
+        config["query_pre_attn_scalar"] = dim // n_heads if scale_by_width else head_dim
+    if family.local_rope:
+        config["rope_local_base_freq"] = gguf_value(g, f"{arch}.rope.freq_base_swa", float, 10000.0)
+        config["sliding_window_pattern"] = gguf_positive(g, f"{arch}.attention.sliding_window_pattern", 6)
+    if family.experts and not family.layer_records:
+        experts = [l for l in range(n_layers) if GGUF_TENSORS["router"].format(i=l) in g.tensors]
+        config[family.experts] = gguf_positive(g, f"{arch}.expert_count")
+        config["num_experts_per_tok"] = gguf_positive(g, f"{arch}.expert_used_count")
+        if family.dense_layers:  # Qwen3-MoE: the layers without a router keep their feed-forward
+            config["moe_intermediate_size"] = gguf_positive(g, f"{arch}.expert_feed_forward_length")
+            config["norm_topk_prob"] = True
+            config["mlp_only_layers"] = [l for l in range(n_layers) if l not in experts]
+        elif len(experts) != n_layers:
+            missing = next(l for l in range(n_layers) if l not in experts)
+            raise ExportError(f"{g.path}: tensor {GGUF_TENSORS['router'].format(i=missing)} is missing")
+    rope_freqs = gguf_float_tensor(g, "rope_freqs.weight") if "rope_freqs.weight" in g.tensors else None
+    if family.layer_records:
+        pass  # Gemma 4's rope_freqs: gguf_gemma4_config
+    elif rope_freqs is not None:
+        if arch != "llama":
+            raise ExportError(f"{g.path}: tensor rope_freqs.weight is read for the llama architecture only")
+        config["rope_scaling"] = gguf_llama3_rule(g, config["rope_theta"], head_dim, rope_freqs)
+    elif "rope_factors_long.weight" in g.tensors:
+        config["rope_scaling"] = gguf_longrope(g, arch, config, head_dim)
+    else:
+        config["rope_scaling"] = gguf_rope_scaling(g, arch, None)
+    return config
+
+
+# Gemma 4's own GGUF names (ROPE name: name), beside GGUF_TENSORS
+GGUF_GEMMA4_TENSORS = {
+    "layer_scalars": "blk.{i}.layer_output_scale.weight",
+    "per_layer_gate": "blk.{i}.inp_gate.weight",
+    "per_layer_projection_out": "blk.{i}.proj.weight",
+    "rms_per_layer": "blk.{i}.post_norm.weight",
+    "per_layer_embedding": "per_layer_token_embd.weight",
+    "per_layer_projection_in": "per_layer_model_proj.weight",
+    "per_layer_projection_norm": "per_layer_proj_norm.weight",
+}
+
+
+def gguf_gemma4_config(g, config):
+    """Gemma 4's text config (gemma4_config's keys) from a gemma4 GGUF's metadata, added to the
+    common keys gguf_config read. The converter writes the sliding and full layers' head sizes as
+    key_length_swa and key_length, the layer kinds as sliding_window_pattern (true: sliding),
+    per-layer feed-forward widths when the KV-shared layers' are doubled, per-layer KV head counts
+    when the full layers have their own, and the full layers' proportional RoPE as a rope_freqs
+    tensor whose unrotated pairs are 1e30 (divided by 1e30, a frequency is 0: they do not turn)."""
+    arch, n_layers = "gemma4", config["num_hidden_layers"]
+    if "gemma4.expert_count" in g.metadata:
+        raise ExportError(f"{g.path}: Gemma 4 with experts (26B-A4B) is not converted from GGUF yet; convert its "
+                          "Hugging Face checkpoint")
+    kinds = g.metadata.get(f"{arch}.attention.sliding_window_pattern")
+    if not (isinstance(kinds, list) and len(kinds) == n_layers and all(isinstance(k, bool) for k in kinds)):
+        raise ExportError(f"{g.path}: metadata {arch}.attention.sliding_window_pattern must be {n_layers} booleans")
+    config["layer_types"] = [G4_SLIDING if k else G4_FULL for k in kinds]
+    config["global_head_dim"] = config.pop("head_dim", config["hidden_size"] // config["num_attention_heads"])
+    config["head_dim"] = gguf_positive(g, f"{arch}.attention.key_length_swa", config["global_head_dim"])
+    if gguf_value(g, f"{arch}.attention.value_length_swa", int, config["head_dim"]) != config["head_dim"]:
+        raise ExportError(f"{g.path}: metadata {arch}.attention.value_length_swa differs from key_length_swa")
+    n_shared = gguf_value(g, f"{arch}.attention.shared_kv_layers", int, 0)
+    config["num_kv_shared_layers"] = n_shared
+    widths = g.metadata.get(f"{arch}.feed_forward_length")
+    if isinstance(widths, list):  # doubled on the KV-shared layers
+        base = widths[0] if widths else 0
+        doubled = [base if i < n_layers - n_shared else 2 * base for i in range(n_layers)]
+        if widths not in ([base] * n_layers, doubled) or not (is_int(base) and base > 0):
+            raise ExportError(f"{g.path}: metadata {arch}.feed_forward_length {widths}: neither one width nor "
+                              f"one doubled on the {n_shared} KV-shared layers")
+        config["intermediate_size"], config["use_double_wide_mlp"] = base, widths != [base] * n_layers
+    heads = g.metadata.get(f"{arch}.attention.head_count_kv")
+    if isinstance(heads, list):  # the full layers' own KV head count
+        full = {h for h, k in zip(heads, kinds) if not k}
+        sliding = {h for h, k in zip(heads, kinds) if k}
+        if len(heads) != n_layers or len(full) > 1 or len(sliding) > 1 or not all(is_int(h) and h > 0 for h in heads):
+            raise ExportError(f"{g.path}: metadata {arch}.attention.head_count_kv {heads}: one count for the sliding "
+                              "layers and one for the full layers")
+        config["num_key_value_heads"] = next(iter(sliding), heads[0])
+        config["num_global_key_value_heads"] = next(iter(full), heads[0])
+    full_layers = [l for l in range(n_layers - n_shared) if not kinds[l]]
+    if full_layers and f"blk.{full_layers[0]}.attn_v.weight" not in g.tensors:
+        config["attention_k_eq_v"] = True  # 31B: the full layers' values are their keys
+    config["hidden_size_per_layer_input"] = gguf_value(g, f"{arch}.embedding_length_per_layer_input", int, 0)
+    if config["hidden_size_per_layer_input"]:
+        config["vocab_size_per_layer_input"] = int(gguf_tensor(g, GGUF_GEMMA4_TENSORS["per_layer_embedding"]).shape[0])
+    rotated = 1.0
+    if "rope_freqs.weight" in g.tensors:
+        freqs = gguf_float_tensor(g, "rope_freqs.weight")
+        pairs = int(np.sum(freqs == 1))
+        if len(freqs) != config["global_head_dim"] // 2 or not np.all(freqs[:pairs] == 1) or not np.all(freqs[pairs:] >= 1e30):
+            raise ExportError(f"{g.path}: tensor rope_freqs.weight: a Gemma 4 file's is 1 for the rotated pairs, "
+                              "then 1e30 for the others")
+        rotated = 2 * pairs / config["global_head_dim"]
+    config["rope_parameters"] = {
+        G4_SLIDING: {"rope_type": "default", "rope_theta": gguf_value(g, f"{arch}.rope.freq_base_swa", float, 10000.0)},
+        G4_FULL: {"rope_type": "proportional", "partial_rotary_factor": rotated,
+                  "rope_theta": config.pop("rope_theta")}}
+    config.pop("rope_scaling", None)
+    config.pop("query_pre_attn_scalar", None)
+    config.pop("sliding_window_pattern", None)
+    config.pop("rope_local_base_freq", None)
+    return config
+
+
+def read_gguf_gemma4(g, config):
+    """A gemma4 GGUF's Config and tensors, through gemma4_config and gemma4_tensors as read_gemma4
+    reads a Hugging Face checkpoint; its kinds of matrices."""
+    c, kinds, orders = gemma4_config(gguf_gemma4_config(g, config))
+    c.shared_classifier = config["tie_word_embeddings"]
+    c.check()
+    names = {**GGUF_TENSORS, **GGUF_GEMMA4_TENSORS}
+    found = set()
+
+    class Source:
+        """Where gemma4_tensors' pieces are: this GGUF file."""
+        @staticmethod
+        def piece(ours, name, shape, heads=None, order=None, column_order=None):
+            piece = gguf_piece(g, name, shape, None, heads, order, column_order)
+            if ours in MATRIX_TENSORS:
+                found.add(piece.kind if isinstance(piece, Blocks) else weight_type_of(piece))
+            return piece
+
+        @staticmethod
+        def name(ours, layer=None):
+            return names[ours].format(i=layer)
+
+        @staticmethod
+        def own(layer, name):
+            raise ExportError(f"{g.path}: Gemma 4's experts are not converted from GGUF yet")
+
+        @staticmethod
+        def scalar(layer):
+            return gguf_piece(g, Source.name("layer_scalars", layer), (1,))
+
+        experts = own
+
+    return c, gemma4_tensors(c, orders, Source), found
+
+
+def gguf_array(g, name):
+    """(kind, array) of a tensor as this format holds it, unwidened: float32, bf16 as uint16
+    bits, f16 as float16, with the tensor's shape; q8_0 as (rows..., bytes per row) uint8.
+    Any other type: one line naming the tensor and its type."""
+    t = gguf_tensor(g, name)
+    kind = GGUF_KINDS.get(t.type_name)
+    if kind is None:
+        raise ExportError(f"{g.path}: tensor {name} is {t.type_name}; this format holds "
+                          f"{', '.join(GGUF_KINDS)} (the next issue's 4-bit and K-quant blocks are not read yet)")
+    data = g.tensor_bytes(name)
+    if kind == "q8_0":  # structured blocks (Q8_0_STORAGE), a row's blocks along the last axis
+        return kind, data.view(Q8_0_STORAGE).reshape(tuple(t.shape[:-1]) + (t.shape[-1] // Q8_0_BLOCK,))
+    return kind, data.view(GGUF_NUMPY[t.type_name]).reshape(t.shape)
+
+
+def check_block_scales(g, name, blocks):
+    """Refuse a Q8_0 tensor with a non-finite scale d (its weights d * q would not be numbers),
+    naming the tensor and the block."""
+    bad = ~np.isfinite(blocks["d"].reshape(-1))
+    if bad.any():
+        raise ExportError(f"{g.path}: tensor {name}: the scale of Q8_0 block {int(np.argmax(bad))} is "
+                          f"{blocks['d'].reshape(-1)[np.argmax(bad)]}; scales must be finite")
+
+
+def gguf_piece(g, name, expected, rows=None, heads=None, order=None, column_order=None):
+    """One piece of a ROPE tensor: GGUF tensor `name` (rows: a band of it), checked against the
+    shape the metadata gives (`expected`), its rows permuted per head if asked."""
+    t = gguf_tensor(g, name)
+    shape = list(t.shape)
+    if rows is not None:
+        shape[0] = rows[1] - rows[0]
+    if shape != list(expected) or (rows is not None and rows[1] > t.shape[0]):
+        raise ExportError(f"{g.path}: tensor {name} has shape {list(t.shape)}, but the metadata gives "
+                          f"{list(expected)}{' (a band of its rows)' if rows else ''}")
+    kind, array = gguf_array(g, name)
+    if rows is not None:
+        array = array[rows[0]:rows[1]]
+    if order is not None:
+        array = permute_heads(array, heads, order)
+    if column_order is not None:  # Gemma 4 31B's wo: whole columns, not within a block
+        if kind == "q8_0":
+            raise ExportError(f"{g.path}: tensor {name}: its columns must be permuted (attention_k_eq_v), which "
+                              "Q8_0 blocks cannot be; convert an F16, BF16 or F32 file")
+        array = permute_head_columns(array, *column_order)
+    if kind == "q8_0":
+        check_block_scales(g, name, array)
+        return Blocks(kind, tuple(expected), array, name)
+    return array
+
+
+def gguf_pieces(g, c, family, ours, shape):
+    """[(GGUF name, its expected shape, rows)] that make up one ROPE tensor."""
+    if c.n_experts and (ours in ("w1", "w2", "w3") or ours.startswith("expert_") or ours == "router"):
+        layers = layer_shapes(c)
+        dense = [(l, s) for l, s in enumerate(layers) if not s.experts]
+        sparse = [l for l, s in enumerate(layers) if s.experts]
+        E, hidden = c.n_experts, c.expert_hidden
+        shapes = {"w1": None, "w3": None, "w2": None, "router": [E, c.dim], "expert_w1": [E, hidden, c.dim],
+                  "expert_w3": [E, hidden, c.dim], "expert_w2": [E, c.dim, hidden]}
+        if ours in ("w1", "w3"):
+            return [(GGUF_TENSORS[ours].format(i=l), [s.hidden_dim, c.dim], None) for l, s in dense]
+        if ours == "w2":
+            return [(GGUF_TENSORS[ours].format(i=l), [c.dim, s.hidden_dim], None) for l, s in dense]
+        return [(GGUF_TENSORS[ours].format(i=l), shapes[ours], None) for l in sparse]
+    if family.fused and ours in family.fused:  # Phi-3: a band of rows of a fused tensor
+        fused, part = GGUF_FUSED[ours]
+        if fused.startswith("blk.{i}.attn"):
+            sizes = [c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim, c.n_kv_heads * c.head_dim]
+        else:
+            sizes = [c.hidden_dim, c.hidden_dim]
+        first = sum(sizes[:part])
+        return [(fused.format(i=i), list(shape[1:]), (first, first + sizes[part])) for i in range(c.n_layers)]
+    name = GGUF_TENSORS[ours]
+    if "{i}" in name:
+        return [(name.format(i=i), list(shape[1:]), None) for i in range(c.n_layers)]
+    return [(name, list(shape), None)]
+
+
+def is_gguf(path):
+    """True when the file starts with GGUF's magic, the bytes "GGUF"."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+def read_gguf(path, template_name=None):
+    """Read a GGUF file: (Config, {name: [pieces]}, the matrices' type, the TOKN section's bytes).
+
+    Its metadata becomes the config.json it stands for (gguf_config), read by config_from_json as
+    a Hugging Face directory's is; its tensors are copied as they are stored (F32, F16, BF16,
+    Q8_0), never widened or requantized."""
+    g = read_gguf_file(reading(path))
+    config = gguf_config(g)
+    model_type = config["model_type"]
+    family = FAMILIES[model_type]
+    try:
+        if family.layer_records:  # Gemma 4
+            c, tensors, kinds = read_gguf_gemma4(g, config)
+        else:
+            config, c, rotary_dim = config_from_json(config)
+            c.shared_classifier = config["tie_word_embeddings"]
+            c.check()
+    except ExportError as e:
+        if str(e).startswith(path):
+            raise
+        raise ExportError(f"{path}: its metadata, read as config.json: {str(e).removeprefix('config.json: ')}")
+    if family.layer_records:
+        tokenizer = tokenizer_bytes(gguf_tokenizer(g.metadata, c.vocab_size, template_name, path))
+        return c, tensors, (kinds.pop() if len(kinds) == 1 else None), tokenizer
+    # llama's and smollm3's q and k rows are in adjacent pairs already; the others' in halves
+    order = None if family.gguf in GGUF_ADJACENT_PAIRS else pair_permutation(c.head_dim, rotary_dim)
+    heads = {"wq": c.n_heads, "wk": c.n_kv_heads, "bq": c.n_heads, "bk": c.n_kv_heads, "q_norm": 1, "k_norm": 1}
+    tensors, kinds = {}, set()
+    for ours, shape in tensor_shapes(c):
+        if ours == "rope_factors":
+            tensors[ours] = np.asarray(c.longrope_factors, dtype=np.float32)
+            continue
+        pieces = []
+        for name, expected, rows in gguf_pieces(g, c, family, ours, shape):
+            permute = order is not None and ours in heads
+            piece = gguf_piece(g, name, expected, rows, heads.get(ours), order if permute else None)
+            if ours in MATRIX_TENSORS:
+                kinds.add(piece.kind if isinstance(piece, Blocks) else weight_type_of(piece))
+            elif isinstance(piece, Blocks) or piece.dtype != np.float32:
+                raise ExportError(f"{path}: tensor {name} is {g.tensors[name].type_name}; this format stores norms, "
+                                  "biases and factors as float32 (F32)")
+            pieces.append(piece)
+        tensors[ours] = pieces
+    tokenizer = tokenizer_bytes(gguf_tokenizer(g.metadata, c.vocab_size, template_name, path))
+    return c, tensors, (kinds.pop() if len(kinds) == 1 else None), tokenizer
 
 
 def read_hf(model_dir):
@@ -2697,6 +3247,10 @@ def export_checkpoint(args):
         c, tensors, source_type = read_hf(args.input)
         template = args.template
         tokenizer = None if args.legacy else hf_tokenizer(args.input, c.vocab_size, template)
+    elif os.path.isfile(args.input) and is_gguf(args.input):
+        c, tensors, source_type, tokenizer = read_gguf(args.input, None if args.legacy else args.template)
+        if args.legacy:
+            tokenizer = None
     elif os.path.isfile(args.input):
         c, tensors, source_type, tokenizer = read_flat_checkpoint(args.input)
         if args.template is not None:
