@@ -1,0 +1,328 @@
+"""export.py converting GGUF files (llama.cpp's format) made by llama.cpp's own tools.
+
+tests/data/gguf/ holds small GGUF files that llama.cpp's converter and llama-quantize wrote from
+the tests' seeded Hugging Face fixtures (tests/gguf_fixtures.py recreates each source directory;
+tests/data/gguf/README.md gives the commands). Each is checked three ways:
+
+  1. Against the Hugging Face directory it was made from: the converted file holds the bytes
+     export.py writes from that directory (header and tensors; the same weight type asked for),
+     and computes the same outputs. Where llama.cpp reads a model otherwise than transformers
+     (keys its converter does not write, which llama.cpp's code hard-codes), the directory's
+     config.json is first given llama.cpp's reading (LLAMA_CPP_READING), and the difference is
+     pinned by a test of its own.
+  2. Against the references: the float32 file's perplexity equals tests/family_reference.py's
+     (the families' NumPy forward pass, written from the modeling code) within 1e-4.
+  3. F16, BF16 and Q8_0 files against the float32 GGUF of their widened weights (written here
+     with tests/gguf_writer.py, the weights widened from the formats' definitions: bf16 bits
+     shifted up, f16 as IEEE half, Q8_0 d * q): every mode's output, byte for byte.
+Then what is refused: types run does not compute, metadata that contradicts the tensors, a
+missing key or tensor, a non-finite block scale; each one line, exit 1, no file written.
+"""
+import json
+import re
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import conftest
+import family_reference as R
+import gguf_fixtures as GF
+import gguf_writer as W
+from conftest import ROOT, TOK512, run
+
+DATA = ROOT / "tests" / "data" / "gguf"
+TEXT = ("Once upon a time, there was a little girl named Lily. She loved to play outside "
+        "in the park with her dog. One day she saw a big red ball.")
+PROMPT = "Once upon a time, a little fox"
+
+# the files of the types this format holds (F32, F16, BF16, Q8_0), and the weight type their
+# matrices are exported with from the Hugging Face directory for the comparison (None: they
+# mix types, compared by their outputs only)
+CONVERTED = {
+    "llama2-f32.gguf": "f32", "llama2-f16.gguf": "f16", "llama2-bf16.gguf": "bf16", "llama2-q8_0.gguf": "q8_0",
+    "llama3-bf16.gguf": "bf16", "qwen2-bf16.gguf": "bf16", "qwen2-q8_0.gguf": "q8_0", "qwen3-bf16.gguf": "bf16",
+    "gemma-bf16.gguf": "bf16", "gemma2-bf16.gguf": "bf16", "gemma3-bf16.gguf": "bf16", "smollm3-bf16.gguf": "bf16",
+    "phi3-bf16.gguf": "bf16", "phi4mini-bf16.gguf": "bf16", "mistral-bf16.gguf": "bf16",
+    "mixtral-bf16.gguf": None, "mixtral-q8_0.gguf": None, "qwen3moe-bf16.gguf": None,
+}
+# the 4-bit and K-quant files (the next issue's blocks): refused, naming a tensor and its type
+REFUSED = {"llama256-Q4_0.gguf": "Q6_K", "llama256-Q4_K_M.gguf": "Q6_K"}
+
+
+def gemma_query_scale(config):
+    """llama.cpp's Gemma 2 / 3 query scale: 1/sqrt(head_dim), hidden/heads for the 27B models."""
+    config["query_pre_attn_scalar"] = config["head_dim"]
+
+
+# config.json as llama.cpp reads the GGUF its converter wrote from it (docs/gguf.md): the keys
+# the converter does not write take llama.cpp's hard-coded values
+LLAMA_CPP_READING = {
+    "gemma2": gemma_query_scale,
+    "gemma3": gemma_query_scale,
+    "mistral": lambda config: config.pop("sliding_window"),  # arch llama: no window in the file
+    # the 2025 converter computed rope_freqs with a top-level original length, default 8192
+    "llama3": lambda config: config["rope_scaling"].update(original_max_position_embeddings=8192),
+}
+
+
+def convert(src, out, *flags, check=True):
+    r = subprocess.run([sys.executable, str(ROOT / "export.py"), str(src), str(out), *map(str, flags)],
+                       capture_output=True, text=True, timeout=120)
+    if check:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+def source_dir(name, tmp_path, llama_cpp_reading=True):
+    """The Hugging Face directory a fixture file was made from, recreated (and given llama.cpp's
+    reading of its config.json)."""
+    source = GF.GGUF_FILES[name][0]
+    d = GF.hf_dir(source, tmp_path / source)
+    edit = LLAMA_CPP_READING.get(source)
+    if edit and llama_cpp_reading:
+        path = d / "config.json"
+        config = json.loads(path.read_text())
+        edit(config)
+        path.write_text(json.dumps(config))
+    return d
+
+
+def header_and_tensors(path):
+    """A ROPE file's header, less the tokenizer section's place (bytes 96..111), and its tensors
+    (every byte before the tokenizer section)."""
+    data = path.read_bytes()
+    tok_at = struct.unpack_from("<Q", data, 96)[0] if struct.unpack_from("<i", data, 4)[0] == 2 else 0
+    body = data[:tok_at] if tok_at else data
+    return body[:96] + body[112:]
+
+
+def outputs(model, mode, tmp_path, *extra):
+    """stdout, the CSV and stderr (less the start-up and timing lines) of one mode, with tok512."""
+    csv = tmp_path / f"{mode}.csv"
+    args = {"generate-greedy": ["-t", 0, "-n", 24, "-v", "-p", PROMPT],
+            "generate-seeded": ["-t", 1, "-s", 7, "-n", 24, "-v", "-p", PROMPT],
+            "ppl": ["-m", "ppl", "-p", conftest.LONG_TEXT, "--csv", csv],
+            "inspect": ["-m", "inspect", "-p", PROMPT, "--csv", csv]}[mode]
+    if csv.exists():
+        csv.unlink()
+    r = run(model, "-z", TOK512, *args, *extra)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    stderr = [line for line in r.stderr.splitlines() if not line.startswith((b"run: ", b"timing:"))]
+    return r.stdout, csv.read_bytes() if csv.exists() else b"", stderr
+
+
+MODES = ["generate-greedy", "generate-seeded", "ppl", "inspect"]
+
+
+@pytest.mark.parametrize("name", sorted(CONVERTED))
+def test_gguf_converts_to_what_its_hugging_face_directory_exports(name, tmp_path):
+    kind = CONVERTED[name]
+    gguf_bin, hf_bin = tmp_path / "gguf.bin", tmp_path / "hf.bin"
+    convert(DATA / name, gguf_bin)
+    hf = source_dir(name, tmp_path)
+    mixed_type = "q8_0" if "q8_0" in name else "bf16"
+    convert(hf, hf_bin, "--dtype", kind or mixed_type)
+    if kind is not None:
+        assert header_and_tensors(gguf_bin) == header_and_tensors(hf_bin)
+    if kind is None and "q8_0" in name:
+        return  # its router is F32 beside Q8_0 experts: test 3 compares it with its widened weights
+    for mode in ("generate-greedy", "ppl"):
+        assert outputs(gguf_bin, mode, tmp_path) == outputs(hf_bin, mode, tmp_path), mode
+
+
+@pytest.mark.parametrize("name, differs", [("gemma2-bf16.gguf", "attention_scale"),
+                                           ("gemma3-bf16.gguf", "attention_scale"),
+                                           ("mistral-bf16.gguf", "the sliding window")])
+def test_llama_cpps_hard_coded_readings_are_what_a_gguf_converts_to(name, differs, tmp_path):
+    """Without LLAMA_CPP_READING the directory exports otherwise: the difference is real, and
+    the GGUF file follows llama.cpp (Gemma's query scale 1/sqrt(head_dim); Mistral without its
+    window, which its `llama` file does not hold)."""
+    gguf_bin, hf_bin = tmp_path / "gguf.bin", tmp_path / "hf.bin"
+    convert(DATA / name, gguf_bin)
+    convert(source_dir(name, tmp_path, llama_cpp_reading=False), hf_bin, "--dtype", "bf16")
+    assert header_and_tensors(gguf_bin) != header_and_tensors(hf_bin), differs
+
+
+def reference_nll(hf, tmp_path):
+    """tests/family_reference.py's nll per token of TEXT for a Hugging Face directory, on the
+    tokens run gives TEXT with tok512."""
+    config = json.loads((hf / "config.json").read_text())
+    export = conftest.load_export()
+    files = export.open_safetensors(str(hf))
+    tensors = {name: export.widen(files[name].raw(name)[1]).astype(np.float64) for name in files}
+    plain = tmp_path / "for_tokens.bin"
+    convert(hf, plain)
+    tokens = conftest.tokens_of(plain, TEXT)
+    return R.nll(R.forward(config, tensors, tokens), tokens)
+
+
+@pytest.mark.parametrize("name", ["llama2-f32.gguf", "qwen2-bf16.gguf", "gemma3-bf16.gguf", "phi4mini-bf16.gguf",
+                                  "smollm3-bf16.gguf", "llama3-bf16.gguf"])
+def test_converted_gguf_computes_the_family_references_perplexity(name, tmp_path):
+    out = tmp_path / "gguf.bin"
+    convert(DATA / name, out)
+    r = run(out, "-z", TOK512, "-m", "ppl", "-p", TEXT)
+    assert r.returncode == 0, r.stderr
+    got = float(re.search(rb"^nll: (\S+)", r.stdout, re.M).group(1))
+    expect = reference_nll(source_dir(name, tmp_path), tmp_path)
+    assert abs(got - expect) <= 1e-4 * abs(expect), f"run {got} vs reference {expect}"
+
+
+# ggml type ids (docs/gguf.md) and the widening of each, from the formats' definitions
+F32, F16, Q8_0, BF16 = 0, 1, 8, 30
+
+
+def widened(t, data):
+    """A GGUF tensor's float32 weights: F32 as stored, F16 as IEEE half, BF16 its bits shifted
+    up 16, Q8_0 each block's f16 scale d times its 32 int8 values."""
+    if t.ggml_type == F32:
+        return np.frombuffer(data, "<f4").copy()
+    if t.ggml_type == F16:
+        return np.frombuffer(data, "<f2").astype(np.float32)
+    if t.ggml_type == BF16:
+        return (np.frombuffer(data, "<u2").astype(np.uint32) << 16).view(np.float32)
+    assert t.ggml_type == Q8_0, t.type_name
+    blocks = np.frombuffer(data, np.dtype([("d", "<f2"), ("q", "i1", (32,))]))
+    return (blocks["d"].astype(np.float32)[:, None] * blocks["q"].astype(np.float32)).reshape(-1)
+
+
+def metadata_entries(g):
+    """The file's metadata as tests/gguf_writer.py entries, with their stored value types."""
+    out = []
+    for key, value in g.metadata.items():
+        value_type = g.value_types[key]
+        if isinstance(value_type, tuple):
+            value = list(value) if not isinstance(value, list) else value
+        out.append((key, value_type, value))
+    return out
+
+
+def write_widened(src, out):
+    """src's float32 GGUF: the same metadata, every tensor widened to F32."""
+    g = conftest.load_export().read_gguf_file(str(src))
+    tensors = [(t.name, F32, t.ne, widened(t, bytes(g.tensor_data(t.name))).astype("<f4").tobytes())
+               for t in g.tensors.values()]
+    W.write_gguf(out, metadata_entries(g), tensors)
+    return out
+
+
+@pytest.mark.parametrize("name", ["llama2-f16.gguf", "llama2-bf16.gguf", "llama2-q8_0.gguf", "qwen2-q8_0.gguf",
+                                  "mixtral-q8_0.gguf", "mixtral-bf16.gguf", "gemma3-bf16.gguf"])
+def test_gguf_of_16bit_and_q8_0_weights_computes_what_its_widened_float32_gguf_computes(name, tmp_path):
+    narrow, wide = tmp_path / "narrow.bin", tmp_path / "wide.bin"
+    convert(DATA / name, narrow)
+    convert(write_widened(DATA / name, tmp_path / "wide.gguf"), wide)
+    for mode in MODES:
+        assert outputs(narrow, mode, tmp_path) == outputs(wide, mode, tmp_path), f"{name} {mode}"
+
+
+def test_gguf_tensors_are_copied_never_widened_or_requantized(tmp_path):
+    """A Q8_0 file's blocks, a BF16 file's bits: the converted file is as small as the GGUF's
+    matrices, and its q8_0 blocks are the GGUF's bytes."""
+    out = tmp_path / "q8.bin"
+    convert(DATA / "llama2-q8_0.gguf", out)
+    g = conftest.load_export().read_gguf_file(str(DATA / "llama2-q8_0.gguf"))
+    blocks = bytes(g.tensor_data("blk.1.ffn_down.weight"))
+    assert blocks in out.read_bytes()
+    r = run(out, "-z", TOK512, "-m", "rope")
+    assert b"q8_0" in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_gguf_of_types_run_does_not_compute_is_refused_naming_a_tensor_and_its_type(name, tmp_path):
+    out = tmp_path / "out.bin"
+    r = convert(DATA / name, out, check=False)
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "tensor " in lines[0] and REFUSED[name] in lines[0], r.stderr
+    assert not out.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad GGUF files: a fixture rewritten with one thing wrong
+
+
+def rewritten(tmp_path, edit_metadata=None, edit_tensors=None, src="llama2-q8_0.gguf"):
+    """DATA/src with its metadata entries and tensors passed through the edits."""
+    g = conftest.load_export().read_gguf_file(str(DATA / src))
+    metadata = metadata_entries(g)
+    tensors = [(t.name, t.ggml_type, t.ne, bytes(g.tensor_data(t.name))) for t in g.tensors.values()]
+    metadata = edit_metadata(metadata) if edit_metadata else metadata
+    tensors = edit_tensors(tensors) if edit_tensors else tensors
+    return W.write_gguf(tmp_path / "bad.gguf", metadata, tensors)
+
+
+def set_key(key, value_type, value):
+    return lambda entries: [(k, value_type, value) if k == key else (k, t, v) for k, t, v in entries]
+
+
+def drop_key(key):
+    return lambda entries: [e for e in entries if e[0] != key]
+
+
+def drop_tensor(name):
+    return lambda tensors: [t for t in tensors if t[0] != name]
+
+
+def nan_scale(name):
+    def edit(tensors):
+        out = []
+        for t in tensors:
+            if t[0] == name:
+                data = bytearray(t[3])
+                data[34 * 3:34 * 3 + 2] = struct.pack("<H", 0x7E00)  # block 3's d: an f16 NaN
+                t = (t[0], t[1], t[2], bytes(data))
+            out.append(t)
+        return out
+    return edit
+
+
+BAD = [
+    ("embedding_length that contradicts token_embd", dict(edit_metadata=set_key("llama.embedding_length", W.UINT32, 96)),
+     ["token_embd.weight", "96"]),
+    ("head_count that contradicts attn_q", dict(edit_metadata=set_key("llama.attention.head_count", W.UINT32, 8)),
+     ["head"]),
+    ("feed_forward_length that contradicts ffn_gate",
+     dict(edit_metadata=set_key("llama.feed_forward_length", W.UINT32, 128)), ["ffn_gate", "128"]),
+    ("block_count beyond the tensors", dict(edit_metadata=set_key("llama.block_count", W.UINT32, 3)),
+     ["blk.2.", "missing"]),
+    ("a required key missing", dict(edit_metadata=drop_key("llama.attention.head_count")),
+     ["llama.attention.head_count", "missing"]),
+    ("a required tensor missing", dict(edit_tensors=drop_tensor("blk.1.attn_v.weight")),
+     ["blk.1.attn_v.weight", "missing"]),
+    ("no architecture", dict(edit_metadata=drop_key("general.architecture")), ["general.architecture"]),
+    ("an architecture run does not run", dict(edit_metadata=set_key("general.architecture", W.STRING, "falcon")),
+     ["falcon"]),
+    ("a key of the wrong type", dict(edit_metadata=set_key("llama.block_count", W.STRING, "two")),
+     ["llama.block_count"]),
+    ("a NaN Q8_0 scale", dict(edit_tensors=nan_scale("blk.0.ffn_up.weight")), ["blk.0.ffn_up.weight", "scale"]),
+    ("a norm that is not F32", dict(edit_tensors=lambda ts: [
+        (n, F16, ne, np.frombuffer(d, "<f4").astype("<f2").tobytes()) if n == "output_norm.weight" else (n, ty, ne, d)
+        for n, ty, ne, d in ts]), ["output_norm.weight", "F16"]),
+    ("a negative epsilon", dict(edit_metadata=set_key("llama.attention.layer_norm_rms_epsilon", W.FLOAT32, -1.0)),
+     ["eps"]),
+]
+
+
+@pytest.mark.parametrize("what, edits, words", BAD, ids=[b[0] for b in BAD])
+def test_bad_gguf_metadata_or_tensors_are_refused_in_one_line(what, edits, words, tmp_path):
+    bad = rewritten(tmp_path, **edits)
+    out = tmp_path / "out.bin"
+    r = convert(bad, out, check=False)
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    assert not out.exists()
+
+
+def test_an_unedited_rewrite_converts_to_the_same_file(tmp_path):
+    """The rewriting above changes nothing by itself: each refusal is its edit's."""
+    a, b = tmp_path / "a.bin", tmp_path / "b.bin"
+    convert(DATA / "llama2-q8_0.gguf", a)
+    convert(rewritten(tmp_path), b)
+    assert a.read_bytes() == b.read_bytes()
