@@ -14,15 +14,17 @@ A test converting tests/data/gguf/X.gguf with export.py recreates its source wit
 exports that too and compares the weights.
 
 The vocabulary is the tests' tok512 (models/tok512.bin: stories260K's 512-piece SentencePiece
-BPE vocabulary, in llama2.c's format). llama.cpp's converter wants a SentencePiece
-tokenizer.model, so make_tok512_model() writes one back from tok512.bin (a ModelProto
-protobuf, written by hand below: no protobuf package is needed). It is the one file in the
-HF directories that is not written by the fixture modules; nothing in the GGUF files other
-than that vocabulary comes from anywhere but the fixture and llama.cpp's tools.
+BPE vocabulary, in llama2.c's format). Most of llama.cpp's converter classes want a
+SentencePiece tokenizer.model, so make_tok512_model() writes one back from tok512.bin (a
+ModelProto protobuf, written by hand below: no protobuf package is needed). Qwen3-MoE's reads
+only a byte-level BPE tokenizer.json (make_tok512_bpe_json) and Gemma 4's only Hugging Face's
+SentencePiece-BPE tokenizer.json (make_tok512_hf_json). These tokenizer files are the only
+files in the HF directories not written by the fixture modules; nothing in the GGUF files
+other than that vocabulary comes from anywhere but the fixtures and llama.cpp's tools.
 
 Widths: the shrink() configs of tests/family_fixtures.py are narrowed further here (hidden 64,
 intermediate 96, head_dim 16, see NARROW) because at shrink()'s widths (hidden up to 512) the
-files would be ~50 MB in all; every file here stays well under 1 MB.
+files would be ~50 MB in all; every file here stays under 1.2 MB.
 
 Remaking the files (needs llama.cpp, which is never part of this repository; see
 tests/data/gguf/README.md for the exact versions):
@@ -45,6 +47,7 @@ TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 import family_fixtures as FF  # noqa: E402
 import hf_fixture  # noqa: E402
+import gemma4_fixtures as G4F  # noqa: E402
 import moe_fixtures as MF  # noqa: E402
 
 ROOT = TESTS.parent
@@ -197,6 +200,48 @@ def make_tok512_bpe_json(out_dir, tok512=TOK512):
     return out_dir
 
 
+def make_tok512_hf_json(out_dir, tok512=TOK512):
+    """tok512 as the tokenizer.json Hugging Face writes for a SentencePiece BPE model with byte
+    fallback (Llama 2's layout: BPE over U+2581-pieces, byte_fallback, Prepend/Replace
+    normalizer, Replace/ByteFallback/Fuse/Strip decoder), for converters that read only that
+    (gguf-py's LlamaHfVocab: Gemma 4's). The vocabulary is tok512's 512 pieces at their ids,
+    <unk> <s> </s> also as special added tokens; merges: every split of a piece into two pieces,
+    ranked by (piece id, left id, right id), as transformers' SentencePieceExtractor makes them."""
+    out_dir = Path(out_dir)
+    pieces = read_tok512(tok512)
+    vocab = {text: i for i, (text, _) in enumerate(pieces)}
+    ranked = []  # as transformers' SentencePieceExtractor: every split of a piece into two pieces,
+    for i, (text, _) in enumerate(pieces):  # ranked by (piece id, left id, right id)
+        if piece_type(i, text) != NORMAL:
+            continue
+        for cut in range(1, len(text)):
+            a, b = text[:cut], text[cut:]
+            if a in vocab and b in vocab:
+                ranked.append((i, vocab[a], vocab[b], f"{a} {b}"))
+    merges = [m for *_, m in sorted(ranked)]
+    added = [{"id": i, "content": pieces[i][0], "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for i in range(3)]
+    tokenizer = {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+        "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": "\u2581"}, {"type": "Replace", "pattern": {"String": " "},
+                                                      "content": "\u2581"}]},
+        "pre_tokenizer": None, "post_processor": None,
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"},
+            {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                  "vocab": vocab, "merges": merges}}
+    config = {"add_bos_token": True, "add_eos_token": False, "bos_token": "<s>", "eos_token": "</s>",
+              "unk_token": "<unk>", "pad_token": None, "clean_up_tokenization_spaces": False,
+              "model_max_length": 1024, "tokenizer_class": "LlamaTokenizerFast", "legacy": False,
+              "added_tokens_decoder": {str(a["id"]): {k: v for k, v in a.items() if k != "id"} for a in added}}
+    (out_dir / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False, indent=1), encoding="utf-8")
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
+    return out_dir
+
+
 # ---------------------------------------------------------------------------
 # The source HF directories
 # ---------------------------------------------------------------------------
@@ -269,8 +314,19 @@ SOURCES["qwen3moe"] = ('moe_fixtures.write_checkpoint(d, "Qwen3-30B-A3B", "BF16"
                        _moe("Qwen3-30B-A3B", hidden_size=64, head_dim=16))
 
 
-# the sources whose converter reads only tokenizer.json (BPE): tok512 as byte-level BPE
+# Gemma 4 E2B narrowed: hidden 64, intermediate 64, per-layer input 16 (gemma4_fixtures.shrink's
+# defaults otherwise: two periods of 4 sliding + 1 full, the last period kv-shared)
+GEMMA4_E2B = dict(hidden=64, intermediate=64, per_layer=16)
+SOURCES["gemma4"] = ('gemma4_fixtures.write_checkpoint(d, "gemma-4-E2B", "BF16", seed=3, '
+                     'config=gemma4_fixtures.shrink("gemma-4-E2B", dtype="BF16", hidden=64, intermediate=64, '
+                     'per_layer=16))',
+                     lambda d: G4F.write_checkpoint(d, "gemma-4-E2B", "BF16", seed=3,
+                                                    config=G4F.shrink("gemma-4-E2B", dtype="BF16", **GEMMA4_E2B)))
+
+# the sources whose converter reads only tokenizer.json: tok512 as byte-level BPE (BPE_JSON) or
+# in Hugging Face's SentencePiece-BPE layout (HF_JSON)
 BPE_JSON_SOURCES = {"qwen3moe"}
+HF_JSON_SOURCES = {"gemma4"}
 
 
 def hf_dir(source, out_dir):
@@ -281,6 +337,8 @@ def hf_dir(source, out_dir):
     SOURCES[source][1](out_dir)
     if source in BPE_JSON_SOURCES:
         make_tok512_bpe_json(out_dir)
+    elif source in HF_JSON_SOURCES:
+        make_tok512_hf_json(out_dir)
     else:
         make_tok512_model(out_dir / "tokenizer.model")
     return out_dir
@@ -328,6 +386,7 @@ GGUF_FILES = {
     "mixtral-bf16.gguf": ("mixtral", CONVERT, "bf16"),
     "mixtral-q8_0.gguf": ("mixtral", QUANTIZE, ("mixtral-bf16.gguf", "Q8_0")),
     "qwen3moe-bf16.gguf": ("qwen3moe", CONVERT2026_PRE, ("qwen2", "bf16")),
+    "gemma4-bf16.gguf": ("gemma4", CONVERT2026, "bf16"),
 }
 # intermediate files the quantized ones are made from, not kept (too big or kept under another name)
 INTERMEDIATE = {"llama256-f32.gguf": ("llama256", CONVERT, "f32")}

@@ -46,9 +46,12 @@ def test_the_tokenizer_files_are_the_ones_the_readme_records(tmp_path):
     text = README.read_text()
     model = G.make_tok512_model(tmp_path / "tokenizer.model")
     assert hashlib.sha256(model.read_bytes()).hexdigest() in text
-    G.make_tok512_bpe_json(tmp_path)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        assert hashlib.sha256((tmp_path / name).read_bytes()).hexdigest() in text, name
+    for make in (G.make_tok512_bpe_json, G.make_tok512_hf_json):
+        d = tmp_path / make.__name__
+        d.mkdir()
+        make(d)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            assert hashlib.sha256((d / name).read_bytes()).hexdigest() in text, (make.__name__, name)
 
 
 def test_tok512_model_encodes_like_tok512(tmp_path):
