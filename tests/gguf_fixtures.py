@@ -37,7 +37,6 @@ the paths of the machine they were made on).
 import hashlib
 import json
 import os
-import shutil
 import struct
 import subprocess
 import sys
