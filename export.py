@@ -2811,7 +2811,7 @@ def gguf_array(g, name):
     if kind is None:
         raise ExportError(f"{g.path}: tensor {name} is {t.type_name}; this format holds "
                           f"{', '.join(GGUF_KINDS)} (the next issue's 4-bit and K-quant blocks are not read yet)")
-    data = g.tensor_bytes(name)
+    data = g.tensor_data(name)
     if kind == "q8_0":  # structured blocks (Q8_0_STORAGE), a row's blocks along the last axis
         return kind, data.view(Q8_0_STORAGE).reshape(tuple(t.shape[:-1]) + (t.shape[-1] // Q8_0_BLOCK,))
     return kind, data.view(GGUF_NUMPY[t.type_name]).reshape(t.shape)
@@ -2848,7 +2848,7 @@ def gguf_piece(g, name, expected, rows=None, heads=None, order=None, column_orde
         array = permute_head_columns(array, *column_order)
     if kind == "q8_0":
         check_block_scales(g, name, array)
-        return Blocks(kind, tuple(expected), array, name)
+        return Blocks(kind, tuple(expected), np.ascontiguousarray(array).view(np.uint8).reshape(-1), name)
     return array
 
 
