@@ -91,6 +91,7 @@ ROPE_MAGIC = 0x45504F52  # the bytes "ROPE", read as a little-endian uint32
 ROPE_VERSION = 1  # float32 weights
 ROPE_VERSION_2 = 2  # a weight_type field, tensors at multiples of 64 bytes, the tokenizer section
 WEIGHT_TYPES = ["f32", "bf16", "f16", "q8_0"]  # the header's weight_type codes 0, 1, 2, 3
+WEIGHT_TYPE_PER_PIECE = 4  # the header's weight_type of a file whose type table gives each matrix piece's type
 TENSOR_ALIGNMENT = 64  # version 2: every tensor starts at a multiple of this from the file's start
 # the tensors stored in the weight type (the norms are always float32)
 MATRIX_TENSORS = {"token_embedding", "wq", "wk", "wv", "wo", "w1", "w2", "w3", "wcls",
@@ -122,6 +123,9 @@ LAYER_RECORD = struct.Struct("<2i")  # per layer: rope, window (0: full attentio
 # (0: its own cache; s + 1: layer s's), values (1: the values are the key projection), experts
 # (1: the layer's feed-forward is the mixture of experts; 0 without block flag 64)
 LAYER_RECORD_WIDE = struct.Struct("<8i")
+# bytes 216..231: type_table_offset and type_table_bytes (uint64; weight_type 4 only, else 0)
+ROPE_V2_TYPE_TABLE = struct.Struct("<2Q")
+TYPE_TABLE_BYTES_AT = 216
 # bytes 192..199: per_layer_input_dim (int32), per_layer_embedding_multiplier (float32)
 ROPE_V2_PER_LAYER = struct.Struct("<if")
 PER_LAYER_BYTES_AT = 192
@@ -761,6 +765,33 @@ def expert_shapes(c, layers):
     return shapes
 
 
+def matrix_piece_shapes(c):
+    """{name: [shape of each piece]} of the matrices, in file order, which is the type table's
+    order (docs/format.md): one piece for the embedding, the classifier (unless shared) and Gemma 4's
+    per-layer embedding and input projection; one per layer for wq wk wv wo w1 w2 w3 and Gemma 4's
+    per_layer_gate and per_layer_projection_out (a layer without such a matrix: a piece of 0 rows);
+    one per layer with experts for the router and the three expert tensors."""
+    L, dim, P = c.n_layers, c.dim, c.per_layer_dim
+    layers = layer_shapes(c)
+    q = [c.n_heads * s.head_size for s in layers]
+    kv = [s.n_kv_heads * s.head_size if s.source == l else 0 for l, s in enumerate(layers)]
+    v = [0 if s.values else n for s, n in zip(layers, kv)]
+    shapes = {"token_embedding": [(c.vocab_size, dim)], "wq": [(n, dim) for n in q], "wk": [(n, dim) for n in kv],
+              "wv": [(n, dim) for n in v], "wo": [(dim, n) for n in q],
+              "w1": [(s.hidden_dim, dim) for s in layers], "w2": [(dim, s.hidden_dim) for s in layers],
+              "w3": [(s.hidden_dim, dim) for s in layers]}
+    if not c.shared_classifier:
+        shapes["wcls"] = [(c.vocab_size, dim)]
+    if P:
+        shapes.update(per_layer_embedding=[(c.vocab_size, L * P)], per_layer_projection_in=[(L * P, dim)],
+                      per_layer_gate=[(P, dim)] * L, per_layer_projection_out=[(dim, P)] * L)
+    if c.n_experts:
+        S, E, H = sum(s.experts for s in layers), c.n_experts, c.expert_hidden
+        shapes.update(router=[(E, dim)] * S, expert_w1=[(E, H, dim)] * S, expert_w2=[(E, dim, H)] * S,
+                      expert_w3=[(E, H, dim)] * S)
+    return shapes
+
+
 def n_floats(shapes):
     """Total number of floats in a list of (name, shape)."""
     return sum(math.prod(shape) for _, shape in shapes)
@@ -804,18 +835,31 @@ def check_size(path, what, expected):
         raise ExportError(f"{path}: {what} header implies {expected} bytes, but the file has {actual}")
 
 
-def map_aligned(path, c, weight_type):
+WHOLE_MATRICES = {"token_embedding", "wcls", "per_layer_embedding", "per_layer_projection_in"}  # one piece each
+
+
+def map_aligned(path, c, weight_type, piece_types=None):
     """{name: view into a version 2 file}: the tensors where rope_layout, which writes them,
     places them (each at the next multiple of 64 bytes, the matrices in weight_type, the norms
-    float32). Returns (tensors, the file size they imply)."""
+    float32). With a type table (piece_types, weight_type None) each matrix piece is a Blocks of
+    its type, kept as it is: a layered matrix the list of its pieces (one per layer, or per layer
+    with experts), the others one Blocks. Returns (tensors, the file size they imply)."""
     data = np.memmap(path, dtype=np.uint8, mode="r")
-    layout, end, _ = rope_layout(c, weight_type, ROPE_VERSION_2)
+    layout, end, _ = rope_layout(c, weight_type, ROPE_VERSION_2, piece_types)
     tensors = {}
     for name, shape, kind, at in layout:
         nbytes = tensor_bytes(kind, math.prod(shape))
         if at + nbytes > len(data):
             continue
-        if kind == "q8_0":  # read back as its dequantized weights (exact in float32)
+        if piece_types is not None and name in piece_types:
+            pieces = tensors.setdefault(name, [])
+            try:
+                pieces.append(Blocks(kind, shape, data[at:at + nbytes], f"{path}: {name} piece {len(pieces)}"))
+            except ExportError as e:  # a q8_0 piece whose rows are not whole blocks
+                raise ExportError(f"{e} (the type table gives it q8_0)")
+            if name in WHOLE_MATRICES:
+                tensors[name] = pieces[0]
+        elif kind == "q8_0":  # read back as its dequantized weights (exact in float32)
             tensors[name] = dequantize_q8_0(data[at:at + nbytes]).reshape(shape)
         else:
             tensors[name] = data[at:at + nbytes].view(np.dtype(NUMPY_STORAGE[kind])).reshape(shape)
@@ -825,13 +869,18 @@ def map_aligned(path, c, weight_type):
 def read_rope_v2_fields(path, data, c):
     """Set c's version 2 fields (bytes 84..255, docs/format.md: head_size, the block options, the second
     RoPE setting, the per-layer inputs' and the experts' fields), refused as run.c's parse_header_v2
-    refuses them; Config.check checks their values. Returns (the matrices' type, (the tokenizer
-    section's offset, bytes), (the per-layer table's offset, bytes))."""
+    refuses them; Config.check checks their values. Returns (the matrices' type, None for a type per
+    piece, (the tokenizer section's offset, bytes), (the per-layer table's offset, bytes), (the type
+    table's offset, bytes))."""
     head_size, type_code, reserved, tok_offset, tok_bytes = ROPE_V2_FIELDS.unpack_from(data, ROPE_HEADER.size)
     if reserved != 0:
         raise ExportError(f"{path}: the reserved field at byte 92 is {reserved}, not 0")
-    if not 0 <= type_code < len(WEIGHT_TYPES):
-        raise ExportError(f"{path}: weight_type {type_code} is not one of 0 f32, 1 bf16, 2 f16, 3 q8_0")
+    if not 0 <= type_code <= WEIGHT_TYPE_PER_PIECE:
+        raise ExportError(f"{path}: weight_type {type_code} is not one of 0 f32, 1 bf16, 2 f16, 3 q8_0, 4 per piece")
+    type_table = ROPE_V2_TYPE_TABLE.unpack_from(data, TYPE_TABLE_BYTES_AT)
+    if (type_code == WEIGHT_TYPE_PER_PIECE) != all(type_table):
+        raise ExportError(f"{path}: weight_type {type_code} with type_table_offset {type_table[0]} and "
+                          f"type_table_bytes {type_table[1]} (a type table: weight_type 4 and both not 0; else both 0)")
     (flags, c.activation, c.embedding_multiplier, c.attention_scale, c.attention_softcap, c.final_softcap,
      table_offset, table_bytes) = ROPE_V2_BLOCK.unpack_from(data, ROPE_HEADER.size + ROPE_V2_FIELDS.size)
     if flags & ~KNOWN_FLAGS:
@@ -857,8 +906,29 @@ def read_rope_v2_fields(path, data, c):
     if c.block_flags != flags:  # bit 5 or 6 with a width of 0
         raise ExportError(f"{path}: block_flags {flags:#x}, but per_layer_input_dim is {c.per_layer_dim} and "
                           f"n_experts {c.n_experts} (each must be >= 1 with its bit, 32 and 64)")
-    check_padding(path, data, EXPERTS_BYTES_AT + ROPE_V2_EXPERTS.size)
-    return WEIGHT_TYPES[type_code], (tok_offset, tok_bytes), (table_offset, table_bytes)
+    check_padding(path, data, TYPE_TABLE_BYTES_AT + ROPE_V2_TYPE_TABLE.size)
+    weight_type = None if type_code == WEIGHT_TYPE_PER_PIECE else WEIGHT_TYPES[type_code]
+    return weight_type, (tok_offset, tok_bytes), (table_offset, table_bytes), type_table
+
+
+def read_type_table(path, c, offset, count):
+    """The type table's entries as {name: [type of each piece]} of matrix_piece_shapes; its place is
+    checked by the caller once the tensors' end is known."""
+    shapes = matrix_piece_shapes(c)
+    pieces = sum(len(s) for s in shapes.values())
+    if count != pieces:
+        raise ExportError(f"{path}: type_table_bytes {count} is not {pieces}, one per matrix piece of this model")
+    table = file_bytes(path, offset, count)
+    if table is None:
+        raise ExportError(f"{path}: the type table ({count} bytes at {offset}) runs past the end of the file")
+    if max(table) >= len(WEIGHT_TYPES):
+        i = next(i for i, code in enumerate(table) if code >= len(WEIGHT_TYPES))
+        raise ExportError(f"{path}: type table entry {i} is {table[i]}, not one of 0 f32, 1 bf16, 2 f16, 3 q8_0")
+    kinds, at = {}, 0
+    for name, piece_shapes in shapes.items():
+        kinds[name] = [WEIGHT_TYPES[code] for code in table[at:at + len(piece_shapes)]]
+        at += len(piece_shapes)
+    return kinds
 
 
 def read_layer_table(path, c, offset, count):
@@ -889,9 +959,9 @@ def read_rope(path, data):
         raise ExportError(f"{path}: shared_classifier is {shared}, expected 0 or 1")
     c = Config(dim, hidden, layers, heads, kv_heads, vocab, seq_len, bool(shared), eps, theta, fraction, factor,
                rule, original_len, **{name: value for (name, _, _), value in zip(RULE_FIELDS, rule_values)})
-    weight_type, (tok_offset, tok_bytes), table = "f32", (0, 0), (0, 0)
+    weight_type, (tok_offset, tok_bytes), table, type_table = "f32", (0, 0), (0, 0), (0, 0)
     if version == ROPE_VERSION_2:
-        weight_type, (tok_offset, tok_bytes), table = read_rope_v2_fields(path, data, c)
+        weight_type, (tok_offset, tok_bytes), table, type_table = read_rope_v2_fields(path, data, c)
         c.layers = read_layer_table(path, c, *table)
     else:
         check_padding(path, data, ROPE_HEADER.size)
@@ -903,7 +973,9 @@ def read_rope(path, data):
     if version == ROPE_VERSION:
         check_size(path, "ROPE", HEADER_BYTES + 4 * n_floats(shapes))
         return c, map_floats(path, HEADER_BYTES, shapes), weight_type, None
-    tensors, end = map_aligned(path, c, weight_type)
+    piece_types = read_type_table(path, c, *type_table) if weight_type is None else None
+    tensors, end = map_aligned(path, c, weight_type, piece_types)
+    tensors_end = end
     if c.rope_scaling == RULE_LONGROPE and "rope_factors" in tensors:  # the factors, checked as run checks them
         c.longrope_factors = tensors["rope_factors"]
         try:
@@ -915,13 +987,19 @@ def read_rope(path, data):
             raise ExportError(f"{path}: the per-layer table is at {table[0]} ({table[1]} bytes); the format puts it "
                               f"at {layer_table_place(c, end)[0]}, the first multiple of 64 after the tensors")
         end = sum(table)
+    if piece_types is not None:
+        if type_table != type_table_place(c, tensors_end):
+            raise ExportError(f"{path}: the type table is at {type_table[0]} ({type_table[1]} bytes); the format puts "
+                              f"it at {type_table_place(c, tensors_end)[0]}, the first multiple of 64 after the "
+                              "tensors (and the per-layer table)")
+        end = sum(type_table)
     tokenizer = None
     if tok_offset or tok_bytes:
         if tok_offset != end + -end % TENSOR_ALIGNMENT or tok_bytes < TOKN_HEADER_BYTES:
             raise ExportError(f"{path}: tokenizer section at {tok_offset} ({tok_bytes} bytes); the format puts it at "
                               f"{end + -end % TENSOR_ALIGNMENT}, at least {TOKN_HEADER_BYTES} bytes")
         end = tok_offset + tok_bytes
-    check_size(path, f"ROPE version 2 ({weight_type})", end)
+    check_size(path, f"ROPE version 2 ({weight_type or 'a type per piece'})", end)
     if tok_bytes:
         tokenizer = file_bytes(path, tok_offset, tok_bytes)
         magic, _, _, n_tokens = struct.unpack_from("<I3i", tokenizer)
@@ -1125,6 +1203,109 @@ def tensor_bytes(kind, elements):
     if kind == "q8_0":
         return elements // Q8_0_BLOCK * Q8_0_STORAGE.itemsize
     return elements * np.dtype(NUMPY_STORAGE[kind]).itemsize
+
+
+class Blocks:
+    """One matrix piece as a file stores it, of any weight type: kind (a WEIGHT_TYPES name), shape,
+    data (a uint8 array of exactly tensor_bytes(kind, prod(shape)) bytes: little-endian float32,
+    bf16 or f16 values, or Q8_0 blocks along the rows) and source (what a message names). write_rope
+    writes it as it is, never rounded again; asked for another type, it widens it (widened: the
+    float32 weights, exactly) and converts that."""
+
+    def __init__(self, kind, shape, data, source=""):
+        if kind not in WEIGHT_TYPES:
+            raise ExportError(f"{source}: weight type {kind!r} is not one of {', '.join(WEIGHT_TYPES)}")
+        self.kind, self.shape, self.source = kind, tuple(int(n) for n in shape), source
+        self.data = np.asarray(data, dtype=np.uint8).reshape(-1)
+        elements = math.prod(self.shape)
+        if kind == "q8_0" and elements and self.shape[-1] % Q8_0_BLOCK:
+            raise ExportError(f"{source}: q8_0 rows of {self.shape[-1]} weights are not whole 32-weight blocks")
+        if len(self.data) != tensor_bytes(kind, elements):
+            raise ExportError(f"{source}: {len(self.data)} bytes for {elements} {kind} weights; they take "
+                              f"{tensor_bytes(kind, elements)}")
+
+    @property
+    def size(self):
+        return math.prod(self.shape)
+
+    def stored(self):
+        """The values in their stored type (float32, uint16 bf16 bits, float16); Q8_0: the blocks."""
+        dtype = Q8_0_STORAGE if self.kind == "q8_0" else np.dtype(NUMPY_STORAGE[self.kind])
+        return self.data.view(dtype)
+
+    def widened(self):
+        """The float32 weights, exactly (Q8_0: d * q), in the piece's shape."""
+        if self.kind == "q8_0":
+            return dequantize_q8_0(self.data).reshape(self.shape)
+        return widen(self.stored()).reshape(self.shape)
+
+    def part(self, start, end):
+        """Weights start..end (flat) as a Blocks of one row (a Q8_0 cut: at whole blocks)."""
+        if self.kind == "q8_0" and (start % Q8_0_BLOCK or end % Q8_0_BLOCK):
+            raise ExportError(f"{self.source}: a q8_0 piece cannot be cut inside a block (weights {start}..{end})")
+        data = self.data[tensor_bytes(self.kind, start):tensor_bytes(self.kind, end)]
+        return Blocks(self.kind, (end - start,), data, self.source)
+
+
+def check_piece_finite(piece, source):
+    """Refuse a NaN or infinite weight (check_finite), or a Q8_0 scale that is not finite (run refuses
+    the file)."""
+    if not isinstance(piece, Blocks):
+        check_finite(piece, source)
+    elif piece.kind != "q8_0":
+        check_finite(piece.stored(), source)
+    elif piece.size and not np.isfinite(piece.stored()["d"]).all():
+        raise ExportError(f"tensor {source}: a q8_0 scale is not finite; run refuses such a file")
+
+
+def piece_kind(piece):
+    """The weight type a piece is given in: a Blocks' kind, or an array's (float32, uint16 bf16 bits,
+    float16; any other array is written as float32)."""
+    if isinstance(piece, Blocks):
+        return piece.kind
+    return weight_type_of(piece) if piece.dtype in (np.float32, np.float16, np.uint16) else "f32"
+
+
+def cut_into_pieces(name, tensor, shapes):
+    """A tensor as write_rope is given it (one array or Blocks; or a list of them or of loaders: one
+    per layer, the n_experts of each layer with experts, any run of pieces) cut into the file's
+    pieces of `shapes` by their weights' count, in order: [(type, [parts])] per file piece, its parts
+    the given pieces' weights that fill it. A file piece of 0 weights takes a given piece of 0 weights
+    (its type kept; else None). The parts of one file piece must share one type."""
+    given = []
+    for piece in tensor if isinstance(tensor, list) else [tensor]:
+        source = getattr(piece, "source", name)
+        piece = piece() if callable(piece) else piece
+        if not isinstance(piece, (Blocks, np.ndarray)):
+            piece = np.asarray(piece, dtype=np.float32)
+        check_piece_finite(piece, source)
+        given.append((piece, source))
+    out, i, offset = [], 0, 0
+    for n, shape in enumerate(shapes):
+        need, parts, kinds = math.prod(shape), [], set()
+        if need == 0 and i < len(given) and given[i][0].size == 0:
+            kinds.add(piece_kind(given[i][0]))
+            i += 1
+        while need:
+            if i == len(given):
+                raise ExportError(f"tensor {name}: its pieces hold fewer weights than the model's shapes need")
+            piece, source = given[i]
+            take = min(need, piece.size - offset)
+            if take:
+                part = (piece.part(offset, offset + take) if isinstance(piece, Blocks)
+                        else np.asarray(piece).reshape(-1)[offset:offset + take])
+                parts.append(part)
+                kinds.add(piece_kind(piece))
+            need, offset = need - take, offset + take
+            if offset == piece.size:
+                i, offset = i + 1, 0
+        if len(kinds) > 1:
+            raise ExportError(f"tensor {name}: file piece {n} (a layer's) is given in {' and '.join(sorted(kinds))}; "
+                              "the weights of one piece share one type")
+        out.append((kinds.pop() if kinds else None, parts))
+    if any(piece.size for piece, _ in given[i:]):
+        raise ExportError(f"tensor {name}: its pieces hold more weights than the model's shapes need")
+    return out
 
 
 def quantize_q8_0(wide):
@@ -3032,12 +3213,23 @@ def check_finite(array, name):
 
 
 def write_tensor(f, pieces, progress, weight_type="f32", name=""):
-    """Write a tensor, little-endian, as weight_type (f32, bf16 or f16): an array, or a list of
-    arrays / loaders, in any weight type (see weight_type_of; other float arrays as float32).
-    A NaN or infinite weight is refused, naming the tensor it was read from."""
+    """Write a tensor, little-endian, as weight_type (f32, bf16, f16 or q8_0): an array, a Blocks,
+    or a list of arrays / Blocks / loaders, in any weight type (see weight_type_of; other float
+    arrays as float32). A Blocks of weight_type is written as it is; of another type, widened to
+    float32 (exactly) and converted as an array. A NaN or infinite weight is refused, naming the
+    tensor it was read from."""
     pieces = pieces if isinstance(pieces, list) else [pieces]
+    if not pieces:  # a layer's piece of no weights (with a type table)
+        progress.add(0, tensor_done=True)
     for i, piece in enumerate(pieces):
         array = piece() if callable(piece) else piece
+        if isinstance(array, Blocks):
+            check_piece_finite(array, array.source or name)
+            if array.kind == weight_type:  # as it is, never rounded again
+                f.write(memoryview(np.ascontiguousarray(array.data)).cast("B"))
+                progress.add(len(array.data), tensor_done=i == len(pieces) - 1)
+                continue
+            array = array.widened()
         if not isinstance(array, np.ndarray) or array.dtype not in (np.float32, np.float16, np.uint16):
             array = np.asarray(array, dtype=np.float32)
         check_finite(array, getattr(piece, "source", name))
@@ -3050,7 +3242,7 @@ def write_tensor(f, pieces, progress, weight_type="f32", name=""):
 
 def rope_version(weight_type, c=None, tokenizer=None):
     """The version a file needs: 1 (exactly as before) for float32 weights, the Llama
-    block and no tokenizer inside, else 2."""
+    block and no tokenizer inside, else 2 (weight_type None: a type per piece, 2)."""
     plain = weight_type == "f32" and not (c and c.needs_block_fields()) and tokenizer is None
     return ROPE_VERSION if plain else ROPE_VERSION_2
 
@@ -3064,9 +3256,18 @@ def layer_table_place(c, tensors_end):
     return tensors_end + -tensors_end % TENSOR_ALIGNMENT, record.size * c.n_layers
 
 
+def type_table_place(c, tensors_end):
+    """(offset, bytes) of the type table (weight_type 4): the first multiple of 64 after the
+    per-layer table, or after the last tensor when there is none; one byte per matrix piece."""
+    offset, size = layer_table_place(c, tensors_end)
+    end = offset + size if size else tensors_end
+    return end + -end % TENSOR_ALIGNMENT, sum(len(shapes) for shapes in matrix_piece_shapes(c).values())
+
+
 def rope_header(c, weight_type="f32", version=ROPE_VERSION, tensors_end=0, tokenizer_offset=0, tokenizer_bytes=0):
     """The 256-byte ROPE header (docs/format.md); version 2 adds head_size, the
-    weight_type field, a reserved field, the tokenizer section's offset and size, the
+    weight_type field (None: 4, a type per piece, and the type table's place in bytes
+    216..231), a reserved field, the tokenizer section's offset and size, the
     block options, the per-layer table's place and the second RoPE setting (none:
     bytes 152..191 zero)."""
     fields = ROPE_HEADER.pack(ROPE_MAGIC, version, c.dim, c.hidden_dim, c.n_layers, c.n_heads,
@@ -3074,8 +3275,8 @@ def rope_header(c, weight_type="f32", version=ROPE_VERSION, tensors_end=0, token
                               c.norm_eps, c.rope_theta, c.rope_fraction, c.rope_factor,
                               c.rope_scaling, c.rope_original_len, *(getattr(c, name) for name, _, _ in RULE_FIELDS))
     if version == ROPE_VERSION_2:
-        fields += ROPE_V2_FIELDS.pack(c.head_size, WEIGHT_TYPES.index(weight_type), 0, tokenizer_offset,
-                                      tokenizer_bytes)
+        code = WEIGHT_TYPE_PER_PIECE if weight_type is None else WEIGHT_TYPES.index(weight_type)
+        fields += ROPE_V2_FIELDS.pack(c.head_size, code, 0, tokenizer_offset, tokenizer_bytes)
         fields += ROPE_V2_BLOCK.pack(c.block_flags, c.activation, c.embedding_multiplier, c.attention_scale,
                                      c.attention_softcap, c.final_softcap, *layer_table_place(c, tensors_end))
         if c.rope2 is not None:  # the fields not given are ROPE2_DEFAULTS
@@ -3086,31 +3287,64 @@ def rope_header(c, weight_type="f32", version=ROPE_VERSION, tensors_end=0, token
         if c.n_experts:  # a mixture of experts (bytes 200..215)
             fields += bytes(EXPERTS_BYTES_AT - len(fields))
             fields += ROPE_V2_EXPERTS.pack(c.n_experts, c.n_experts_used, c.expert_hidden, c.routing)
+        if weight_type is None:  # the type table (bytes 216..231)
+            fields += bytes(TYPE_TABLE_BYTES_AT - len(fields))
+            fields += ROPE_V2_TYPE_TABLE.pack(*type_table_place(c, tensors_end))
     return fields + bytes(HEADER_BYTES - len(fields))
 
 
-def rope_layout(c, weight_type, version):
+def rope_layout(c, weight_type, version, piece_types=None):
     """[(name, shape, type, offset)] of a ROPE file's tensors, where the last one ends, and
-    the file's size (the per-layer table after them, if any): back to back in version 1
-    (float32), each at a multiple of 64 bytes in version 2."""
+    the file's size (the per-layer table and the type table after them, if any): back to back
+    in version 1 (float32), each at a multiple of 64 bytes in version 2. piece_types ({name:
+    [type of each piece]} of matrix_piece_shapes; weight_type None): a file with a type table,
+    each matrix piece its own entry, of its own type, at its own multiple of 64."""
     alignment = 1 if version == ROPE_VERSION else TENSOR_ALIGNMENT
+    pieces = matrix_piece_shapes(c) if piece_types is not None else {}
     layout, at = [], HEADER_BYTES
     for name, shape in tensor_shapes(c):
-        kind = weight_type if name in MATRIX_TENSORS else "f32"
-        at += -at % alignment
-        layout.append((name, shape, kind, at))
-        at += tensor_bytes(kind, math.prod(shape))
-    offset, size = layer_table_place(c, at)
+        kinds = piece_types[name] if name in pieces else [weight_type if name in MATRIX_TENSORS else "f32"]
+        for piece_shape, kind in zip(pieces.get(name, [shape]), kinds):
+            at += -at % alignment
+            layout.append((name, piece_shape, kind, at))
+            at += tensor_bytes(kind, math.prod(piece_shape))
+    offset, size = type_table_place(c, at) if piece_types is not None else layer_table_place(c, at)
     return layout, at, (offset + size if size else at)
+
+
+def typed_pieces(c, tensors):
+    """For write_rope's weight_type None: (the one type every matrix piece is given in, or None,
+    {name: [type of each piece]} of matrix_piece_shapes, the tensors with each matrix as the list of
+    its pieces' parts). A piece of no weights given in no type is float32."""
+    cuts = {name: cut_into_pieces(name, tensors[name], shapes) for name, shapes in matrix_piece_shapes(c).items()}
+    kinds = {kind for cut in cuts.values() for kind, _ in cut if kind is not None}
+    parts = {name: [part for _, piece_parts in cut for part in piece_parts] for name, cut in cuts.items()}
+    piece_types = {name: [kind or "f32" for kind, _ in cut] for name, cut in cuts.items()}
+    per_piece = {name: [piece_parts for _, piece_parts in cut] for name, cut in cuts.items()}
+    one = kinds.pop() if len(kinds) == 1 else "f32" if not kinds else None
+    return one, piece_types, {**tensors, **(parts if one else per_piece)}
 
 
 def write_rope(f, c, tensors, path="-", weight_type="f32", tokenizer=None):
     """Write a ROPE file: header, then the tensors in the README's order, the matrices and
     the embedding as weight_type; the per-layer table after them when the model has one;
     with a tokenizer (the TOKN section's bytes), version 2 with the section at the first
-    multiple of 64 after those, ending the file."""
+    multiple of 64 after those, ending the file.
+
+    weight_type None: each matrix piece keeps the type it is given in (a Blocks' kind, an array's
+    type: float32, uint16 bf16 bits, float16). A layered matrix may be given as one piece per layer
+    (per layer with experts for the router and the experts), or as today (stacked, a list of pieces
+    such as moe_pieces' n_experts per layer): its pieces are matched to the file's by their weights'
+    count (cut_into_pieces). All in one type: the ordinary file of that type, byte for byte; else
+    weight_type 4, each piece at its own multiple of 64, and the type table after the tensors (and
+    the per-layer table)."""
+    piece_types = None
+    if weight_type is None:
+        weight_type, piece_types, tensors = typed_pieces(c, tensors)
+        if weight_type is not None:
+            piece_types = None
     version = rope_version(weight_type, c, tokenizer)
-    layout, tensors_end, size = rope_layout(c, weight_type, version)
+    layout, tensors_end, size = rope_layout(c, weight_type, version, piece_types)
     tok_at = size + -size % TENSOR_ALIGNMENT if tokenizer is not None else 0
     tok_bytes = len(tokenizer) if tokenizer is not None else 0
     progress = Progress(path, tok_at + tok_bytes if tokenizer is not None else size, len(layout))
@@ -3118,16 +3352,26 @@ def write_rope(f, c, tensors, path="-", weight_type="f32", tokenizer=None):
         f.write(rope_header(c, weight_type, version, tensors_end, tok_at, tok_bytes))
         progress.add(HEADER_BYTES)
         written = HEADER_BYTES
+        piece_of = collections.Counter()  # with a type table: each matrix's pieces written so far
         for name, shape, kind, offset in layout:
             f.write(bytes(offset - written))  # zero padding up to the tensor's 64-byte boundary
             written = offset
-            write_tensor(f, tensors[name], progress, kind, name)
+            tensor = tensors[name]
+            if piece_types is not None and name in piece_types:
+                tensor = tensor[piece_of[name]]
+                piece_of[name] += 1
+            write_tensor(f, tensor, progress, kind, name)
             written += tensor_bytes(kind, math.prod(shape))
         if c.layers is not None:  # the per-layer table: (rope, window) per layer, or Gemma 4's eight fields
             offset, table_bytes = layer_table_place(c, tensors_end)
             f.write(bytes(offset - written))
             record = LAYER_RECORD_WIDE if c.wide_records else LAYER_RECORD
             f.write(b"".join(record.pack(*fields) for fields in c.layers))
+            written = offset + table_bytes
+        if piece_types is not None:  # the type table: each matrix piece's type code, in file order
+            offset, table_bytes = type_table_place(c, tensors_end)
+            f.write(bytes(offset - written))
+            f.write(bytes(WEIGHT_TYPES.index(kind) for name, _, kind, _ in layout if name in MATRIX_TENSORS))
             written = offset + table_bytes
         if tokenizer is not None:
             f.write(bytes(tok_at - written))  # zero padding to the section's 64-byte boundary
@@ -3260,8 +3504,8 @@ def export_checkpoint(args):
     weight_type = "f32" if args.legacy else args.dtype or source_type  # llama2.c's formats are float32
     if weight_type == "q8_0":
         check_q8_0_rows(c)
-    elif weight_type != "f32" and weight_type != source_type:
-        say_later(f"narrowing the matrices and the embedding from {source_type} to {weight_type} "
+    elif weight_type not in ("f32", None) and weight_type != source_type:
+        say_later(f"narrowing the matrices and the embedding from {source_type or 'their types'} to {weight_type} "
                   f"(rounded to nearest even)")
     if args.rope_theta is not None:
         c.rope_theta = args.rope_theta
@@ -3296,7 +3540,8 @@ def export_checkpoint(args):
                       f"bf16's {bf16_size}; the largest change of a weight is {Q8_STATS.worst:.3g} of its block's "
                       f"largest magnitude (in {Q8_STATS.where})")
     kind = ("llama2.c legacy" if args.legacy else "ROPE" if rope_version(weight_type, c, tokenizer) == ROPE_VERSION
-            else f"ROPE v2, {weight_type} weights" + (", with its tokenizer" if tokenizer is not None else ""))
+            else f"ROPE v2, {weight_type or 'per-piece'} weights" + (", with its tokenizer" if tokenizer is not None
+                                                                     else ""))
     print(f"wrote {args.output} ({kind}): dim {c.dim}, "
           f"hidden {c.hidden_dim}, {c.n_layers} layers, {c.n_heads} heads ({c.n_kv_heads} kv), "
           f"vocab {c.vocab_size}, seq_len {c.seq_len}, shared classifier {int(c.shared_classifier)}, "

@@ -106,6 +106,9 @@ typedef enum { ROUTING_SOFTMAX_TOPK_NORM = 1, ROUTING_SOFTMAX_TOPK = 2, ROUTING_
 // them overflows 64 bits. Config's layers and the RoPE tables' pairs are sized by them.
 #define MAX_DIM (1 << 16)
 #define MAX_LAYERS 1024
+// a type table's entries at most: the embedding, 7 matrices per layer, the classifier,
+// Gemma 4's 2 + 2 per layer, 4 per layer with experts
+#define MAX_PIECES (4 + 13 * MAX_LAYERS)
 
 // The per-layer table's rotary choice: no rotation (NoPE), or one of the two settings.
 #define LAYER_NOPE 0
@@ -165,7 +168,8 @@ typedef struct {
     int seq_len;           // positions in the context in use: the header's seq_len until main sets it
     int shared_classifier; // 1: the classifier reuses the token embedding
     int version;           // the header's version: ROPE 1 or 2, llama2.c v1 1, legacy 0
-    WeightType weight_type; // the matrices' and the embedding's type (f32 but in ROPE version 2)
+    WeightType weight_type; // the matrices' and the embedding's type (f32 but in ROPE version 2;
+                            // unused with a type table)
     float norm_eps;        // RMSNorm epsilon
     // the RoPE settings, indexed by a layer's rope (LayerSpec): rope[LAYER_ROPE_FIRST]
     // every model's, rope[LAYER_ROPE_SECOND] Gemma 3's and 4's local layers' (theta 0
@@ -187,6 +191,10 @@ typedef struct {
     int expert_hidden;  // each expert's feed-forward width (768; 14336)
     Routing routing;    // how the k experts are weighed
     uint64_t layer_table_offset, layer_table_bytes; // the per-layer table in the file; 0: none
+    // ROPE version 2's weight_type 4: a type table in the file gives each matrix piece its
+    // own type (piece_type, in file order: map_weights); 0 and 0: none, all weight_type
+    uint64_t type_table_offset, type_table_bytes;
+    unsigned char piece_type[MAX_PIECES];
     // per layer (from the table; without one, every layer as the header says, first setting, full)
     LayerSpec layer[MAX_LAYERS];
     // the layered tensors' totals over the layers (q_before etc. of a layer past the last)
@@ -208,17 +216,31 @@ static Matrix matrix_at(Matrix m, size_t i) {
 }
 static Matrix f32_matrix(const float *p) { return (Matrix){p, WEIGHT_F32}; }
 
+// One layer's matrices, each with its own type (a file with a type table may store
+// them in different types; map_weights points them into the file). Data NULL: the
+// layer has no such matrix (Gemma 4's KV-shared layers have no wk, wv; only a layer
+// with experts has a router and experts).
+typedef struct {
+    Matrix wq;             // (n_heads * head_size, dim)
+    Matrix wk;             // (n_kv_heads * head_size, dim)
+    Matrix wv;             // (n_kv_heads * head_size, dim)
+    Matrix wo;             // (dim, n_heads * head_size)
+    Matrix w1;             // (hidden_dim, dim) gate
+    Matrix w2;             // (dim, hidden_dim) down
+    Matrix w3;             // (hidden_dim, dim) up
+    Matrix per_layer_gate; // Gemma 4 E2B, E4B: (P, dim)
+    Matrix per_layer_out;  // (dim, P)
+    Matrix router;         // a mixture of experts: (n_experts, dim), one logit per expert
+    Matrix expert_w1;      // (n_experts, expert_hidden, dim) gate
+    Matrix expert_w2;      // (n_experts, dim, expert_hidden) down
+    Matrix expert_w3;      // (n_experts, expert_hidden, dim) up
+} LayerWeights;
+
 typedef struct {
     Matrix token_embedding;   // (vocab_size, dim)
     const float *rms_att;     // (layer, dim) RMSNorm weights before attention
     const float *rms_ffn;     // (layer, dim) RMSNorm weights before the feed-forward
-    Matrix wq;                // (layer, n_heads * head_size, dim)
-    Matrix wk;                // (layer, n_kv_heads * head_size, dim)
-    Matrix wv;                // (layer, n_kv_heads * head_size, dim)
-    Matrix wo;                // (layer, dim, n_heads * head_size)
-    Matrix w1;                // (layer, hidden_dim, dim) gate
-    Matrix w2;                // (layer, dim, hidden_dim) down
-    Matrix w3;                // (layer, hidden_dim, dim) up
+    LayerWeights layer[MAX_LAYERS]; // each layer's matrices
     const float *rms_final;   // (dim,)
     Matrix wcls;              // (vocab_size, dim) classifier
     // version 2's optional tensors (float32), NULL when the block has none
@@ -231,15 +253,9 @@ typedef struct {
     Matrix per_layer_embedding;             // (vocab_size, layer * P)
     Matrix per_layer_in;                    // (layer * P, dim): the embedding's projection onto the slices
     const float *per_layer_in_norm;         // (P,)
-    Matrix per_layer_gate;                  // (layer, P, dim)
-    Matrix per_layer_out;                   // (layer, dim, P)
     const float *rms_per_layer;             // (layer, dim)
-    // a mixture of experts' (block flag 64), for the layers with experts only
-    Matrix router;                          // (sparse layer, n_experts, dim): one logit per expert
-    Matrix expert_w1;                       // (sparse layer, n_experts, expert_hidden, dim) gate
-    Matrix expert_w2;                       // (sparse layer, n_experts, dim, expert_hidden) down
-    Matrix expert_w3;                       // (sparse layer, n_experts, expert_hidden, dim) up
-    // Gemma 4's (ROUTING_GEMMA4), per sparse layer
+    // a mixture of experts' (block flag 64; its matrices in LayerWeights) Gemma 4's
+    // (ROUTING_GEMMA4), per sparse layer
     const float *router_scale;              // (sparse layer, dim): the router's input times it
     const float *expert_scale;              // (sparse layer, n_experts): a chosen expert's weight times it
     const float *rms_pre_experts;           // (sparse layer, dim): the norm before the experts
@@ -554,9 +570,8 @@ static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, 
 
         // q = Wq xb, k = Wk xb, v = Wv xb (Gemma 4: no k, v on a KV-shared layer; no Wv
         // where the values are the keys, the raw key projection copied before k's norm)
-        Projection qkv[3] = {{s->q, matrix_at(w->wq, ls->q_before * dim), q_dim},
-                             {s->k, matrix_at(w->wk, ls->kv_before * dim), kv_dim},
-                             {s->v, matrix_at(w->wv, ls->v_before * dim), kv_dim}};
+        const LayerWeights *lw = &w->layer[l];
+        Projection qkv[3] = {{s->q, lw->wq, q_dim}, {s->k, lw->wk, kv_dim}, {s->v, lw->wv, kv_dim}};
         matmuls(s, s->xb, qkv, !owns_cache ? 1 : ls->values_are_keys ? 2 : 3, B, dim);
         if (owns_cache && ls->values_are_keys) memcpy(s->v, s->k, (size_t)B * kv_dim * sizeof(float));
         if (c->qkv_bias) { // Qwen2: q += bq, k += bk, v += bv
@@ -612,7 +627,7 @@ static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, 
         attention(t, l, B, pos0);
 
         // x = x + Wo xb (the residual connection); Gemma 2, 3, 4 normalize Wo xb first
-        matmul_tokens(s, s->xb2, s->xb, matrix_at(w->wo, (size_t)dim * ls->q_before), B, q_dim, dim);
+        matmul_tokens(s, s->xb2, s->xb, lw->wo, B, q_dim, dim);
         if (c->post_norms)
             for (int b = 0; b < B; b++)
                 rmsnorm(s->xb2 + (size_t)b * dim, s->xb2 + (size_t)b * dim, w->rms_post_att + (size_t)l * dim, dim, eps);
@@ -629,9 +644,7 @@ static float *forward_block(Transformer *t, const int *tokens, int B, int pos0, 
         if (ls->experts && c->routing != ROUTING_GEMMA4) {
             mixture_of_experts(t, l, B, s->xb);
         } else {
-            feed_forward(c, s, s->xb, s->xb2, matrix_at(w->w1, ls->hidden_before * dim),
-                         matrix_at(w->w3, ls->hidden_before * dim), matrix_at(w->w2, (size_t)dim * ls->hidden_before),
-                         hidden, B);
+            feed_forward(c, s, s->xb, s->xb2, lw->w1, lw->w3, lw->w2, hidden, B);
             if (ls->experts) experts_beside_feed_forward(t, l, B); // Gemma 4 26B-A4B
         }
         if (c->post_norms)
@@ -1053,13 +1066,13 @@ static void add_per_layer_input(Transformer *t, int l, int B) {
     const TransformerWeights *w = &t->weights;
     RunState *s = &t->state;
     int P = c->per_layer_dim, dim = c->dim;
-    matmul_tokens(s, s->plb, s->x, matrix_at(w->per_layer_gate, (size_t)l * P * dim), B, dim, P);
+    matmul_tokens(s, s->plb, s->x, w->layer[l].per_layer_gate, B, dim, P);
     for (int b = 0; b < B; b++) {
         float *g = s->plb + (size_t)b * P;
         const float *pl = s->pl + (size_t)b * c->n_layers * P + (size_t)l * P;
         for (int i = 0; i < P; i++) g[i] = geglu_unit(g[i], pl[i]);
     }
-    matmul_tokens(s, s->xb2, s->plb, matrix_at(w->per_layer_out, (size_t)l * dim * P), B, P, dim);
+    matmul_tokens(s, s->xb2, s->plb, w->layer[l].per_layer_out, B, P, dim);
     for (int b = 0; b < B; b++) {
         float *o = s->xb2 + (size_t)b * dim;
         rmsnorm(o, o, w->rms_per_layer + (size_t)l * dim, dim, c->norm_eps);
@@ -1106,9 +1119,10 @@ static void expert_feed_forward(Transformer *t, int l, int e, const float *x, fl
     const TransformerWeights *w = &t->weights;
     RunState *s = &t->state;
     int dim = c->dim, hidden = c->expert_hidden;
-    uint64_t piece = (c->layer[l].sparse_before * c->n_experts + e) * (uint64_t)hidden * dim;
-    feed_forward(c, s, x, out, matrix_at(w->expert_w1, piece), matrix_at(w->expert_w3, piece),
-                 matrix_at(w->expert_w2, piece), hidden, n);
+    const LayerWeights *lw = &w->layer[l];
+    uint64_t expert = (uint64_t)e * hidden * dim; // expert e's matrices in the layer's pieces
+    feed_forward(c, s, x, out, matrix_at(lw->expert_w1, expert), matrix_at(lw->expert_w3, expert),
+                 matrix_at(lw->expert_w2, expert), hidden, n);
 }
 
 // The router's logits and choice for the B tokens of xb (Gemma 4: of the residual stream
@@ -1130,7 +1144,7 @@ static void route_tokens(Transformer *t, int l, int B) {
         }
         in = s->expert_x, expert_scale = w->expert_scale + sparse * E;
     }
-    matmul_tokens(s, s->router_logits, in, matrix_at(w->router, sparse * E * (uint64_t)dim), B, dim, E);
+    matmul_tokens(s, s->router_logits, in, w->layer[l].router, B, dim, E);
     for (int b = 0; b < B; b++)
         route_token(c, s->router_logits + (size_t)b * E, s->chosen + (size_t)b * K, s->chosen_weight + (size_t)b * K,
                     expert_scale);
@@ -1589,6 +1603,7 @@ static const char *rope_scaling_names[] = {"none", "linear", "ntk", "yarn", "lla
 #define N_FLAG_SCALINGS 5 // --rope-scaling's: longrope needs the file's factors
 static const char *weight_type_names[] = {"f32", "bf16", "f16", "q8_0"};
 #define N_WEIGHT_TYPES 4
+#define WEIGHT_TYPE_PER_PIECE 4 // the header's weight_type for a file with a type table
 #define N_ACTIVATIONS 2
 #define N_ROUTINGS 4
 
@@ -1760,7 +1775,7 @@ static int check_block_option(const char *name, float value) {
 // classifier), each layer's q_dim (wo) and hidden_dim (w2), P (the per-layer inputs'
 // gate, output and embedding rows) and expert_hidden (the experts' down rows).
 static int check_q8_0_rows(const Config *c) {
-    if (c->weight_type != WEIGHT_Q8_0) return 0;
+    if (c->weight_type != WEIGHT_Q8_0 || c->type_table_bytes) return 0; // a type table's pieces: next_piece
     if (c->dim % Q8_0_BLOCK) return fail("q8_0 weights need dim a multiple of 32, not %d", c->dim);
     if (c->per_layer_dim % Q8_0_BLOCK)
         return fail("q8_0 weights need per_layer_input_dim a multiple of 32, not %d", c->per_layer_dim);
@@ -1810,11 +1825,21 @@ static int parse_header_v2(const unsigned char *data, Config *c) {
     int head_size = read_i32(data + 84), weight_type = read_i32(data + 88), reserved = read_i32(data + 92);
     if (head_size != 0 && (head_size < 2 || head_size > MAX_DIM || head_size % 2 != 0))
         return fail("head_size %d must be 0 (dim / n_heads) or even, in [2, %d]", head_size, MAX_DIM);
-    if (weight_type < 0 || weight_type >= N_WEIGHT_TYPES)
-        return fail("weight_type %d is not a type this program knows (0 f32, 1 bf16, 2 f16, 3 q8_0)", weight_type);
+    if (weight_type < 0 || weight_type > WEIGHT_TYPE_PER_PIECE)
+        return fail("weight_type %d is not a type this program knows (0 f32, 1 bf16, 2 f16, 3 q8_0, 4 per piece)",
+                    weight_type);
     if (reserved != 0) return fail("reserved header field at byte 92 is %d, not 0", reserved);
     c->head_size = head_size;
-    c->weight_type = (WeightType)weight_type;
+    c->weight_type = weight_type == WEIGHT_TYPE_PER_PIECE ? WEIGHT_F32 : (WeightType)weight_type; // 4: the table's
+    c->type_table_offset = read_u64(data + 216);
+    c->type_table_bytes = read_u64(data + 224);
+    int has_table = c->type_table_offset != 0 || c->type_table_bytes != 0;
+    if (weight_type == WEIGHT_TYPE_PER_PIECE && (c->type_table_offset == 0 || c->type_table_bytes == 0))
+        return fail("weight_type 4 (per piece) needs a type table: type_table_offset %llu and type_table_bytes %llu",
+                    (unsigned long long)c->type_table_offset, (unsigned long long)c->type_table_bytes);
+    if (weight_type != WEIGHT_TYPE_PER_PIECE && has_table)
+        return fail("type_table_offset %llu and type_table_bytes %llu must be 0 with weight_type %d (4: a type table)",
+                    (unsigned long long)c->type_table_offset, (unsigned long long)c->type_table_bytes, weight_type);
     uint32_t flags = read_u32(data + 112);
     if (flags & ~BLOCK_FLAGS_KNOWN)
         return fail("block_flags 0x%x has bits this program does not know (1 qkv bias, 2 qk norm, 4 post norms, "
@@ -1879,6 +1904,39 @@ static int check_layer_table_place(const Config *c, uint64_t tensors_end) {
     if (c->layer_table_bytes != 8ull * c->n_layers && c->layer_table_bytes != 32ull * c->n_layers)
         return fail("layer_table_bytes %llu is not 8 x n_layers = %llu (or 32 x n_layers = %llu)",
                     (unsigned long long)c->layer_table_bytes, 8ull * c->n_layers, 32ull * c->n_layers);
+    return 0;
+}
+
+static uint64_t matrix_pieces(const Config *c);
+
+// The type table (weight_type 4, header bytes 216..231): one byte per matrix piece
+// (matrix_pieces), each a weight type, copied into c->piece_type. Read before the
+// layout, whose sizes it sets; its place is checked after (check_type_table_place).
+static int read_type_table(const unsigned char *data, size_t size, Config *c) {
+    uint64_t pieces = matrix_pieces(c);
+    if (c->type_table_bytes != pieces)
+        return fail("type_table_bytes %llu is not %llu, one per matrix piece of this model",
+                    (unsigned long long)c->type_table_bytes, (unsigned long long)pieces);
+    if (c->type_table_offset < HEADER_BYTES || c->type_table_offset > size || pieces > size - c->type_table_offset)
+        return fail("the type table (%llu bytes at %llu) is not inside the file's %zu bytes (truncated?)",
+                    (unsigned long long)pieces, (unsigned long long)c->type_table_offset, size);
+    for (uint64_t i = 0; i < pieces; i++) {
+        unsigned char type = data[c->type_table_offset + i];
+        if (type >= N_WEIGHT_TYPES)
+            return fail("type table entry %llu is %d, not a type this program knows (0 f32, 1 bf16, 2 f16, 3 q8_0)",
+                        (unsigned long long)i, type);
+        c->piece_type[i] = type;
+    }
+    return 0;
+}
+
+// The type table's place: the first multiple of 64 at or after the end of the tensors, or
+// of the per-layer table when there is one (`end`).
+static int check_type_table_place(const Config *c, uint64_t end) {
+    uint64_t expected = round_up(end, ROPE_V2_ALIGNMENT);
+    if (c->type_table_bytes && c->type_table_offset != expected)
+        return fail("type_table_offset %llu is not %llu (the first multiple of 64 after the tensors and the layer "
+                    "table)", (unsigned long long)c->type_table_offset, (unsigned long long)expected);
     return 0;
 }
 
@@ -2105,8 +2163,8 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
         if (c->version == 2) {
             if (parse_header_v2(data, c) != 0) return -1;
             read_tokenizer_span(data, tokenizer);
-            reserved_from = 216; // 96..111 the tokenizer section, 112..215 the block options, second setting,
-                                 // per-layer inputs, experts
+            reserved_from = 232; // 96..111 the tokenizer section, 112..215 the block options, second setting,
+                                 // per-layer inputs, experts; 216..231 the type table
         }
         for (int i = reserved_from; i < HEADER_BYTES; i++)
             if (data[i] != 0) return fail("reserved header byte %d is not zero (a newer format?)", i);
@@ -2130,12 +2188,16 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
     if (second->head_size && check_every_rope_angles(c) != 0) return -1; // the second over its own head size
     place_layers(c);
     if (check_q8_0_rows(c) != 0) return -1;
+    if (c->type_table_bytes && read_type_table(data, size, c) != 0) return -1; // the pieces' sizes follow from it
     *data_offset = *format == FORMAT_LLAMA2C_LEGACY ? LEGACY_HEADER_BYTES : HEADER_BYTES;
     TransformerWeights unused;
     *expected_size = map_weights(&unused, c, *format, 0, *data_offset); // where the last tensor ends
+    if (*expected_size == 0) return -1; // a q8_0 piece's rows refused
     if (check_layer_table_place(c, *expected_size) != 0) return -1;
     if (c->layer_table_bytes) *expected_size = c->layer_table_offset + c->layer_table_bytes;
-    if (c->version == 2) return place_tokenizer_section(tokenizer, expected_size); // after the table, if any
+    if (check_type_table_place(c, *expected_size) != 0) return -1;
+    if (c->type_table_bytes) *expected_size = c->type_table_offset + c->type_table_bytes;
+    if (c->version == 2) return place_tokenizer_section(tokenizer, expected_size); // after the tables, if any
     return 0;
 }
 
@@ -2147,8 +2209,10 @@ typedef struct {
     uintptr_t base;  // the file's first byte in memory (0 when only sizes are wanted)
     uint64_t at;     // offset of the next tensor
     size_t alignment;
-    WeightType type; // the matrices' and the embedding's
-    int failed;      // a mapped matrix was refused (check_q8_0_scales)
+    WeightType type; // the matrices' and the embedding's, without a type table
+    const unsigned char *types; // with one: each matrix piece's type, in file order; else NULL
+    int piece;       // the matrix pieces walked so far (the next one's entry in types)
+    int failed;      // a matrix was refused (next_piece)
 } TensorLayout;
 
 static uint64_t next_tensor(TensorLayout *t, uint64_t bytes) {
@@ -2175,47 +2239,92 @@ static int check_q8_0_scales(const unsigned char *blocks, uint64_t elements, con
     return 0;
 }
 
-// the embedding and the matrices: of the file's weight type; once mapped, a Q8_0
-// matrix's scales are checked here, where every matrix passes
-static Matrix next_matrix(TensorLayout *t, uint64_t elements, const char *name) {
-    Matrix m = {(const void *)(t->base + next_tensor(t, weight_bytes(t->type, elements))), t->type};
-    if (t->base && t->type == WEIGHT_Q8_0 && !t->failed && check_q8_0_scales(m.data, elements, name) != 0)
+// A Q8_0 piece's rows must be whole blocks (GGUF's Q8_0 has no partial block). A file
+// of one type has had every row length checked at once (check_q8_0_rows); with a type
+// table, each Q8_0 piece is checked here.
+static int check_q8_0_piece_rows(uint64_t rows, uint64_t row_length, const char *name) {
+    if (rows == 0 || row_length % Q8_0_BLOCK == 0) return 0;
+    return fail("%s is q8_0 with rows of %llu weights, not a multiple of 32", name, (unsigned long long)row_length);
+}
+
+// The next matrix piece, rows x row_length elements: the embedding, a classifier, or one
+// layer's piece of a layered tensor (layer: its index; -1 for a whole matrix). Without a
+// type table it has the file's type, and a layered tensor's pieces lie back to back (the
+// tensor starts aligned: `first`); with one, each piece has its table entry's type and
+// starts at its own multiple of 64. Once mapped, a Q8_0 piece's scales are checked.
+static Matrix next_piece(TensorLayout *t, uint64_t rows, uint64_t row_length, const char *name, int layer, int first) {
+    WeightType type = t->types ? (WeightType)t->types[t->piece] : t->type;
+    uint64_t elements = rows * row_length;
+    t->piece++;
+    if (t->types || first) t->at = round_up(t->at, t->alignment);
+    Matrix m = {elements ? (const void *)(t->base + t->at) : NULL, type};
+    t->at += weight_bytes(type, elements);
+    if (type != WEIGHT_Q8_0 || t->failed) return m;
+    char piece[64]; // its name in a message: "wq", or "wq of layer 3" for a layer's piece
+    if (layer < 0) snprintf(piece, sizeof(piece), "%s", name);
+    else snprintf(piece, sizeof(piece), "%s of layer %d", name, layer);
+    if ((t->types && check_q8_0_piece_rows(rows, row_length, piece) != 0) ||
+        (t->base && check_q8_0_scales(m.data, elements, piece) != 0))
         t->failed = 1;
     return m;
+}
+// a matrix that is one piece (the embedding, the classifier, Gemma 4's per-layer inputs)
+static Matrix next_matrix(TensorLayout *t, uint64_t rows, uint64_t row_length, const char *name) {
+    return next_piece(t, rows, row_length, name, -1, 1);
+}
+
+// The matrix pieces a file holds, in the type table's order: the embedding, each layer's
+// wq, wk, wv, wo, w1, w2, w3 (tensor by tensor), the classifier unless shared, Gemma 4's
+// per-layer embedding and projection, its gate and output per layer, and for each layer
+// with experts its router and three expert tensors (tensor by tensor).
+static uint64_t matrix_pieces(const Config *c) {
+    uint64_t layers = c->n_layers;
+    return 1 + 7 * layers + !c->shared_classifier + (c->per_layer_dim ? 2 + 2 * layers : 0) + 4 * c->sparse_layers;
 }
 
 // Points the weights into the file mapped at base (0: computes only the layout),
 // the first tensor at `offset`. Returns where the last tensor ends: the file's size;
-// 0 when a mapped matrix is refused (next_matrix).
+// 0 when a matrix is refused (next_piece).
 // llama2.c's version 1 stores all the norms first, then the embedding and the
 // matrices; the legacy format and ours start with the embedding and interleave the
 // norms. (Integer arithmetic on base, so that the layout of a header whose sizes
 // are far past the end of its file is no pointer arithmetic out of bounds.)
 static uint64_t map_weights(TransformerWeights *w, const Config *c, CheckpointFormat format, uintptr_t base,
                             uint64_t offset) {
-    // the layered tensors are the layers' pieces back to back: c->q_rows rows of wq in all
-    // (n_layers x q_dim when the layers are alike), and so on (place_layers)
+    // each layered tensor is the layers' pieces in layer order, each the layer's own shape
+    // (docs/format.md; all alike but in Gemma 4): wq (q_dim, dim), wk (its cache's kv_dim,
+    // dim; none on a KV-shared layer), wv (the same, none where the values are the keys),
+    // wo (dim, q_dim), w1 and w3 (hidden, dim), w2 (dim, hidden)
     uint64_t dim = c->dim, layers = c->n_layers, vocab = c->vocab_size;
+    int L = c->n_layers;
     size_t alignment = format == FORMAT_ROPE && c->version == 2 ? ROPE_V2_ALIGNMENT : 1;
-    TensorLayout t = {base, offset, alignment, c->weight_type, 0};
+    TensorLayout t = {base, offset, alignment, c->weight_type, c->type_table_bytes ? c->piece_type : NULL, 0, 0};
+    uint64_t q_rows[MAX_LAYERS], kv_rows[MAX_LAYERS], v_rows[MAX_LAYERS];
+    for (int l = 0; l < L; l++) {
+        const LayerSpec *ls = &c->layer[l];
+        int owns_cache = ls->kv_source == l;
+        q_rows[l] = (uint64_t)c->n_heads * ls->head_size;
+        kv_rows[l] = owns_cache ? (uint64_t)ls->n_kv_heads * ls->head_size : 0;
+        v_rows[l] = owns_cache && !ls->values_are_keys ? kv_rows[l] : 0;
+    }
     if (format == FORMAT_LLAMA2C_V1) {
         w->rms_att = next_vector(&t, layers * dim);
         w->rms_ffn = next_vector(&t, layers * dim);
         w->rms_final = next_vector(&t, dim);
     }
-    w->token_embedding = next_matrix(&t, vocab * dim, "token_embedding");
+    w->token_embedding = next_matrix(&t, vocab, dim, "token_embedding");
     if (format != FORMAT_LLAMA2C_V1) w->rms_att = next_vector(&t, layers * dim);
-    w->wq = next_matrix(&t, c->q_rows * dim, "wq");
-    w->wk = next_matrix(&t, c->kv_rows * dim, "wk");
-    w->wv = next_matrix(&t, c->v_rows * dim, "wv");
-    w->wo = next_matrix(&t, dim * c->q_rows, "wo");
+    for (int l = 0; l < L; l++) w->layer[l].wq = next_piece(&t, q_rows[l], dim, "wq", l, l == 0);
+    for (int l = 0; l < L; l++) w->layer[l].wk = next_piece(&t, kv_rows[l], dim, "wk", l, l == 0);
+    for (int l = 0; l < L; l++) w->layer[l].wv = next_piece(&t, v_rows[l], dim, "wv", l, l == 0);
+    for (int l = 0; l < L; l++) w->layer[l].wo = next_piece(&t, dim, q_rows[l], "wo", l, l == 0);
     if (format != FORMAT_LLAMA2C_V1) w->rms_ffn = next_vector(&t, layers * dim);
-    w->w1 = next_matrix(&t, c->hidden_rows * dim, "w1");
-    w->w2 = next_matrix(&t, dim * c->hidden_rows, "w2");
-    w->w3 = next_matrix(&t, c->hidden_rows * dim, "w3");
+    for (int l = 0; l < L; l++) w->layer[l].w1 = next_piece(&t, c->layer[l].hidden_dim, dim, "w1", l, l == 0);
+    for (int l = 0; l < L; l++) w->layer[l].w2 = next_piece(&t, dim, c->layer[l].hidden_dim, "w2", l, l == 0);
+    for (int l = 0; l < L; l++) w->layer[l].w3 = next_piece(&t, c->layer[l].hidden_dim, dim, "w3", l, l == 0);
     if (format != FORMAT_LLAMA2C_V1) w->rms_final = next_vector(&t, dim);
     if (format == FORMAT_LLAMA2C_LEGACY) next_vector(&t, (uint64_t)c->seq_len * head_size_of(c)); // freq_cis, skipped
-    w->wcls = c->shared_classifier ? w->token_embedding : next_matrix(&t, vocab * dim, "wcls");
+    w->wcls = c->shared_classifier ? w->token_embedding : next_matrix(&t, vocab, dim, "wcls");
     // version 2's optional tensors, after version 1's, in this order (float32)
     w->bq = c->qkv_bias ? next_vector(&t, c->q_rows) : NULL;
     w->bk = c->qkv_bias ? next_vector(&t, c->kv_rows) : NULL;
@@ -2229,28 +2338,40 @@ static uint64_t map_weights(TransformerWeights *w, const Config *c, CheckpointFo
     // Gemma 4's, after those
     w->layer_scalars = c->layer_scalars ? next_vector(&t, layers) : NULL;
     uint64_t P = c->per_layer_dim;
+    Matrix none = {NULL, WEIGHT_F32};
+    w->per_layer_embedding = w->per_layer_in = none;
+    w->per_layer_in_norm = w->rms_per_layer = NULL;
+    for (int l = 0; l < L; l++) w->layer[l].per_layer_gate = w->layer[l].per_layer_out = none;
     if (P) {
-        w->per_layer_embedding = next_matrix(&t, vocab * layers * P, "per_layer_embedding");
-        w->per_layer_in = next_matrix(&t, layers * P * dim, "per_layer_in");
+        w->per_layer_embedding = next_matrix(&t, vocab, layers * P, "per_layer_embedding");
+        w->per_layer_in = next_matrix(&t, layers * P, dim, "per_layer_in");
         w->per_layer_in_norm = next_vector(&t, P);
-        w->per_layer_gate = next_matrix(&t, layers * P * dim, "per_layer_gate");
-        w->per_layer_out = next_matrix(&t, layers * dim * P, "per_layer_out");
+        for (int l = 0; l < L; l++) w->layer[l].per_layer_gate = next_piece(&t, P, dim, "per_layer_gate", l, l == 0);
+        for (int l = 0; l < L; l++) w->layer[l].per_layer_out = next_piece(&t, dim, P, "per_layer_out", l, l == 0);
         w->rms_per_layer = next_vector(&t, layers * dim);
-    } else {
-        w->per_layer_embedding = w->per_layer_in = w->per_layer_gate = w->per_layer_out = (Matrix){NULL, t.type};
-        w->per_layer_in_norm = w->rms_per_layer = NULL;
     }
     // a mixture of experts' (block flag 64), last: for each layer with experts, its
     // piece of each tensor (n_experts of them, back to back)
     uint64_t sparse = c->sparse_layers, experts = c->n_experts, expert_hidden = c->expert_hidden;
-    if (experts) {
-        w->router = next_matrix(&t, sparse * experts * dim, "router");
-        w->expert_w1 = next_matrix(&t, sparse * experts * expert_hidden * dim, "expert_w1");
-        w->expert_w2 = next_matrix(&t, sparse * experts * dim * expert_hidden, "expert_w2");
-        w->expert_w3 = next_matrix(&t, sparse * experts * expert_hidden * dim, "expert_w3");
-    } else {
-        w->router = w->expert_w1 = w->expert_w2 = w->expert_w3 = (Matrix){NULL, t.type};
+    for (int l = 0; l < L; l++) {
+        LayerWeights *lw = &w->layer[l];
+        lw->router = lw->expert_w1 = lw->expert_w2 = lw->expert_w3 = none;
     }
+    for (int l = 0; l < L; l++)
+        if (c->layer[l].experts)
+            w->layer[l].router = next_piece(&t, experts, dim, "router", l, c->layer[l].sparse_before == 0);
+    for (int l = 0; l < L; l++)
+        if (c->layer[l].experts)
+            w->layer[l].expert_w1 = next_piece(&t, experts * expert_hidden, dim, "expert_w1", l,
+                                               c->layer[l].sparse_before == 0);
+    for (int l = 0; l < L; l++)
+        if (c->layer[l].experts)
+            w->layer[l].expert_w2 = next_piece(&t, experts * dim, expert_hidden, "expert_w2", l,
+                                               c->layer[l].sparse_before == 0);
+    for (int l = 0; l < L; l++)
+        if (c->layer[l].experts)
+            w->layer[l].expert_w3 = next_piece(&t, experts * expert_hidden, dim, "expert_w3", l,
+                                               c->layer[l].sparse_before == 0);
     if (c->routing == ROUTING_GEMMA4) { // Gemma 4's, last
         w->router_scale = next_vector(&t, sparse * dim);
         w->expert_scale = next_vector(&t, sparse * experts);
@@ -2306,7 +2427,8 @@ static int load_checkpoint(Transformer *t, const char *path) {
         if (t->config.version == 2)
             return fail("checkpoint %s has %zu bytes but its header (weight_type %s) implies %llu (truncated, a "
                         "weight_type that disagrees with the data, or not a checkpoint?)",
-                        path, size, weight_type_names[t->config.weight_type], (unsigned long long)expected);
+                        path, size, t->config.type_table_bytes ? "per piece" : weight_type_names[t->config.weight_type],
+                        (unsigned long long)expected);
         return fail("checkpoint %s has %zu bytes but its header implies %llu (truncated, or not a checkpoint?)",
                     path, size, (unsigned long long)expected);
     }
@@ -2328,14 +2450,32 @@ static int load_checkpoint(Transformer *t, const char *path) {
 
 // The bytes of matrices a decoding step reads: the layers' (wq and wo, q_dim x dim; wk
 // and wv, kv_dim x dim; w1, w2, w3, hidden x dim), with experts the router and the k
-// chosen experts of each layer with them, and the classifier. *all (if not NULL): the
-// same with every expert, the file's matrices less the embedding's.
-static double matrix_bytes_per_token(const Config *c, double *all) {
-    uint64_t dim = c->dim, layers = dim * (2 * c->q_rows + c->kv_rows + c->v_rows + 3 * c->hidden_rows);
-    uint64_t router = dim * c->n_experts * c->sparse_layers, expert = 3 * dim * c->expert_hidden * c->sparse_layers;
-    uint64_t classifier = (uint64_t)c->vocab_size * dim;
-    if (all) *all = (double)weight_bytes(c->weight_type, layers + router + expert * c->n_experts + classifier);
-    return (double)weight_bytes(c->weight_type, layers + router + expert * c->n_experts_used + classifier);
+// chosen experts of each layer with them, and the classifier, each piece in its own
+// type. *all (if not NULL): the same with every expert, the file's matrices less the
+// embedding's.
+static double matrix_bytes_per_token(const Config *c, const TransformerWeights *w, double *all) {
+    uint64_t dim = c->dim, experts = c->n_experts, expert = dim * c->expert_hidden;
+    double read = (double)weight_bytes(w->wcls.type, (uint64_t)c->vocab_size * dim), every = read;
+    for (int l = 0; l < c->n_layers; l++) {
+        const LayerSpec *ls = &c->layer[l];
+        const LayerWeights *lw = &w->layer[l];
+        int owns_cache = ls->kv_source == l;
+        uint64_t q = dim * c->n_heads * ls->head_size, kv = owns_cache ? dim * ls->n_kv_heads * ls->head_size : 0;
+        uint64_t v = ls->values_are_keys ? 0 : kv, hidden = dim * ls->hidden_dim;
+        double layer = (double)(weight_bytes(lw->wq.type, q) + weight_bytes(lw->wk.type, kv) +
+                                weight_bytes(lw->wv.type, v) + weight_bytes(lw->wo.type, q) +
+                                weight_bytes(lw->w1.type, hidden) + weight_bytes(lw->w2.type, hidden) +
+                                weight_bytes(lw->w3.type, hidden));
+        read += layer, every += layer;
+        if (ls->experts) {
+            double router = (double)weight_bytes(lw->router.type, experts * dim);
+            double one = (double)(weight_bytes(lw->expert_w1.type, expert) + weight_bytes(lw->expert_w2.type, expert) +
+                                  weight_bytes(lw->expert_w3.type, expert));
+            read += router + one * c->n_experts_used, every += router + one * (double)experts;
+        }
+    }
+    if (all) *all = every;
+    return read;
 }
 
 // ----------------------------------------------------------------------------
@@ -6265,10 +6405,10 @@ static ReadOrderTrial read_order_trial; // one for the process, as read_order is
 
 // At start-up: the order from RUN_READ_ORDER (forced >= 0), or a trial on decode's
 // first tokens for a model too large for a cache.
-static void start_read_order_trial(const Config *c, int forced) {
+static void start_read_order_trial(const Config *c, const TransformerWeights *w, int forced) {
     ReadOrderTrial *trial = &read_order_trial;
     memset(trial, 0, sizeof(*trial));
-    trial->matrix_bytes = matrix_bytes_per_token(c, NULL);
+    trial->matrix_bytes = matrix_bytes_per_token(c, w, NULL);
     if (forced >= 0) {
         read_order = (ReadOrder)forced;
         trial->state = TRIAL_FORCED;
@@ -6773,6 +6913,7 @@ static char *read_text_file(const char *path) {
 
 static const char *format_name(CheckpointFormat f, const Config *c) {
     static const char *rope_v2[] = {"ROPE v2 f32", "ROPE v2 bf16", "ROPE v2 f16", "ROPE v2 q8_0"}; // by weight_type
+    if (f == FORMAT_ROPE && c->version == 2 && c->type_table_bytes) return "ROPE v2 per-piece types";
     if (f == FORMAT_ROPE && c->version == 2) return rope_v2[c->weight_type];
     return f == FORMAT_ROPE ? "ROPE v1" : f == FORMAT_LLAMA2C_V1 ? "llama2.c v1" : "llama2.c legacy";
 }
@@ -6979,7 +7120,7 @@ int main(int argc, char *argv[]) {
             rope_angles_of(c, LAYER_ROPE_FIRST), head_size_of(c) / 2, rope_scaling_text(c), c->norm_eps,
             kv_cache_text(c));
     if (c->n_experts) { // a mixture of experts: what decoding reads of it
-        double all, read = matrix_bytes_per_token(c, &all);
+        double all, read = matrix_bytes_per_token(c, &transformer.weights, &all);
         fprintf(stderr, "run: experts: %d of %d a token in %llu of %d layers (width %d); a token reads %.4g of %.4g GB "
                 "of matrices\n", c->n_experts_used, c->n_experts, (unsigned long long)c->sparse_layers, c->n_layers,
                 c->expert_hidden, read / 1e9, all / 1e9);
@@ -7005,7 +7146,7 @@ int main(int argc, char *argv[]) {
     // ("Making it fast", 5: RUN_PLAIN=1 runs none of it)
     if (!is_tokenize && use_fast_kernels) {
         prepare_to_run(&transformer, is_generate ? (int)steps : is_chat ? c->seq_len : 0);
-        start_read_order_trial(c, forced_read_order);
+        start_read_order_trial(c, &transformer.weights, forced_read_order);
     }
 
     // 4. run the mode

@@ -33,19 +33,16 @@
 // state's arrays.
 static void layer_matmuls(Transformer *t, int l) {
     const Config *c = &t->config;
-    const TransformerWeights *w = &t->weights;
+    const LayerWeights *lw = &t->weights.layer[l];
     RunState *s = &t->state;
     size_t dim = c->dim, kv_dim = (size_t)c->n_kv_heads * head_size_of(c), hidden = c->hidden_dim,
            q_dim = (size_t)c->n_heads * head_size_of(c);
-    Projection qkv[3] = {{s->q, matrix_at(w->wq, l * q_dim * dim), (int)q_dim},
-                         {s->k, matrix_at(w->wk, l * kv_dim * dim), (int)kv_dim},
-                         {s->v, matrix_at(w->wv, l * kv_dim * dim), (int)kv_dim}};
+    Projection qkv[3] = {{s->q, lw->wq, (int)q_dim}, {s->k, lw->wk, (int)kv_dim}, {s->v, lw->wv, (int)kv_dim}};
     matmuls(s, s->xb, qkv, 3, 1, (int)dim);
-    matmul(s->xb2, s->xb, matrix_at(w->wo, l * dim * q_dim), (int)q_dim, (int)dim);
-    Projection w13[2] = {{s->hb, matrix_at(w->w1, l * hidden * dim), (int)hidden},
-                         {s->hb2, matrix_at(w->w3, l * hidden * dim), (int)hidden}};
+    matmul(s->xb2, s->xb, lw->wo, (int)q_dim, (int)dim);
+    Projection w13[2] = {{s->hb, lw->w1, (int)hidden}, {s->hb2, lw->w3, (int)hidden}};
     matmuls(s, s->xb, w13, 2, 1, (int)dim);
-    matmul(s->xb2, s->hb, matrix_at(w->w2, l * dim * hidden), (int)hidden, (int)dim);
+    matmul(s->xb2, s->hb, lw->w2, (int)hidden, (int)dim);
 }
 
 // Every matmul of one decode step, in forward_block's order and groups.
@@ -55,7 +52,7 @@ static void all_matmuls(Transformer *t) {
 }
 
 // The bytes all_matmuls (and a decode step) reads from the weights (of any type).
-static double matmul_bytes(const Config *c) { return matrix_bytes_per_token(c, NULL); }
+static double matmul_bytes(const Transformer *t) { return matrix_bytes_per_token(&t->config, &t->weights, NULL); }
 
 static int compare_doubles(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -73,7 +70,8 @@ static double time_layer_matmuls(Transformer *t, int l) {
 static void time_orders_by_layer(Transformer *t, int rounds) {
     const Config *c = &t->config;
     int L = c->n_layers, steps = rounds * L;
-    double layer_bytes = (matmul_bytes(c) - (double)weight_bytes(c->weight_type, (uint64_t)c->dim * c->vocab_size)) / L;
+    double classifier = (double)weight_bytes(t->weights.wcls.type, (uint64_t)c->dim * c->vocab_size);
+    double layer_bytes = (matmul_bytes(t) - classifier) / L;
     double *samples = malloc(sizeof(double) * N_READ_ORDERS * steps); // [order][step]
     for (int step = 0; step < steps; step++)
         for (int k = 0; k < N_READ_ORDERS; k++) {
@@ -125,7 +123,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "read_order: out of memory\n");
         return 1;
     }
-    double bytes[3] = {weight_bytes_each * region_rows * c->dim, matmul_bytes(c), matmul_bytes(c)};
+    double bytes[3] = {weight_bytes_each * region_rows * c->dim, matmul_bytes(&t), matmul_bytes(&t)};
     const char *names[3] = {"one region", "matrices", "forward"};
     double gbs[3] = {0}, order_gbs[N_READ_ORDERS] = {0};
     double *ratios = malloc(sizeof(double) * N_READ_ORDERS * rounds); // [order][round]: this round's ratio to order 0
@@ -143,7 +141,7 @@ int main(int argc, char **argv) {
             read_order = (ReadOrder)o;
             double t0 = time_in_s();
             for (int p = 0; p < PASSES; p++) all_matmuls(&t);
-            this_round[o] = PASSES * matmul_bytes(c) / (time_in_s() - t0) / 1e9;
+            this_round[o] = PASSES * matmul_bytes(&t) / (time_in_s() - t0) / 1e9;
             order_gbs[o] += this_round[o] / rounds;
         }
         for (int o = 0; o < N_READ_ORDERS; o++) ratios[o * rounds + r] = this_round[o] / this_round[0];

@@ -55,7 +55,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     CHECK(c.version == 2 || c.weight_type == WEIGHT_F32); // only version 2 has 16-bit and Q8_0 weights
     CHECK(c.weight_type >= 0 && c.weight_type < N_WEIGHT_TYPES);
     CHECK(expected > offset);
-    if (section.bytes == 0) CHECK(section.offset == 0 && (expected - offset) % (c.weight_type == WEIGHT_F32 ? 4 : 2) == 0); // Q8_0 blocks: 34 bytes
+    if (section.bytes == 0 && c.type_table_bytes == 0) // (a type table's bytes make any size)
+        CHECK(section.offset == 0 && (expected - offset) % (c.weight_type == WEIGHT_F32 ? 4 : 2) == 0); // Q8_0 blocks: 34 bytes
+    else if (section.bytes == 0) CHECK(section.offset == 0 && c.type_table_offset + c.type_table_bytes == expected);
     else CHECK(c.version == 2 && section.offset % 64 == 0 && section.offset + section.bytes == expected);
     // the bound that keeps the products from overflowing: far below 2^63
     CHECK(expected < (1ull << 62));
@@ -81,16 +83,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         free(copy);
         return 0;
     }
-    CHECK(c.layer_table_bytes ? tensors_end <= c.layer_table_offset && c.layer_table_offset - tensors_end < ROPE_V2_ALIGNMENT
-                              : tensors_end == size);
+    uint64_t after_tensors = c.layer_table_bytes ? c.layer_table_offset : c.type_table_bytes ? c.type_table_offset : size;
+    CHECK(c.layer_table_bytes || c.type_table_bytes ? tensors_end <= after_tensors && after_tensors - tensors_end < ROPE_V2_ALIGNMENT
+                                                    : tensors_end == size);
     const TransformerWeights *w = &t.weights;
     // the layered tensors' sizes, summed over the layers here (Gemma 4's differ per layer)
-    uint64_t dim = c.dim, layers = c.n_layers, q_rows = 0, kv_rows = 0, v_rows = 0, hidden_rows = 0, heads = 0,
+    uint64_t dim = c.dim, layers = c.n_layers, q_rows = 0, kv_rows = 0, v_rows = 0, heads = 0,
              k_heads = 0;
     for (int l = 0; l < c.n_layers; l++) {
         const LayerSpec *ls = &c.layer[l];
         uint64_t kv = (uint64_t)ls->n_kv_heads * ls->head_size;
-        q_rows += (uint64_t)c.n_heads * ls->head_size, hidden_rows += ls->hidden_dim, heads += ls->head_size;
+        q_rows += (uint64_t)c.n_heads * ls->head_size, heads += ls->head_size;
         if (ls->kv_source == l) kv_rows += kv, v_rows += ls->values_are_keys ? 0 : kv, k_heads += ls->head_size;
         CHECK(ls->kv_source <= l && c.layer[ls->kv_source].kv_source == ls->kv_source);
     }
@@ -98,13 +101,33 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     check_inside(w->rms_att, layers * dim, sizeof(float), lo, hi, alignment);
     check_inside(w->rms_ffn, layers * dim, sizeof(float), lo, hi, alignment);
     check_inside(w->rms_final, dim, sizeof(float), lo, hi, alignment);
-    matrix_inside(w->wq, q_rows * dim, lo, hi, alignment);
-    matrix_inside(w->wk, kv_rows * dim, lo, hi, alignment);
-    matrix_inside(w->wv, v_rows * dim, lo, hi, alignment);
-    matrix_inside(w->wo, dim * q_rows, lo, hi, alignment);
-    matrix_inside(w->w1, hidden_rows * dim, lo, hi, alignment);
-    matrix_inside(w->w2, dim * hidden_rows, lo, hi, alignment);
-    matrix_inside(w->w3, hidden_rows * dim, lo, hi, alignment);
+    for (int l = 0; l < c.n_layers; l++) { // each layer's pieces (with a type table, each aligned)
+        const LayerSpec *ls = &c.layer[l];
+        const LayerWeights *lw = &w->layer[l];
+        uint64_t q = (uint64_t)c.n_heads * ls->head_size, hidden = ls->hidden_dim, kv = 0, v = 0;
+        if (ls->kv_source == l) kv = (uint64_t)ls->n_kv_heads * ls->head_size, v = ls->values_are_keys ? 0 : kv;
+        size_t a = c.type_table_bytes ? alignment : 1;
+        matrix_inside(lw->wq, q * dim, lo, hi, a);
+        if (kv) matrix_inside(lw->wk, kv * dim, lo, hi, a);
+        if (v) matrix_inside(lw->wv, v * dim, lo, hi, a);
+        matrix_inside(lw->wo, dim * q, lo, hi, a);
+        if (hidden) {
+            matrix_inside(lw->w1, hidden * dim, lo, hi, a);
+            matrix_inside(lw->w2, dim * hidden, lo, hi, a);
+            matrix_inside(lw->w3, hidden * dim, lo, hi, a);
+        }
+        if (c.per_layer_dim) {
+            matrix_inside(lw->per_layer_gate, (uint64_t)c.per_layer_dim * dim, lo, hi, a);
+            matrix_inside(lw->per_layer_out, dim * c.per_layer_dim, lo, hi, a);
+        }
+        if (ls->experts) {
+            uint64_t E = c.n_experts, eh = c.expert_hidden;
+            matrix_inside(lw->router, E * dim, lo, hi, a);
+            matrix_inside(lw->expert_w1, E * eh * dim, lo, hi, a);
+            matrix_inside(lw->expert_w2, E * dim * eh, lo, hi, a);
+            matrix_inside(lw->expert_w3, E * eh * dim, lo, hi, a);
+        }
+    }
     matrix_inside(w->wcls, (uint64_t)c.vocab_size * dim, lo, hi, alignment);
     // version 2's optional tensors, and the per-layer table (the file's last bytes)
     if (c.qkv_bias) {
@@ -126,8 +149,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         matrix_inside(w->per_layer_embedding, (uint64_t)c.vocab_size * layers * P, lo, hi, alignment);
         matrix_inside(w->per_layer_in, layers * P * dim, lo, hi, alignment);
         check_inside(w->per_layer_in_norm, P, sizeof(float), lo, hi, alignment);
-        matrix_inside(w->per_layer_gate, layers * P * dim, lo, hi, alignment);
-        matrix_inside(w->per_layer_out, layers * dim * P, lo, hi, alignment);
         check_inside(w->rms_per_layer, layers * dim, sizeof(float), lo, hi, alignment);
     }
     if (c.rope[LAYER_ROPE_FIRST].scaling == ROPE_SCALING_LONGROPE) { // its factors, as load_checkpoint points the config at them

@@ -127,6 +127,28 @@ def rope_v2_table(records, offset_delta=0, n_bytes=None, edits=()):
     return build
 
 
+STORIES_PIECES = 1 + 7 * 5  # stories260K's matrix pieces: the embedding, 7 per layer (its classifier is shared)
+
+
+def rope_v2_types(codes, offset_delta=0, n_bytes=None, weight_type=4, append=b"", size=None):
+    """stories260K as ROPE version 2 with a type table (weight_type 4, docs/format.md): its float32
+    body (every piece a multiple of 64 bytes, so each already starts where the format puts it), the
+    table of `codes` (one per piece) at the first multiple of 64 after it, the header's bytes
+    216..231 pointing at it (shifted by offset_delta, or n_bytes instead of len(codes)); then
+    `append`, and the whole cut to size bytes."""
+    def build(tmp):
+        data = bytearray(header_bytes(**stories_dims()) + rope_body())
+        struct.pack_into("<i", data, 4, 2)
+        struct.pack_into("<i", data, 88, weight_type)
+        data += bytes(-len(data) % 64)
+        offset = len(data)
+        data += bytes(codes)
+        struct.pack_into("<2Q", data, 216, offset + offset_delta, len(codes) if n_bytes is None else n_bytes)
+        data += append
+        return gen(put(tmp, "types.bin", data[:size] if size is not None else data))
+    return build
+
+
 def cut(src, size=None, append=b""):
     """A copy of a shared model cut to size bytes (negative: from the end) and/or extended."""
     def build(tmp):
@@ -345,8 +367,33 @@ ROWS = [
     ("rope-version-3", rope([(4, "<i", 3)]), 1, "ROPE checkpoint version 3 is not supported (only 1 and 2)"),
     ("rope-version-negative", rope([(4, "<i", -1)]), 1, "ROPE checkpoint version -1 is not supported"),
     # version 2: weight_type (byte 88) and head_size (84); stories260K's float32 body
-    ("rope-v2-weight-type-unknown", rope([(4, "<i", 2), (88, "<i", 4)]), 1,
-     "weight_type 4 is not a type this program knows"),
+    ("rope-v2-weight-type-unknown", rope([(4, "<i", 2), (88, "<i", 5)]), 1,
+     "weight_type 5 is not a type this program knows"),
+    # weight_type 4: a type per matrix piece, from the type table (bytes 216..231); stories260K's 36 pieces
+    ("rope-v2-type-table-all-f32-runs", rope_v2_types([0] * STORIES_PIECES), 0, ""),
+    ("rope-v2-per-piece-without-a-table", rope([(4, "<i", 2), (88, "<i", 4)]), 1,
+     "weight_type 4 (per piece) needs a type table: type_table_offset 0 and type_table_bytes 0"),
+    ("rope-v2-type-table-with-weight-type-0", rope_v2_types([0] * STORIES_PIECES, weight_type=0), 1,
+     "type_table_offset 1040384 and type_table_bytes 36 must be 0 with weight_type 0"),
+    ("rope-v2-type-table-bytes-wrong", rope_v2_types([0] * STORIES_PIECES, n_bytes=35), 1,
+     "type_table_bytes 35 is not 36, one per matrix piece"),
+    ("rope-v2-type-table-misplaced", rope_v2_types([0] * STORIES_PIECES, offset_delta=64, append=bytes(64)), 1,
+     "type_table_offset 1040448 is not 1040384 (the first multiple of 64 after the tensors"),
+    ("rope-v2-type-table-past-the-end", rope_v2_types([0] * STORIES_PIECES, offset_delta=64), 1,
+     "the type table (36 bytes at 1040448) is not inside the file's 1040420 bytes"),
+    ("rope-v2-type-table-truncated", rope_v2_types([0] * STORIES_PIECES, size=1040384 + 30), 1,
+     "the type table (36 bytes at 1040384) is not inside the file's 1040414 bytes (truncated?)"),
+    ("rope-v2-type-table-code-unknown", rope_v2_types([0] * 3 + [7] + [0] * 32), 1,
+     "type table entry 3 is 7, not a type this program knows"),
+    ("rope-v2-type-table-q8_0-rows-not-whole-blocks", rope_v2_types([0] * 26 + [3] + [0] * 9), 1,
+     "w2 of layer 0 is q8_0 with rows of 172 weights, not a multiple of 32"),
+    # a bf16 piece over float32 data: the pieces end earlier, so the table is not where the format puts it
+    ("rope-v2-type-table-disagrees-with-the-data", rope_v2_types([0, 1] + [0] * 34), 1,
+     "type_table_offset 1040384 is not 1032192"),
+    ("rope-v2-type-table-file-over-long", rope_v2_types([0] * STORIES_PIECES, append=bytes(8)), 1,
+     "has 1040428 bytes but its header (weight_type per piece) implies 1040420"),
+    ("rope-v2-type-table-tensors-truncated", rope_v2_types([0] * STORIES_PIECES, size=300000), 1,
+     "the type table (36 bytes at 1040384) is not inside the file's 300000 bytes (truncated?)"),
     # q8_0 (3) over stories260K: its feed-forward rows (hidden 172) are not whole 32-weight blocks
     ("rope-v2-q8_0-rows-not-whole-blocks", rope([(4, "<i", 2), (88, "<i", 3)]), 1,
      "q8_0 weights need rows of a multiple of 32; layer 0 has q_dim 64 and hidden_dim 172"),
@@ -397,7 +444,7 @@ ROWS = [
     ("rope-v2-longrope-runs", rope([(4, "<i", 2), (56, "<i", 5), (52, "<f", 4.0)],
                                    append=struct.pack("<8f", 1, 1, 1, 1, 2, 3, 4, 5)), 0, ""),
     ("rope-v2-rope-scaling-6", rope([(4, "<i", 2), (56, "<i", 6)]), 1, "rope_scaling 6 is not a rule"),
-    ("rope-v2-reserved-byte-216", rope([(4, "<i", 2), (216, "<B", 1)]), 1, "reserved header byte 216 is not zero"),
+    ("rope-v2-reserved-byte-232", rope([(4, "<i", 2), (232, "<B", 1)]), 1, "reserved header byte 232 is not zero"),
     # a mixture of experts' fields: header bytes 200..215 with block flag 64, the records' last field
     ("rope-v2-experts-without-flag", rope([(4, "<i", 2), (200, "<i", 8)]), 1,
      "n_experts 8, n_experts_used 0, expert_hidden 0 and routing 0 must be 0 without block flag 64"),

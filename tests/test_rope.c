@@ -782,25 +782,37 @@ static Matrix rounded_matrix(Matrix m, size_t count, WeightType type, Matrix *wi
 // A whole forward pass (a prompt in blocks, then decoding steps) of stories260K with
 // its matrices and embedding rounded to bf16 (or f16) gives, bit for bit, the logits of
 // the same model holding the widened values as float32: the fast kernels, and the plain
-// loops (use_fast_kernels = 0) on the 16-bit weights.
-static void test_16bit_forward_equals_widened_float32_forward(const char *checkpoint, WeightType type) {
+// loops (use_fast_kernels = 0) on the 16-bit weights. mixed: each layer's pieces in
+// bf16 and f16 by turns (a file with a type table), each piece rounded to its own type.
+static void test_16bit_forward_equals_widened_float32_forward(const char *checkpoint, WeightType type, int mixed) {
     Transformer a, b, c;
-    char name[96];
+    char name[128];
     snprintf(name, sizeof(name), "%s_forward_fast_and_plain_equals_float32_forward_of_widened_weights_bitwise",
-             weight_type_names[type]);
+             mixed ? "per_piece_bf16_f16" : weight_type_names[type]);
     if (load_model(&a, checkpoint) || load_model(&b, checkpoint) || load_model(&c, checkpoint)) {
         check(0, name, error_message);
         return;
     }
     const Config *cf = &a.config;
-    size_t dim = cf->dim, hidden = cf->hidden_dim, layers = cf->n_layers, kv = (size_t)cf->n_kv_heads * head_size_of(cf);
-    Matrix *narrow[] = {&a.weights.token_embedding, &a.weights.wq, &a.weights.wk, &a.weights.wv, &a.weights.wo,
-                        &a.weights.w1, &a.weights.w2, &a.weights.w3};
-    Matrix *wide[] = {&b.weights.token_embedding, &b.weights.wq, &b.weights.wk, &b.weights.wv, &b.weights.wo,
-                      &b.weights.w1, &b.weights.w2, &b.weights.w3};
-    size_t counts[] = {cf->vocab_size * dim, layers * dim * dim, layers * kv * dim, layers * kv * dim,
-                       layers * dim * dim, layers * hidden * dim, layers * dim * hidden, layers * hidden * dim};
-    for (int i = 0; i < 8; i++) *narrow[i] = rounded_matrix(*narrow[i], counts[i], type, wide[i]);
+    size_t dim = cf->dim, hidden = cf->hidden_dim, kv = (size_t)cf->n_kv_heads * head_size_of(cf);
+    enum { PIECES = 1 + 7 * 8 };
+    Matrix *narrow[PIECES], *wide[PIECES];
+    size_t counts[PIECES];
+    int n_pieces = 0;
+    narrow[n_pieces] = &a.weights.token_embedding, wide[n_pieces] = &b.weights.token_embedding;
+    counts[n_pieces++] = cf->vocab_size * dim;
+    for (int l = 0; l < cf->n_layers && l < 8; l++) {
+        LayerWeights *la = &a.weights.layer[l], *lb = &b.weights.layer[l];
+        Matrix *na[] = {&la->wq, &la->wk, &la->wv, &la->wo, &la->w1, &la->w2, &la->w3};
+        Matrix *wb[] = {&lb->wq, &lb->wk, &lb->wv, &lb->wo, &lb->w1, &lb->w2, &lb->w3};
+        size_t layer_counts[] = {dim * dim, kv * dim, kv * dim, dim * dim, hidden * dim, dim * hidden, hidden * dim};
+        for (int i = 0; i < 7; i++)
+            narrow[n_pieces] = na[i], wide[n_pieces] = wb[i], counts[n_pieces++] = layer_counts[i];
+    }
+    for (int i = 0; i < n_pieces; i++) {
+        WeightType piece_type = !mixed ? type : i % 2 ? WEIGHT_BF16 : WEIGHT_F16;
+        *narrow[i] = rounded_matrix(*narrow[i], counts[i], piece_type, wide[i]);
+    }
     a.weights.wcls = a.weights.token_embedding; // stories260K shares its classifier
     b.weights.wcls = b.weights.token_embedding;
     c.weights = a.weights;
@@ -818,7 +830,7 @@ static void test_16bit_forward_equals_widened_float32_forward(const char *checkp
         same &= memcmp(fast16, f32, sizeof(float) * V) == 0 && memcmp(plain16, f32, sizeof(float) * V) == 0;
     }
     check(same, name, "logits differ");
-    for (int i = 0; i < 8; i++) {
+    for (int i = 0; i < n_pieces; i++) {
         free((void *)narrow[i]->data);
         free((void *)wide[i]->data);
     }
@@ -1365,9 +1377,9 @@ static void test_rope_v2_header_places_tensors_and_tokenizer(void) {
           "rope_v2_tokenizer_must_start_at_the_next_multiple_of_64", error_message);
     offset = 1216;
     memcpy(h + 96, &offset, 8);
-    h[88] = 4; // weight_type 4: no such type (3 is q8_0)
+    h[88] = 5; // weight_type 5: no such type (3 is q8_0, 4 a type table)
     check(parse_header(h, sizeof(h), &c, &format, &data_offset, &expected, &section) != 0 &&
-              strstr(error_message, "weight_type 4") != NULL,
+              strstr(error_message, "weight_type 5") != NULL,
           "rope_v2_refuses_an_unknown_weight_type", error_message);
     h[88] = 0;
     // the weights map to the same offsets (the config as parsed: the layers' pieces placed)
@@ -1375,7 +1387,8 @@ static void test_rope_v2_header_places_tensors_and_tokenizer(void) {
     static float file[1216 / 4] __attribute__((aligned(64)));
     TransformerWeights w;
     map_weights(&w, &c, FORMAT_ROPE, (uintptr_t)file, HEADER_BYTES);
-    check((const char *)w.wq.data - (const char *)file == 448 && (const char *)w.w1.data - (const char *)file == 768 &&
+    check((const char *)w.layer[0].wq.data - (const char *)file == 448 &&
+              (const char *)w.layer[0].w1.data - (const char *)file == 768 &&
               (const char *)w.rms_final - (const char *)file == 1152,
           "rope_v2_map_weights_aligns_every_tensor", "wq or rms_final misplaced");
 }
@@ -1453,8 +1466,9 @@ int main(int argc, char **argv) {
     if (argc > 1) {
         test_block_forward_equals_token_forward(argv[1]);
         test_fast_forward_equals_plain_forward(argv[1]);
-        test_16bit_forward_equals_widened_float32_forward(argv[1], WEIGHT_BF16);
-        test_16bit_forward_equals_widened_float32_forward(argv[1], WEIGHT_F16);
+        test_16bit_forward_equals_widened_float32_forward(argv[1], WEIGHT_BF16, 0);
+        test_16bit_forward_equals_widened_float32_forward(argv[1], WEIGHT_F16, 0);
+        test_16bit_forward_equals_widened_float32_forward(argv[1], WEIGHT_F32, 1);
         test_kv_cache_sits_on_huge_page_boundaries(argv[1]);
         test_shifted_keys_equal_fresh_keys(argv[1], 1.0f, ROPE_SCALING_NONE, "shifted_keys_equal_fresh_keys_in_layer_0_rope");
         test_shifted_keys_equal_fresh_keys(argv[1], 0.5f, ROPE_SCALING_NONE,

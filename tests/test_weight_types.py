@@ -173,8 +173,9 @@ def assert_refused(path, *words):
         assert w in lines[0], lines[0]
 
 
-@pytest.mark.parametrize("code, words", [(4, "weight_type 4 is not a type"), (-1, "weight_type -1 is not a type"),
-                                          (0, "weight_type f32) implies")])
+@pytest.mark.parametrize("code, words", [(5, "weight_type 5 is not a type"), (-1, "weight_type -1 is not a type"),
+                                          (0, "weight_type f32) implies"),
+                                          (4, "weight_type 4 (per piece) needs a type table")])
 def test_weight_type_unknown_or_disagreeing_with_the_size_is_refused(files, tmp_path, code, words):
     assert_refused(bad_file(files, tmp_path, lambda d: struct.pack_into("<i", d, 88, code)), words)
 
@@ -182,7 +183,9 @@ def test_weight_type_unknown_or_disagreeing_with_the_size_is_refused(files, tmp_
 @pytest.mark.parametrize("offset, value, words", [
     (84, 7, "head_size 7"), (92, 1, "byte 92"), (96, 1, "tokenizer_offset 1 is not"),
     (104, 7, "tokenizer_bytes is 7 but tokenizer_offset is 0"), (200, 1, "n_experts 1"),
-    (216, 1, "reserved header byte 216")])
+    (216, 1, "type_table_offset 1 and type_table_bytes 0 must be 0 with weight_type 1"),
+    (224, 1, "type_table_offset 0 and type_table_bytes 1 must be 0 with weight_type 1"),
+    (232, 1, "reserved header byte 232")])
 def test_version_2_fields_that_must_be_zero_are_checked(files, tmp_path, offset, value, words):
     assert_refused(bad_file(files, tmp_path, lambda d: struct.pack_into("<i", d, offset, value)), words)
 
@@ -431,8 +434,8 @@ def test_q8_0_size_that_disagrees_with_the_shapes_is_refused(q8_files, tmp_path,
 
 
 def test_q8_0_unknown_type_after_it_is_refused(q8_files, tmp_path):
-    assert_refused(q8_bad_file(q8_files, tmp_path, lambda d: struct.pack_into("<i", d, 88, 4)),
-                   "weight_type 4 is not a type", "3 q8_0")
+    assert_refused(q8_bad_file(q8_files, tmp_path, lambda d: struct.pack_into("<i", d, 88, 5)),
+                   "weight_type 5 is not a type", "3 q8_0", "4 per piece")
 
 
 @pytest.mark.parametrize("dims, words", [
