@@ -2444,7 +2444,7 @@ def read_hf(model_dir):
 # Everything little-endian. The file is untrusted: every count and length is checked against
 # the bytes that remain before anything is read or allocated, and every problem is an
 # ExportError of one line naming the file and the key or tensor. Only the container is read
-# here; what the keys and tensors mean (the architecture, the tokenizer) is read above it.
+# here; what the keys and tensors mean (the architecture, the tokenizer) is read on top of it.
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSIONS = (2, 3)  # 1 had 32-bit counts and lengths (llama.cpp refuses it); 2 and 3 share one layout
@@ -2468,9 +2468,10 @@ GGUF_SCALAR_FORMATS = {GGUF_UINT8: "<B", GGUF_INT8: "<b", GGUF_UINT16: "<H", GGU
                        GGUF_INT32: "<i", GGUF_FLOAT32: "<f", GGUF_BOOL: "<B", GGUF_UINT64: "<Q", GGUF_INT64: "<q",
                        GGUF_FLOAT64: "<d"}
 
-# ggml types (ggml.h's ggml_type; sizes as gguf-py's GGML_QUANT_SIZES): id -> (name, elements
-# per block, bytes per block). A tensor's row (ne[0]) is whole blocks; run.c computes F32, F16,
-# BF16 and Q8_0, the others are here to be refused by name (or dequantized) by the steps above.
+# ggml types (ggml.h's ggml_type; sizes as gguf-py's GGML_QUANT_SIZES, docs/gguf.md; 39..42 from
+# the 2026 tree): id -> (name, elements per block, bytes per block). A tensor's row (ne[0]) is
+# whole blocks; run.c computes F32, F16, BF16 and Q8_0, the others are here so that the steps
+# built on this reader can refuse them by name (or dequantize them).
 GGMLType = collections.namedtuple("GGMLType", "name block block_bytes")
 GGML_TYPES = {
     0: GGMLType("F32", 1, 4), 1: GGMLType("F16", 1, 2), 2: GGMLType("Q4_0", 32, 18), 3: GGMLType("Q4_1", 32, 20),
@@ -2483,6 +2484,7 @@ GGML_TYPES = {
     24: GGMLType("I8", 1, 1), 25: GGMLType("I16", 1, 2), 26: GGMLType("I32", 1, 4), 27: GGMLType("I64", 1, 8),
     28: GGMLType("F64", 1, 8), 29: GGMLType("IQ1_M", 256, 56), 30: GGMLType("BF16", 1, 2),
     34: GGMLType("TQ1_0", 256, 54), 35: GGMLType("TQ2_0", 256, 66), 39: GGMLType("MXFP4", 32, 17),
+    40: GGMLType("NVFP4", 64, 36), 41: GGMLType("Q1_0", 128, 18), 42: GGMLType("Q2_0", 64, 18),
 }
 GGML_BLOCK_SIZES = {t.name: (t.block, t.block_bytes) for t in GGML_TYPES.values()}
 GGML_TYPE_IDS = {t.name: type_id for type_id, t in GGML_TYPES.items()}

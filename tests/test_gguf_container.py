@@ -6,8 +6,10 @@
 - every value type, in a round trip through the tests' writer;
 - each class of bad input, through the command line: exit code 1, one "export.py: error:" line
   naming the file and the key or tensor, no traceback, no output file;
-- a seeded mutation fuzz of small files, in-process: the reader either reads a file or raises
-  ExportError with a one-line message, never another exception, never a big allocation.
+- a seeded mutation fuzz of small files, in-process, with truncation at every byte of the header
+  area and every field position set near its limit: the reader either reads a file or raises
+  ExportError with a one-line message, never another exception, never a big allocation (traced);
+  a handful of the mutants through the command line.
 
 Run with: /usr/bin/python3 -m pytest tests/test_gguf_container.py
 """
@@ -150,7 +152,7 @@ def test_every_ggml_type_of_docs_gguf_md_has_its_block_size():
     assert ex.GGML_BLOCK_SIZES["Q4_K"] == (256, 144) and ex.GGML_BLOCK_SIZES["Q6_K"] == (256, 210)
     assert ex.GGML_BLOCK_SIZES["Q5_K"] == (256, 176) and ex.GGML_BLOCK_SIZES["Q5_1"] == (32, 24)
     known = set(ex.GGML_TYPES) | set(ex.GGML_REMOVED_TYPES)
-    assert known == set(range(40)), "ids 0..39 each a type or a removed one"
+    assert known == set(range(43)), "ids 0..42 each a type or a removed one"
     for type_id in (9, 10, 11, 15, 24, 28, 29, 34, 35, 39):  # docs/gguf.md's "other ids"
         assert type_id in ex.GGML_TYPES
 
@@ -490,3 +492,16 @@ def test_a_handful_of_mutants_through_the_command_line(tmp_path):
         if seen == 6:
             break
     assert seen == 6 and not (tmp_path / "out.bin").exists()
+
+
+@pytest.mark.parametrize("fmt, value", [("<Q", 2**64 - 1), ("<Q", 2**63), ("<I", 2**32 - 1)])
+def test_every_field_position_of_the_header_area_set_near_its_limit(tmp_path, fmt, value):
+    # each count, length, type, n_dims, dim and offset of the bases meets the value at its own
+    # position (and half-overlapping ones at the others)
+    path = tmp_path / "field.gguf"
+    for data in fuzz_bases():
+        for at in range(4, data_start_of(data) - struct.calcsize(fmt) + 1):
+            mutant = bytearray(data)
+            struct.pack_into(fmt, mutant, at, value)
+            path.write_bytes(mutant)
+            check_mutant_untraced(path)
