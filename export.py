@@ -72,6 +72,7 @@ import functools
 import itertools
 import json
 import math
+import mmap
 import os
 import re
 import struct
@@ -3061,15 +3062,6 @@ def gguf_pieces(g, c, family, ours, shape):
     return [(name, list(shape), None)]
 
 
-def is_gguf(path):
-    """True when the file starts with GGUF's magic, the bytes "GGUF"."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == b"GGUF"
-    except OSError:
-        return False
-
-
 def read_gguf(path, template_name=None):
     """Read a GGUF file: (Config, {name: [pieces]}, the matrices' type, the TOKN section's bytes).
 
@@ -3159,6 +3151,337 @@ def read_hf(model_dir):
                                       c.gemma_norms and ours in NORM_TENSORS, rows))
         tensors[ours] = pieces
     return c, tensors, matrices_type(matrix_types)
+
+
+# ----------------------------------------------------------------------------
+# Reading a GGUF file: the container (docs/gguf.md, "The format")
+#
+#   "GGUF" | u32 version (2 or 3) | u64 tensor_count | u64 metadata_kv_count
+#   kv:     string key | u32 value type | value (scalar | STRING: u64 length + bytes |
+#           ARRAY: u32 element type, u64 count, elements)
+#   tensor: string name | u32 n_dims | u64 ne[n_dims] (fastest first) | u32 ggml type |
+#           u64 offset (relative to the data section, a multiple of the alignment)
+#   zeros to a multiple of the alignment (general.alignment, else 32) | tensor data
+#
+# Everything little-endian. The file is untrusted: every count and length is checked against
+# the bytes that remain before anything is read or allocated, and every problem is an
+# ExportError of one line naming the file and the key or tensor. Only the container is read
+# here; what the keys and tensors mean (the architecture, the tokenizer) is read on top of it.
+
+GGUF_MAGIC = b"GGUF"
+GGUF_VERSIONS = (2, 3)  # 1 had 32-bit counts and lengths (llama.cpp refuses it); 2 and 3 share one layout
+GGUF_DEFAULT_ALIGNMENT = 32
+GGUF_MAX_KEY_BYTES = 65535  # the spec's limit on a key
+GGML_MAX_DIMS = 4  # ggml.h
+GGML_MAX_NAME = 64  # ggml.h: a tensor name has fewer bytes (with its NUL, 64)
+GGUF_MAX_ELEMENTS = 2**63 - 1  # ne's product must fit an int64 (gguf.cpp)
+
+# value types (gguf.h's gguf_type): id -> (name, numpy dtype of a scalar or array element)
+GGUF_UINT8, GGUF_INT8, GGUF_UINT16, GGUF_INT16, GGUF_UINT32, GGUF_INT32, GGUF_FLOAT32, GGUF_BOOL, \
+    GGUF_STRING, GGUF_ARRAY, GGUF_UINT64, GGUF_INT64, GGUF_FLOAT64 = range(13)
+GGUF_VALUE_TYPES = {
+    GGUF_UINT8: ("UINT8", "<u1"), GGUF_INT8: ("INT8", "<i1"), GGUF_UINT16: ("UINT16", "<u2"),
+    GGUF_INT16: ("INT16", "<i2"), GGUF_UINT32: ("UINT32", "<u4"), GGUF_INT32: ("INT32", "<i4"),
+    GGUF_FLOAT32: ("FLOAT32", "<f4"), GGUF_BOOL: ("BOOL", "<u1"), GGUF_STRING: ("STRING", None),
+    GGUF_ARRAY: ("ARRAY", None), GGUF_UINT64: ("UINT64", "<u8"), GGUF_INT64: ("INT64", "<i8"),
+    GGUF_FLOAT64: ("FLOAT64", "<f8"),
+}
+GGUF_SCALAR_FORMATS = {GGUF_UINT8: "<B", GGUF_INT8: "<b", GGUF_UINT16: "<H", GGUF_INT16: "<h", GGUF_UINT32: "<I",
+                       GGUF_INT32: "<i", GGUF_FLOAT32: "<f", GGUF_BOOL: "<B", GGUF_UINT64: "<Q", GGUF_INT64: "<q",
+                       GGUF_FLOAT64: "<d"}
+
+# ggml types (ggml.h's ggml_type; sizes as gguf-py's GGML_QUANT_SIZES, docs/gguf.md; 39..42 from
+# the 2026 tree): id -> (name, elements per block, bytes per block). A tensor's row (ne[0]) is
+# whole blocks; run.c computes F32, F16, BF16 and Q8_0, the others are here so that the steps
+# built on this reader can refuse them by name (or dequantize them).
+GGMLType = collections.namedtuple("GGMLType", "name block block_bytes")
+GGML_TYPES = {
+    0: GGMLType("F32", 1, 4), 1: GGMLType("F16", 1, 2), 2: GGMLType("Q4_0", 32, 18), 3: GGMLType("Q4_1", 32, 20),
+    6: GGMLType("Q5_0", 32, 22), 7: GGMLType("Q5_1", 32, 24), 8: GGMLType("Q8_0", 32, 34),
+    9: GGMLType("Q8_1", 32, 40), 10: GGMLType("Q2_K", 256, 84), 11: GGMLType("Q3_K", 256, 110),
+    12: GGMLType("Q4_K", 256, 144), 13: GGMLType("Q5_K", 256, 176), 14: GGMLType("Q6_K", 256, 210),
+    15: GGMLType("Q8_K", 256, 292), 16: GGMLType("IQ2_XXS", 256, 66), 17: GGMLType("IQ2_XS", 256, 74),
+    18: GGMLType("IQ3_XXS", 256, 98), 19: GGMLType("IQ1_S", 256, 50), 20: GGMLType("IQ4_NL", 32, 18),
+    21: GGMLType("IQ3_S", 256, 110), 22: GGMLType("IQ2_S", 256, 82), 23: GGMLType("IQ4_XS", 256, 136),
+    24: GGMLType("I8", 1, 1), 25: GGMLType("I16", 1, 2), 26: GGMLType("I32", 1, 4), 27: GGMLType("I64", 1, 8),
+    28: GGMLType("F64", 1, 8), 29: GGMLType("IQ1_M", 256, 56), 30: GGMLType("BF16", 1, 2),
+    34: GGMLType("TQ1_0", 256, 54), 35: GGMLType("TQ2_0", 256, 66), 39: GGMLType("MXFP4", 32, 17),
+    40: GGMLType("NVFP4", 64, 36), 41: GGMLType("Q1_0", 128, 18), 42: GGMLType("Q2_0", 64, 18),
+}
+GGML_BLOCK_SIZES = {t.name: (t.block, t.block_bytes) for t in GGML_TYPES.values()}
+GGML_TYPE_IDS = {t.name: type_id for type_id, t in GGML_TYPES.items()}
+# ids ggml once had and removed (llama.cpp refuses them): named in the refusal
+GGML_REMOVED_TYPES = {4: "Q4_2", 5: "Q4_3", 31: "Q4_0_4_4", 32: "Q4_0_4_8", 33: "Q4_0_8_8", 36: "IQ4_NL_4_4",
+                      37: "IQ4_NL_4_8", 38: "IQ4_NL_8_8"}
+GGUF_FLOAT_VIEWS = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}  # BF16 as raw uint16 bits, as elsewhere here
+
+
+def shown(name, limit=80):
+    """A key or tensor name for an error line: as it is when printable, else escaped (a name may
+    hold a newline); cut after limit characters."""
+    text = name if name.isprintable() else ascii(name)[1:-1]
+    return text if len(text) <= limit else text[:limit] + f"... ({len(name)} characters)"
+
+
+@dataclasses.dataclass
+class GGUFTensor:
+    """One tensor's info: ne as stored (fastest first), shape as numpy's (reversed ne), offset
+    absolute in the file, nbytes its data's."""
+    name: str
+    ggml_type: int
+    type_name: str
+    ne: tuple
+    shape: tuple
+    offset: int
+    nbytes: int
+
+
+class GGUFFile:
+    """A GGUF file read by read_gguf_file: its version, alignment, metadata (key -> value), the
+    value types (key -> type id, or (GGUF_ARRAY, element type id)), the tensors (name ->
+    GGUFTensor, in file order), and its bytes mapped read-only."""
+
+    def __init__(self, path, version, alignment, metadata, value_types, tensors, data_start, size, data):
+        self.path, self.version, self.alignment = path, version, alignment
+        self.metadata, self.value_types, self.tensors = metadata, value_types, tensors
+        self.data_start, self.size = data_start, size
+        self._data = data  # the mmap: the arrays below are views into it, nothing is read whole
+
+    def tensor_data(self, name):
+        """A tensor's bytes: a read-only uint8 array backed by the file's memory map."""
+        t = self.tensors[name]
+        return np.frombuffer(self._data, dtype=np.uint8, count=t.nbytes, offset=t.offset)
+
+    def float_tensor(self, name):
+        """An F32, F16 or BF16 tensor as a read-only array of its shape: float32, float16, or
+        uint16 holding the bf16 bits. Other types are refused (naming the type)."""
+        t = self.tensors[name]
+        if t.type_name not in GGUF_FLOAT_VIEWS:
+            raise ExportError(f"{self.path}: tensor {shown(name)} is {t.type_name}; only F32, F16 and BF16 are "
+                              "viewed as floats")
+        return self.tensor_data(name).view(GGUF_FLOAT_VIEWS[t.type_name]).reshape(t.shape)
+
+
+class GGUFCursor:
+    """Reads the header's fields in order from the mapped file, each checked against the end."""
+
+    def __init__(self, path, data):
+        self.path, self.data, self.pos, self.size = path, data, 0, len(data)
+
+    def need(self, n, what):
+        """Refuse n bytes for `what` when fewer remain (n may be any Python int: a length read
+        from the file, up to 2**64)."""
+        if n > self.size - self.pos:
+            raise ExportError(f"{self.path}: {what} ({n} bytes at byte {self.pos}) runs past the end of the file "
+                              f"({self.size} bytes)")
+
+    def count(self, n, things, where=None):
+        """Refuse a count of things (each at least a byte) greater than the bytes that remain: a
+        count near 2**64 is named as such, not as the field after the last thing that fits."""
+        if n > self.size - self.pos:
+            where = f"{where}: " if where else ""
+            raise ExportError(f"{self.path}: {where}{n} {things} cannot fit in the {self.size - self.pos} bytes "
+                              f"left of the file (from byte {self.pos})")
+
+    def unpack(self, fmt, what):
+        """One little-endian struct field."""
+        n = struct.calcsize(fmt)
+        self.need(n, what)
+        (value,) = struct.unpack_from(fmt, self.data, self.pos)
+        self.pos += n
+        return value
+
+    def raw(self, n, what):
+        """n bytes (checked first)."""
+        self.need(n, what)
+        value = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return value
+
+    def name(self, what, limit):
+        """A key or tensor name: u64 length, then that many bytes of UTF-8, not empty, at most limit bytes."""
+        n = self.unpack("<Q", f"{what}'s length")
+        if n == 0:
+            raise ExportError(f"{self.path}: {what} is empty")
+        if n > limit:
+            raise ExportError(f"{self.path}: {what} has {n} bytes; at most {limit} are allowed")
+        raw = self.raw(n, what)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ExportError(f"{self.path}: {what} is not valid UTF-8 ({raw[:40]!r})")
+
+    def string(self, what):
+        """A string value: u64 length and the bytes, as str (bytes that are not UTF-8 kept as
+        surrogates: str.encode("utf-8", "surrogateescape") gives them back)."""
+        n = self.unpack("<Q", f"{what}: the string's length")
+        return self.raw(n, f"{what}: the string").decode("utf-8", "surrogateescape")
+
+
+def gguf_scalar(cur, value_type, where):
+    """One scalar value of value_type (not STRING or ARRAY) as a Python int, float or bool."""
+    value = cur.unpack(GGUF_SCALAR_FORMATS[value_type], f"{where}: the {GGUF_VALUE_TYPES[value_type][0]} value")
+    if value_type == GGUF_BOOL:
+        if value not in (0, 1):
+            raise ExportError(f"{cur.path}: {where}: the BOOL value is {value}, not 0 or 1")
+        return bool(value)
+    return value
+
+
+def gguf_array(cur, where):
+    """An ARRAY value: (element type, list of str or read-only numpy array). Arrays of arrays are
+    refused (llama.cpp refuses them too; no key holds one)."""
+    elem = cur.unpack("<I", f"{where}: the array's element type")
+    if elem not in GGUF_VALUE_TYPES:
+        raise ExportError(f"{cur.path}: {where}: unknown array element type {elem} (GGUF value types are 0..12)")
+    if elem == GGUF_ARRAY:
+        raise ExportError(f"{cur.path}: {where}: an array of arrays (nested arrays are not read, as llama.cpp "
+                          "does not read them)")
+    count = cur.unpack("<Q", f"{where}: the array's count")
+    if elem == GGUF_STRING:
+        cur.count(count, "strings", where)
+        return elem, [cur.string(f"{where}[{i}]") for i in range(count)]
+    dtype = np.dtype(GGUF_VALUE_TYPES[elem][1])
+    start = cur.pos
+    cur.raw(dtype.itemsize * count, f"{where}: an array of {count} {GGUF_VALUE_TYPES[elem][0]}")
+    values = np.frombuffer(cur.data, dtype=dtype, count=count, offset=start)
+    if elem == GGUF_BOOL:
+        bad = np.flatnonzero(values > 1)
+        if bad.size:
+            raise ExportError(f"{cur.path}: {where}[{bad[0]}]: the BOOL value is {values[bad[0]]}, not 0 or 1")
+        values = values.view(np.bool_)
+    return elem, values
+
+
+def gguf_metadata(cur, count):
+    """The key-value pairs: (metadata, value_types), duplicates refused."""
+    cur.count(count, "key-value pairs")
+    metadata, value_types = {}, {}
+    for i in range(count):
+        key = cur.name(f"key {i}", GGUF_MAX_KEY_BYTES)
+        where = f"key {shown(key)}"
+        if key in metadata:
+            raise ExportError(f"{cur.path}: {where} appears twice")
+        value_type = cur.unpack("<I", f"{where}: the value type")
+        if value_type not in GGUF_VALUE_TYPES:
+            raise ExportError(f"{cur.path}: {where}: unknown value type {value_type} (GGUF value types are 0..12)")
+        if value_type == GGUF_ARRAY:
+            elem, metadata[key] = gguf_array(cur, where)
+            value_types[key] = (GGUF_ARRAY, elem)
+        else:
+            metadata[key] = cur.string(where) if value_type == GGUF_STRING else gguf_scalar(cur, value_type, where)
+            value_types[key] = value_type
+    return metadata, value_types
+
+
+def gguf_alignment(path, metadata, value_types):
+    """general.alignment: a UINT32 power of two; 32 when absent."""
+    if "general.alignment" not in metadata:
+        return GGUF_DEFAULT_ALIGNMENT
+    value_type, value = value_types["general.alignment"], metadata["general.alignment"]
+    if value_type != GGUF_UINT32:
+        kind = "an ARRAY" if isinstance(value_type, tuple) else f"a {GGUF_VALUE_TYPES[value_type][0]}"
+        raise ExportError(f"{path}: key general.alignment is {kind}; GGUF stores it as a UINT32")
+    if value == 0 or value & (value - 1):
+        raise ExportError(f"{path}: key general.alignment is {value}; it must be a power of two")
+    return value
+
+
+def gguf_tensor_type(path, name, type_id):
+    """A tensor's GGMLType, or the refusal of its id by name and number."""
+    if type_id in GGML_TYPES:
+        return GGML_TYPES[type_id]
+    if type_id in GGML_REMOVED_TYPES:
+        raise ExportError(f"{path}: tensor {shown(name)}: ggml type {type_id} ({GGML_REMOVED_TYPES[type_id]}) was "
+                          "removed from ggml and is not read")
+    raise ExportError(f"{path}: tensor {shown(name)}: unknown ggml type {type_id}")
+
+
+def gguf_tensor_info(cur, alignment, names):
+    """One tensor info: (name, ggml type id, its GGMLType, ne, nbytes, relative offset), checked."""
+    name = cur.name(f"tensor {len(names)}'s name", GGML_MAX_NAME - 1)
+    where = f"tensor {shown(name)}"
+    if name in names:
+        raise ExportError(f"{cur.path}: {where} appears twice")
+    n_dims = cur.unpack("<I", f"{where}: n_dims")
+    if not 1 <= n_dims <= GGML_MAX_DIMS:
+        raise ExportError(f"{cur.path}: {where}: n_dims is {n_dims}; it must be in [1, {GGML_MAX_DIMS}]")
+    ne = tuple(cur.unpack("<q", f"{where}: ne[{i}]") for i in range(n_dims))
+    if any(d <= 0 for d in ne):
+        raise ExportError(f"{cur.path}: {where}: ne {list(ne)} has a dimension <= 0")
+    elements = math.prod(ne)  # Python ints: no overflow
+    if elements > GGUF_MAX_ELEMENTS:
+        raise ExportError(f"{cur.path}: {where}: ne {list(ne)} holds {elements} elements, more than 2**63 - 1")
+    type_id = cur.unpack("<I", f"{where}: the ggml type")
+    kind = gguf_tensor_type(cur.path, name, type_id)
+    if ne[0] % kind.block:
+        raise ExportError(f"{cur.path}: {where}: its rows of {ne[0]} elements are not whole {kind.name} blocks "
+                          f"of {kind.block}")
+    nbytes = elements // kind.block * kind.block_bytes
+    offset = cur.unpack("<Q", f"{where}: the offset")
+    if offset % alignment:
+        raise ExportError(f"{cur.path}: {where}: offset {offset} is not a multiple of the alignment {alignment}")
+    return name, type_id, kind, ne, nbytes, offset
+
+
+def gguf_check_layout(path, tensors, size):
+    """Refuse tensors whose data runs past the end of the file or overlaps another's (gaps, as
+    the alignment makes, are allowed)."""
+    previous = None
+    for t in sorted(tensors.values(), key=lambda t: (t.offset, t.nbytes)):
+        end = t.offset + t.nbytes
+        if end > size:
+            raise ExportError(f"{path}: tensor {shown(t.name)}: data [{t.offset}, {end}) is past the end of the "
+                              f"file ({size} bytes)")
+        if previous is not None and t.offset < previous.offset + previous.nbytes:
+            raise ExportError(f"{path}: tensors {shown(previous.name)} and {shown(t.name)} overlap (data "
+                              f"[{previous.offset}, {previous.offset + previous.nbytes}) and [{t.offset}, {end}))")
+        previous = t
+
+
+def read_gguf_file(path):
+    """Read a GGUF file's container (docs/gguf.md): a GGUFFile, every field checked; the tensor
+    data stays in the file, mapped read-only."""
+    size = os.path.getsize(reading(path))
+    if size < 4:
+        raise ExportError(f"{path}: only {size} bytes: too short for a GGUF file")
+    with open(path, "rb") as f:
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    cur = GGUFCursor(path, data)
+    if cur.raw(4, "the magic") != GGUF_MAGIC:
+        raise ExportError(f"{path}: not a GGUF file (its first bytes are not \"GGUF\")")
+    version = cur.unpack("<I", "the version")
+    if version not in GGUF_VERSIONS:
+        if version & 0xFFFF == 0 and (version >> 24) in GGUF_VERSIONS:
+            raise ExportError(f"{path}: a big-endian GGUF file (version {version >> 24} byte-swapped); only "
+                              "little-endian files are read")
+        if version == 1:
+            raise ExportError(f"{path}: GGUF version 1 (32-bit counts) is not supported, as llama.cpp no longer "
+                              "reads it; convert the model again with a current llama.cpp")
+        raise ExportError(f"{path}: GGUF version {version} is not supported (only 2 and 3)")
+    n_tensors = cur.unpack("<Q", "the tensor count")
+    n_kv = cur.unpack("<Q", "the key-value count")
+    metadata, value_types = gguf_metadata(cur, n_kv)
+    alignment = gguf_alignment(path, metadata, value_types)
+    cur.count(n_tensors, "tensor infos")
+    infos = {}
+    for _ in range(n_tensors):
+        name, *info = gguf_tensor_info(cur, alignment, infos)
+        infos[name] = info
+    data_start = cur.pos + -cur.pos % alignment
+    tensors = {}
+    for name, (type_id, kind, ne, nbytes, offset) in infos.items():
+        tensors[name] = GGUFTensor(name, type_id, kind.name, ne, ne[::-1], data_start + offset, nbytes)
+    gguf_check_layout(path, tensors, size)
+    return GGUFFile(path, version, alignment, metadata, value_types, tensors, data_start, size, data)
+
+
+def is_gguf_file(path):
+    """True for a regular file whose first bytes are GGUF's magic."""
+    if not os.path.isfile(path):
+        return False
+    with open(path, "rb") as f:
+        return f.read(4) == GGUF_MAGIC
 
 
 # ----------------------------------------------------------------------------
@@ -3491,7 +3814,7 @@ def export_checkpoint(args):
         c, tensors, source_type = read_hf(args.input)
         template = args.template
         tokenizer = None if args.legacy else hf_tokenizer(args.input, c.vocab_size, template)
-    elif os.path.isfile(args.input) and is_gguf(args.input):
+    elif is_gguf_file(args.input):
         c, tensors, source_type, tokenizer = read_gguf(args.input, None if args.legacy else args.template)
         if args.legacy:
             tokenizer = None

@@ -2416,6 +2416,12 @@ static int load_checkpoint(Transformer *t, const char *path) {
     void *mapped = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (mapped == MAP_FAILED) return fail("cannot map checkpoint %s: %s", path, strerror(errno));
+    // run reads its own format only: export.py converts a GGUF file, which keeps the parsing of
+    // that complex untrusted container out of C
+    if (size >= 4 && memcmp(mapped, "GGUF", 4) == 0) {
+        munmap(mapped, size);
+        return fail("%s is a GGUF file; convert it first: python3 export.py %s model.bin", path, path);
+    }
     size_t offset = 0;
     uint64_t expected = 0;
     if (parse_header(mapped, size, &t->config, &t->format, &offset, &expected, &t->tokenizer) != 0) {

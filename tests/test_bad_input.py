@@ -359,7 +359,10 @@ ROWS = [
     ("rope-unshared-classifier-missing", rope(shared_classifier=False), 1, "but its header implies"),
 
     # --- magic and version --------------------------------------------------------------
-    ("wrong-magic-gguf", raw(b"GGUF" + struct.pack("<I", 3) + b"\xff" * 300), 1, "out of range"),
+    # a GGUF file: run reads its own format only, and says how to convert one (export.py)
+    ("gguf-file-says-how-to-convert", raw(b"GGUF" + struct.pack("<I", 3) + b"\xff" * 300), 1,
+     "raw.bin is a GGUF file; convert it first: python3 export.py "),
+    ("gguf-magic-alone-says-how-to-convert", raw(b"GGUF"), 1, "raw.bin is a GGUF file; convert it first"),
     ("wrong-magic-text-file", raw(b"Once upon a time there was a checkpoint that was not one.\n"), 1,
      "out of range"),
     ("v1-version-2", v1([(4, "<i", 2)]), 1, "llama2.c checkpoint version 2 is not supported"),
