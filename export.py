@@ -3084,8 +3084,7 @@ def read_gguf(path, template_name=None):
             raise
         raise ExportError(f"{path}: its metadata, read as config.json: {str(e).removeprefix('config.json: ')}")
     if family.layer_records:
-        tokenizer = tokenizer_bytes(gguf_tokenizer(g.metadata, c.vocab_size, template_name, path))
-        return c, tensors, (kinds.pop() if len(kinds) == 1 else None), tokenizer
+        return c, tensors, (kinds.pop() if len(kinds) == 1 else None), gguf_tokenizer_section(g, c, template_name)
     # llama's and smollm3's q and k rows are in adjacent pairs already; the others' in halves
     order = None if family.gguf in GGUF_ADJACENT_PAIRS else pair_permutation(c.head_dim, rotary_dim)
     heads = {"wq": c.n_heads, "wk": c.n_kv_heads, "bq": c.n_heads, "bk": c.n_kv_heads, "q_norm": 1, "k_norm": 1}
@@ -3105,8 +3104,12 @@ def read_gguf(path, template_name=None):
                                   "biases and factors as float32 (F32)")
             pieces.append(piece)
         tensors[ours] = pieces
-    tokenizer = tokenizer_bytes(gguf_tokenizer(g.metadata, c.vocab_size, template_name, path))
-    return c, tensors, (kinds.pop() if len(kinds) == 1 else None), tokenizer
+    return c, tensors, (kinds.pop() if len(kinds) == 1 else None), gguf_tokenizer_section(g, c, template_name)
+
+
+def gguf_tokenizer_section(g, c, template_name):
+    """The TOKN section of a GGUF file's tokenizer (its tokenizer.ggml.* keys), checked against the model."""
+    return tokenizer_bytes(gguf_tokenizer(g.metadata, c.vocab_size, template_name, g.path))
 
 
 def read_hf(model_dir):
