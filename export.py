@@ -2727,7 +2727,7 @@ def gguf_float_tensor(g, name):
     if t.type_name != "F32" or len(t.shape) != 1:
         raise ExportError(f"{g.path}: tensor {name} must be a one-dimensional F32 tensor (it is {t.type_name} "
                           f"{list(t.shape)})")
-    values = gguf_array(g, name)[1].astype(np.float64)
+    values = gguf_stored(g, name)[1].astype(np.float64)
     if not np.all(np.isfinite(values)) or not np.all(values > 0):
         raise ExportError(f"{g.path}: tensor {name}: every factor must be finite and > 0")
     return values
@@ -2984,7 +2984,7 @@ def read_gguf_gemma4(g, config):
     return c, gemma4_tensors(c, orders, Source), found
 
 
-def gguf_array(g, name):
+def gguf_stored(g, name):
     """(kind, array) of a tensor as this format holds it, unwidened: float32, bf16 as uint16
     bits, f16 as float16, with the tensor's shape; q8_0 as (rows..., bytes per row) uint8.
     Any other type: one line naming the tensor and its type."""
@@ -3018,7 +3018,7 @@ def gguf_piece(g, name, expected, rows=None, heads=None, order=None, column_orde
     if shape != list(expected) or (rows is not None and rows[1] > t.shape[0]):
         raise ExportError(f"{g.path}: tensor {name} has shape {list(t.shape)}, but the metadata gives "
                           f"{list(expected)}{' (a band of its rows)' if rows else ''}")
-    kind, array = gguf_array(g, name)
+    kind, array = gguf_stored(g, name)
     if rows is not None:
         array = array[rows[0]:rows[1]]
     if order is not None:
