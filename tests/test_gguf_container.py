@@ -14,11 +14,11 @@
 Run with: /usr/bin/python3 -m pytest tests/test_gguf_container.py
 """
 import math
-import os
 import random
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import tracemalloc
 from pathlib import Path
@@ -406,12 +406,10 @@ def mutants(seed, count):
 
 def data_start_of(data):
     """Where a good file's data section starts (its header, keys and tensor infos end before)."""
-    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"gguf-base-{os.getpid()}.gguf"
-    path.write_bytes(data)
-    try:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "base.gguf"
+        path.write_bytes(data)
         return ex.read_gguf_file(str(path)).data_start
-    finally:
-        path.unlink()
 
 
 def read_mutant(path):
@@ -469,7 +467,7 @@ def test_seeded_mutants_are_read_or_refused_in_one_line(tmp_path):
     refused = 0
     tracemalloc.start()
     try:
-        for n, data in enumerate(mutants(seed=52, count=600)):
+        for data in mutants(seed=52, count=600):
             path.write_bytes(data)
             refused += check_mutant(path) is not None
     finally:
