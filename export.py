@@ -3766,6 +3766,8 @@ def gguf_value(metadata, key, kinds, what, source, default=None):
     value = metadata[key]
     if kinds is int:
         ok = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    elif kinds is bool:
+        ok = isinstance(value, (bool, np.bool_))
     else:
         ok = isinstance(value, kinds)
     if not ok:

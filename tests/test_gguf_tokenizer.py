@@ -480,6 +480,25 @@ def test_sentencepiece_flags_follow_add_space_prefix():
     assert tok.flags == E.FLAG_BYTE_FALLBACK  # no dummy prefix; byte fallback from the <0xXX> pieces
 
 
+def test_sentencepiece_padded_to_the_model_s_vocab_size_is_the_tokenizer_model_s_tokens():
+    # Phi-3: tokenizer.model's 32000 pieces, config.json's vocab_size 32064 ([PAD32000] .. [PAD32063])
+    sample = dict(SAMPLES["llama2"], config={"bos_token_id": 1, "eos_token_id": 2, "vocab_size": 32064})
+    meta = sentencepiece_metadata(SPM_MODEL, sample)
+    assert meta["tokenizer.ggml.tokens"][32063] == "[PAD32063]"
+    assert E.tokenizer_bytes(E.gguf_tokenizer(meta, 32064)) == converted("llama2")[1]
+
+
+def test_eot_token_id_is_taken_as_given():
+    meta = dict(small_byte_level(), **{"tokenizer.ggml.eot_token_id": 256})  # not a template's closing token
+    tok = E.gguf_tokenizer(meta, 258)
+    assert tok.eot_id == 256 and tok.eos_ids == [257, 256]  # llama.cpp also ends generation at eot
+
+
+def test_end_tokens_by_text_are_llama_cpps():
+    tok, _ = converted("qwen2.5")  # eos <|im_end|>; <|endoftext|> ends generation in llama.cpp too
+    assert [tok.pieces[i][0] for i in tok.eos_ids] == [b"<|im_end|>", b"<|endoftext|>"]
+
+
 if __name__ == "__main__" and sys.argv[1:2] == ["--digests"]:
     folder = Path(sys.argv[2])
     print(json.dumps({s["file"]: metadata_digests(read_gguf_tokenizer_metadata(folder / s["file"]))
