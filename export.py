@@ -3881,7 +3881,7 @@ def gguf_vocabulary(metadata, vocab_size, source):
         tok.merged = {i for i, (_, t, _) in enumerate(tok.pieces) if t == TYPE_NORMAL}
         return tok
     tok = Tokenizer(KIND_BYTE_LEVEL, source)
-    pre = gguf_value(metadata, "tokenizer.ggml.pre", str, "a string", source, "(none)")
+    pre = gguf_value(metadata, "tokenizer.ggml.pre", str, "a string", source)  # llama.cpp: a warning, then default
     if pre not in GGUF_PRE:
         raise ExportError(f"{source}: tokenizer.ggml.pre {pre!r} is not a pre-tokenizer run.c implements (known: "
                           f"{', '.join(GGUF_PRE)})")
@@ -3913,7 +3913,9 @@ def gguf_special_tokens(tok, metadata, n, template_name, source):
 
 def gguf_tokenizer(metadata, vocab_size, template_name=None, source="model.gguf"):
     """The checked Tokenizer of a GGUF file's metadata (key -> value, as the GGUF reader gives it):
-    tokenizer_bytes(tok) is its TOKN section. vocab_size: the model's embedding rows."""
+    tokenizer_bytes(tok) is its TOKN section. vocab_size: the model's embedding rows (the token count
+    must equal it); template_name: the chat template to store instead of the recognised one (as
+    --template); source: the file, for messages. Refusals are one ExportError line naming the key."""
     tok = gguf_vocabulary(metadata, vocab_size, source)
     gguf_special_tokens(tok, metadata, vocab_size, template_name, source)
     check_tokenizer(tok, vocab_size)

@@ -451,6 +451,7 @@ BAD = {
     "token outside the byte alphabet": ({"tokenizer.ggml.tokens": ["h e"] + small_byte_level()[
         "tokenizer.ggml.tokens"][1:]}, 258, "token 0 'h e' has ' ', which is not in GPT-2's byte alphabet"),
     "add_bos without bos": ({"tokenizer.ggml.add_bos_token": True}, 258, "add_bos_token is true but there is no"),
+    "no pre name": ({"tokenizer.ggml.pre": None}, 258, "tokenizer.ggml.pre is missing"),
     "tokens not strings": ({"tokenizer.ggml.tokens": np.zeros(258)}, 258, "tokenizer.ggml.tokens is ndarray"),
 }
 
