@@ -4572,19 +4572,33 @@ def set_special_tokens(tok, template_name=None):
     if len(tok.eos_ids) > MAX_END_TOKENS:
         raise ExportError(f"{where}: {len(tok.eos_ids)} end tokens; run stops at up to {MAX_END_TOKENS}")
 
+    set_template_and_eot(tok, tc.get("chat_template"), template_name)
+    mark_special_pieces(tok)
+
+
+def set_template_and_eot(tok, template, template_name=None, eot_id=None):
+    """tok.chat_template from template_name (--template) or the chat template text; tok.eot_id:
+    eot_id when given, else the recognised template's closing token, else the first of
+    <|eot_id|>, <|im_end|>, <end_of_turn> the vocabulary has, else eos."""
     tok.template_flag = template_name is not None
     if template_name is not None:
         tok.chat_template = TEMPLATE_NAMES.index(template_name)
     else:
-        tok.chat_template, why = classify_template(tc.get("chat_template"))
+        tok.chat_template, why = classify_template(template)
         if not tok.chat_template:
             say_later(f"note: chat template: none stored ({why}); run -m chat will ask for --template "
                       f"({', '.join(TEMPLATE_NAMES[1:])})")
+    if eot_id is not None:
+        tok.eot_id = eot_id
+        return
     closer = TEMPLATE_EOT.get(TEMPLATE_NAMES[tok.chat_template])
     if closer is None and not tok.chat_template:
         closer = next((t for t in dict.fromkeys(TEMPLATE_EOT.values()) if t in tok.names), None)
     tok.eot_id = tok.names.get(closer, tok.eos_ids[0])
 
+
+def mark_special_pieces(tok):
+    """Make bos, eot, the eos tokens and the template's special tokens control pieces (below)."""
     # the special tokens are control pieces, even where a tokenizer.json lists them as plain
     # vocabulary (Gemma 1's <start_of_turn>), unless text can produce them: a merge makes
     # them, or they are a single character (where BPE starts)
@@ -4822,6 +4836,216 @@ def export_tokn(path, out_path, template_name=None):
     data = tokenizer_bytes(tok)
     write_atomically(out_path, lambda f: f.write(data))
     print(f"wrote {out_path} (TOKN): {len(tok.pieces)} tokens, {len(tok.merges)} merges, {len(data)} bytes")
+
+
+# ----------------------------------------------------------------------------
+# The tokenizer of a GGUF file: llama.cpp's tokenizer.* metadata keys (docs/gguf.md), read into
+# the same Tokenizer a tokenizer.json or tokenizer.model gives. Where the GGUF holds the same
+# information, the TOKN bytes are the same as export.py writes from the files llama.cpp's converter
+# (convert_hf_to_gguf.py) read. Where it holds other or less information, what a user running the
+# GGUF expects (what llama.cpp does with it) is chosen; the differences, by design:
+# * [PADn] fillers (type UNUSED, up to config.json's vocab_size) are no tokens of the tokenizer
+#   files: inside the vocabulary they become empty unused pieces (as json_pieces stores an id
+#   without a token), at its end they are left out (the tokenizer files have fewer tokens than the
+#   model's vocab_size; run accepts that).
+# * eos: the converter writes one eos id (tokenizer_config.json's eos_token first), where export.py
+#   takes generation_config.json's list. Generation ends where llama.cpp ends it: at eos, at
+#   tokenizer.ggml.eot_token_id and eom_token_id, and at the tokens llama.cpp's vocabulary loader
+#   makes end-of-generation by their text (GGUF_END_TEXTS; llama-vocab.cpp, load: "<|eot_id|>" ...),
+#   so Qwen2.5's <|endoftext|> and Llama 3's <|eom_id|> are end tokens as in their
+#   generation_config.json.
+# * bos: the converter writes config.json's bos_token_id even when nothing adds it (Qwen: 151643,
+#   add_bos_token false), where a tokenizer.json without a bos_token gives none; it is kept.
+# * add_bos: tokenizer.ggml.add_bos_token when present, else llama.cpp's default: true for a
+#   SentencePiece vocabulary and for the Llama 3 pre-tokenizers (llama-vocab.cpp, load), else false.
+# * token types: the converter marks a non-special added token that looks special ("<|...|>") as
+#   control; run's control pieces are never made from text, as llama.cpp's are not.
+# * the pre-tokenizer is known only by its name: GGUF_PRE maps the names whose pattern run.c
+#   implements to the code and flags export.py derives from those models' tokenizer.json.
+
+GGUF_TYPES = {1: TYPE_NORMAL, 2: TYPE_CONTROL, 3: TYPE_CONTROL, 4: TYPE_USER, 5: TYPE_UNUSED, 6: TYPE_BYTE}
+GGUF_TYPE_NAMES = "1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte"
+# tokenizer.ggml.pre (llama.cpp's names, convert_hf_to_gguf.py get_vocab_base_pre) -> (pretokenizer,
+# flags) as export.py derives them from the same models' tokenizer.json
+GGUF_PRE = {
+    "llama-bpe": (PRE_LLAMA3, FLAG_IGNORE_MERGES),  # Llama 3, 3.1, 3.2; SmolLM3
+    "llama3": (PRE_LLAMA3, FLAG_IGNORE_MERGES),
+    "llama-v3": (PRE_LLAMA3, FLAG_IGNORE_MERGES),
+    "qwen2": (PRE_QWEN2, FLAG_NFC),  # Qwen2, Qwen2.5, Qwen3 (their tokenizer.json's NFC normalizer)
+    "gpt-4o": (PRE_O200K, 0),  # o200k: Phi-4-mini
+    "smollm": (PRE_GPT2, FLAG_SPLIT_DIGITS),  # SmolLM, SmolLM2: Digits then GPT-2's pattern
+    "gpt-2": (PRE_GPT2, 0),
+}
+GGUF_ADD_BOS_PRE = {"llama-bpe", "llama3", "llama-v3"}  # llama.cpp adds bos for these without add_bos_token
+# the texts llama.cpp's vocabulary loader makes end-of-generation tokens (llama-vocab.cpp, load)
+GGUF_END_TEXTS = ["<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>"]
+GGUF_PAD = re.compile(r"\[PAD(\d+)\]")
+
+
+def gguf_value(metadata, key, kinds, what, source, default=None):
+    """metadata[key] if it is one of kinds (default when absent); else a one-line error naming key."""
+    if key not in metadata:
+        if default is None:
+            raise ExportError(f"{source}: {key} is missing")
+        return default
+    value = metadata[key]
+    if kinds is int:
+        ok = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    elif kinds is bool:
+        ok = isinstance(value, (bool, np.bool_))
+    else:
+        ok = isinstance(value, kinds)
+    if not ok:
+        raise ExportError(f"{source}: {key} is {type(value).__name__} {brief_value(value)}, not {what}")
+    return int(value) if kinds is int else value
+
+
+def brief_value(value):
+    """A metadata value, cut short for a message."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:60] + "..."
+
+
+def gguf_array(metadata, key, n, source, strings=False, required=True):
+    """A per-token array (a list of str, or a numeric numpy array) of n entries, or None if absent."""
+    if key not in metadata and not required:
+        return None
+    value = gguf_value(metadata, key, list if strings else np.ndarray,
+                       "an array of strings" if strings else "a numeric array", source)
+    if strings and not all(isinstance(s, str) for s in value):
+        raise ExportError(f"{source}: {key} holds values that are not strings")
+    if not strings and not (value.ndim == 1 and (np.issubdtype(value.dtype, np.number))):
+        raise ExportError(f"{source}: {key} is a {value.dtype} array, not numbers")
+    if n is not None and len(value) != n:
+        raise ExportError(f"{source}: {key} has {len(value)} entries, tokenizer.ggml.tokens {n}")
+    return value
+
+
+def gguf_token_id(metadata, key, n, source):
+    """A special token id key: None when absent, else an id in [0, n)."""
+    if key not in metadata:
+        return None
+    i = gguf_value(metadata, key, int, "a token id", source)
+    if not 0 <= i < n:
+        raise ExportError(f"{source}: {key} {i} is not a token id in [0, {n})")
+    return i
+
+
+def gguf_pieces(tok, tokens, types, scores, byte_level):
+    """tok.pieces and tok.names from the token texts, types and scores.
+
+    SentencePiece texts spell a space '▁'. Byte-level ones spell normal pieces in GPT-2's byte
+    alphabet and the control and user-defined ones as their text (the converter writes added
+    tokens as they are). A [PADn] filler is an empty unused piece, and those at the end are left
+    out (see above)."""
+    alphabet = gpt2_byte_alphabet()
+    for i, text in enumerate(tokens):
+        kind_of = GGUF_TYPES.get(int(types[i]))
+        if kind_of is None:
+            raise ExportError(f"{tok.source}: tokenizer.ggml.token_type of token {i} is {int(types[i])}, not one of "
+                              f"{GGUF_TYPE_NAMES}")
+        score = float(scores[i]) if scores is not None else 0.0
+        if kind_of == TYPE_UNUSED and GGUF_PAD.fullmatch(text) and int(text[4:-1]) == i:
+            tok.pieces.append((b"", TYPE_UNUSED, 0.0))
+            continue
+        what = f"tokenizer.ggml.tokens: token {i}"
+        if not byte_level:
+            data = utf8(text, what).replace(SPACE_MARK.encode("utf-8"), b" ")
+        elif kind_of == TYPE_NORMAL:
+            try:
+                data = bytes(alphabet[c] for c in text)
+            except KeyError as e:
+                raise ExportError(f"{tok.source}: {what} {text!r} has {e.args[0]!r}, which is not in GPT-2's byte "
+                                  "alphabet")
+        else:
+            data = utf8(text, what)
+        tok.pieces.append((data, kind_of, score))
+        tok.names.setdefault(text, i)
+    while tok.pieces and tok.pieces[-1] == (b"", TYPE_UNUSED, 0.0):
+        tok.pieces.pop()
+
+
+def gguf_merges(tok, merges):
+    """tok.merges and tok.merged from tokenizer.ggml.merges ("left right" strings, in rank order)."""
+    tok.merges = np.empty((len(merges), 2), np.int32)
+    for rank, m in enumerate(merges):
+        parts = m.split(" ")
+        if len(parts) != 2:
+            raise ExportError(f"{tok.source}: tokenizer.ggml.merges: merge {rank} {m!r} is not two tokens")
+        for part in (*parts, parts[0] + parts[1]):
+            if part not in tok.names or tok.names[part] >= len(tok.pieces):
+                raise ExportError(f"{tok.source}: tokenizer.ggml.merges: merge {rank} {m!r} names or makes "
+                                  f"{part!r}, which is not in tokenizer.ggml.tokens")
+        tok.merges[rank] = tok.names[parts[0]], tok.names[parts[1]]
+        tok.merged.add(tok.names[parts[0] + parts[1]])
+
+
+def gguf_vocabulary(metadata, vocab_size, source):
+    """A Tokenizer with its kind, pieces, merges, pre-tokenizer and flags from the tokenizer.ggml keys."""
+    model = gguf_value(metadata, "tokenizer.ggml.model", str, "a string", source)
+    if model == "gemma4":
+        raise ExportError(f"{source}: tokenizer.ggml.model gemma4 is not supported: llama.cpp splits its text at "
+                          "newlines before BPE (pre-tokenizer gemma4), which run.c does not implement")
+    if model not in ("llama", "gpt2"):
+        raise ExportError(f"{source}: tokenizer.ggml.model {model!r} is not supported (only llama: SentencePiece, "
+                          "and gpt2: byte-level BPE)")
+    tokens = gguf_array(metadata, "tokenizer.ggml.tokens", None, source, strings=True)
+    n = len(tokens)
+    if n != vocab_size:
+        raise ExportError(f"{source}: tokenizer.ggml.tokens has {n} tokens, the model's embedding {vocab_size} rows")
+    types = gguf_array(metadata, "tokenizer.ggml.token_type", n, source)
+    scores = gguf_array(metadata, "tokenizer.ggml.scores", n, source, required=model == "llama")
+    if model == "llama":
+        tok = Tokenizer(KIND_SENTENCEPIECE, source)
+        if gguf_value(metadata, "tokenizer.ggml.remove_extra_whitespaces", bool, "a bool", source, False):
+            raise ExportError(f"{source}: tokenizer.ggml.remove_extra_whitespaces true is not supported")
+        prefix = gguf_value(metadata, "tokenizer.ggml.add_space_prefix", bool, "a bool", source, True)
+        gguf_pieces(tok, tokens, types, scores, byte_level=False)
+        byte_pieces = any(kind_of == TYPE_BYTE for _, kind_of, _ in tok.pieces)
+        tok.flags = (FLAG_DUMMY_PREFIX if prefix else 0) | (FLAG_BYTE_FALLBACK if byte_pieces else 0)
+        tok.merged = {i for i, (_, t, _) in enumerate(tok.pieces) if t == TYPE_NORMAL}
+        return tok
+    tok = Tokenizer(KIND_BYTE_LEVEL, source)
+    pre = gguf_value(metadata, "tokenizer.ggml.pre", str, "a string", source)  # llama.cpp: a warning, then default
+    if pre not in GGUF_PRE:
+        raise ExportError(f"{source}: tokenizer.ggml.pre {pre!r} is not a pre-tokenizer run.c implements (known: "
+                          f"{', '.join(GGUF_PRE)})")
+    tok.pretokenizer, tok.flags = GGUF_PRE[pre]
+    gguf_pieces(tok, tokens, types, scores, byte_level=True)
+    gguf_merges(tok, gguf_array(metadata, "tokenizer.ggml.merges", None, source, strings=True))
+    return tok
+
+
+def gguf_special_tokens(tok, metadata, n, template_name, source):
+    """bos, add_bos, eos_ids, eot_id and the chat template from the GGUF keys (see above)."""
+    ids = {k: gguf_token_id(metadata, f"tokenizer.ggml.{k}_token_id", n, source) for k in ("bos", "eos", "eot", "eom")}
+    pre = metadata.get("tokenizer.ggml.pre")
+    default = tok.kind == KIND_SENTENCEPIECE or pre in GGUF_ADD_BOS_PRE
+    tok.add_bos = int(gguf_value(metadata, "tokenizer.ggml.add_bos_token", bool, "a bool", source, default))
+    tok.bos_id = -1 if ids["bos"] is None else ids["bos"]
+    if tok.add_bos and tok.bos_id < 0:
+        raise ExportError(f"{source}: tokenizer.ggml.add_bos_token is true but there is no tokenizer.ggml.bos_token_id")
+    if ids["eos"] is None:
+        raise ExportError(f"{source}: tokenizer.ggml.eos_token_id is missing")
+    ends = [ids["eos"], ids["eot"], ids["eom"]]
+    ends += sorted(tok.names[t] for t in GGUF_END_TEXTS if t in tok.names and tok.names[t] < len(tok.pieces)
+                   and tok.pieces[tok.names[t]][1] != TYPE_NORMAL)
+    tok.eos_ids = [i for i in dict.fromkeys(ends) if i is not None][:MAX_END_TOKENS]
+    template = gguf_value(metadata, "tokenizer.chat_template", str, "a string", source, "")
+    set_template_and_eot(tok, template, template_name, ids["eot"])
+    mark_special_pieces(tok)
+
+
+def gguf_tokenizer(metadata, vocab_size, template_name=None, source="model.gguf"):
+    """The checked Tokenizer of a GGUF file's metadata (key -> value, as the GGUF reader gives it):
+    tokenizer_bytes(tok) is its TOKN section. vocab_size: the model's embedding rows (the token count
+    must equal it); template_name: the chat template to store instead of the recognised one (as
+    --template); source: the file, for messages. Refusals are one ExportError line naming the key."""
+    tok = gguf_vocabulary(metadata, vocab_size, source)
+    gguf_special_tokens(tok, metadata, vocab_size, template_name, source)
+    check_tokenizer(tok, vocab_size)
+    say_later(f"tokenizer of {source}: {tok.describe()}")
+    return tok
 
 
 # ----------------------------------------------------------------------------
