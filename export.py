@@ -4882,7 +4882,7 @@ GGUF_END_TEXTS = ["<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|end
 GGUF_PAD = re.compile(r"\[PAD(\d+)\]")
 
 
-def gguf_value(metadata, key, kinds, what, source, default=None):
+def gguf_meta_value(metadata, key, kinds, what, source, default=None):
     """metadata[key] if it is one of kinds (default when absent); else a one-line error naming key."""
     if key not in metadata:
         if default is None:
@@ -4906,11 +4906,11 @@ def brief_value(value):
     return text if len(text) <= 60 else text[:60] + "..."
 
 
-def gguf_array(metadata, key, n, source, strings=False, required=True):
+def gguf_meta_array(metadata, key, n, source, strings=False, required=True):
     """A per-token array (a list of str, or a numeric numpy array) of n entries, or None if absent."""
     if key not in metadata and not required:
         return None
-    value = gguf_value(metadata, key, list if strings else np.ndarray,
+    value = gguf_meta_value(metadata, key, list if strings else np.ndarray,
                        "an array of strings" if strings else "a numeric array", source)
     if strings and not all(isinstance(s, str) for s in value):
         raise ExportError(f"{source}: {key} holds values that are not strings")
@@ -4925,13 +4925,13 @@ def gguf_token_id(metadata, key, n, source):
     """A special token id key: None when absent, else an id in [0, n)."""
     if key not in metadata:
         return None
-    i = gguf_value(metadata, key, int, "a token id", source)
+    i = gguf_meta_value(metadata, key, int, "a token id", source)
     if not 0 <= i < n:
         raise ExportError(f"{source}: {key} {i} is not a token id in [0, {n})")
     return i
 
 
-def gguf_pieces(tok, tokens, types, scores, byte_level):
+def gguf_token_pieces(tok, tokens, types, scores, byte_level):
     """tok.pieces and tok.names from the token texts, types and scores.
 
     SentencePiece texts spell a space '▁'. Byte-level ones spell normal pieces in GPT-2's byte
@@ -4982,37 +4982,37 @@ def gguf_merges(tok, merges):
 
 def gguf_vocabulary(metadata, vocab_size, source):
     """A Tokenizer with its kind, pieces, merges, pre-tokenizer and flags from the tokenizer.ggml keys."""
-    model = gguf_value(metadata, "tokenizer.ggml.model", str, "a string", source)
+    model = gguf_meta_value(metadata, "tokenizer.ggml.model", str, "a string", source)
     if model == "gemma4":
         raise ExportError(f"{source}: tokenizer.ggml.model gemma4 is not supported: llama.cpp splits its text at "
                           "newlines before BPE (pre-tokenizer gemma4), which run.c does not implement")
     if model not in ("llama", "gpt2"):
         raise ExportError(f"{source}: tokenizer.ggml.model {model!r} is not supported (only llama: SentencePiece, "
                           "and gpt2: byte-level BPE)")
-    tokens = gguf_array(metadata, "tokenizer.ggml.tokens", None, source, strings=True)
+    tokens = gguf_meta_array(metadata, "tokenizer.ggml.tokens", None, source, strings=True)
     n = len(tokens)
     if n != vocab_size:
         raise ExportError(f"{source}: tokenizer.ggml.tokens has {n} tokens, the model's embedding {vocab_size} rows")
-    types = gguf_array(metadata, "tokenizer.ggml.token_type", n, source)
-    scores = gguf_array(metadata, "tokenizer.ggml.scores", n, source, required=model == "llama")
+    types = gguf_meta_array(metadata, "tokenizer.ggml.token_type", n, source)
+    scores = gguf_meta_array(metadata, "tokenizer.ggml.scores", n, source, required=model == "llama")
     if model == "llama":
         tok = Tokenizer(KIND_SENTENCEPIECE, source)
-        if gguf_value(metadata, "tokenizer.ggml.remove_extra_whitespaces", bool, "a bool", source, False):
+        if gguf_meta_value(metadata, "tokenizer.ggml.remove_extra_whitespaces", bool, "a bool", source, False):
             raise ExportError(f"{source}: tokenizer.ggml.remove_extra_whitespaces true is not supported")
-        prefix = gguf_value(metadata, "tokenizer.ggml.add_space_prefix", bool, "a bool", source, True)
-        gguf_pieces(tok, tokens, types, scores, byte_level=False)
+        prefix = gguf_meta_value(metadata, "tokenizer.ggml.add_space_prefix", bool, "a bool", source, True)
+        gguf_token_pieces(tok, tokens, types, scores, byte_level=False)
         byte_pieces = any(kind_of == TYPE_BYTE for _, kind_of, _ in tok.pieces)
         tok.flags = (FLAG_DUMMY_PREFIX if prefix else 0) | (FLAG_BYTE_FALLBACK if byte_pieces else 0)
         tok.merged = {i for i, (_, t, _) in enumerate(tok.pieces) if t == TYPE_NORMAL}
         return tok
     tok = Tokenizer(KIND_BYTE_LEVEL, source)
-    pre = gguf_value(metadata, "tokenizer.ggml.pre", str, "a string", source)  # llama.cpp: a warning, then default
+    pre = gguf_meta_value(metadata, "tokenizer.ggml.pre", str, "a string", source)  # llama.cpp: a warning, then default
     if pre not in GGUF_PRE:
         raise ExportError(f"{source}: tokenizer.ggml.pre {pre!r} is not a pre-tokenizer run.c implements (known: "
                           f"{', '.join(GGUF_PRE)})")
     tok.pretokenizer, tok.flags = GGUF_PRE[pre]
-    gguf_pieces(tok, tokens, types, scores, byte_level=True)
-    gguf_merges(tok, gguf_array(metadata, "tokenizer.ggml.merges", None, source, strings=True))
+    gguf_token_pieces(tok, tokens, types, scores, byte_level=True)
+    gguf_merges(tok, gguf_meta_array(metadata, "tokenizer.ggml.merges", None, source, strings=True))
     return tok
 
 
@@ -5021,7 +5021,7 @@ def gguf_special_tokens(tok, metadata, n, template_name, source):
     ids = {k: gguf_token_id(metadata, f"tokenizer.ggml.{k}_token_id", n, source) for k in ("bos", "eos", "eot", "eom")}
     pre = metadata.get("tokenizer.ggml.pre")
     default = tok.kind == KIND_SENTENCEPIECE or pre in GGUF_ADD_BOS_PRE
-    tok.add_bos = int(gguf_value(metadata, "tokenizer.ggml.add_bos_token", bool, "a bool", source, default))
+    tok.add_bos = int(gguf_meta_value(metadata, "tokenizer.ggml.add_bos_token", bool, "a bool", source, default))
     tok.bos_id = -1 if ids["bos"] is None else ids["bos"]
     if tok.add_bos and tok.bos_id < 0:
         raise ExportError(f"{source}: tokenizer.ggml.add_bos_token is true but there is no tokenizer.ggml.bos_token_id")
@@ -5031,7 +5031,7 @@ def gguf_special_tokens(tok, metadata, n, template_name, source):
     ends += sorted(tok.names[t] for t in GGUF_END_TEXTS if t in tok.names and tok.names[t] < len(tok.pieces)
                    and tok.pieces[tok.names[t]][1] != TYPE_NORMAL)
     tok.eos_ids = [i for i in dict.fromkeys(ends) if i is not None][:MAX_END_TOKENS]
-    template = gguf_value(metadata, "tokenizer.chat_template", str, "a string", source, "")
+    template = gguf_meta_value(metadata, "tokenizer.chat_template", str, "a string", source, "")
     set_template_and_eot(tok, template, template_name, ids["eot"])
     mark_special_pieces(tok)
 
