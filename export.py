@@ -5019,6 +5019,9 @@ def gguf_vocabulary(metadata, vocab_size, source):
 def gguf_special_tokens(tok, metadata, n, template_name, source):
     """bos, add_bos, eos_ids, eot_id and the chat template from the GGUF keys (see above)."""
     ids = {k: gguf_token_id(metadata, f"tokenizer.ggml.{k}_token_id", n, source) for k in ("bos", "eos", "eot", "eom")}
+    if tok.kind == KIND_SENTENCEPIECE:  # llama.cpp's defaults for a `llama` vocabulary: <s> 1, </s> 2
+        ids["bos"] = 1 if ids["bos"] is None else ids["bos"]
+        ids["eos"] = 2 if ids["eos"] is None else ids["eos"]
     pre = metadata.get("tokenizer.ggml.pre")
     default = tok.kind == KIND_SENTENCEPIECE or pre in GGUF_ADD_BOS_PRE
     tok.add_bos = int(gguf_meta_value(metadata, "tokenizer.ggml.add_bos_token", bool, "a bool", source, default))
