@@ -2675,6 +2675,15 @@ def gguf_value(g, key, kind, default=None):
     return value
 
 
+def gguf_list(g, key):
+    """A metadata array as a Python list (a numeric array's values as ints, floats or bools), or
+    None when the key is absent or not an array."""
+    value = g.metadata.get(key)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return value if isinstance(value, list) else None
+
+
 def gguf_positive(g, key, default=None):
     """A metadata integer in [1, 2^31 - 1]."""
     value = gguf_value(g, key, int, default)
@@ -2802,7 +2811,7 @@ def gguf_config(g):
                           "(vocab, embedding_length)")
     dim, n_heads = gguf_positive(g, f"{arch}.embedding_length"), gguf_positive(g, f"{arch}.attention.head_count")
     n_layers = gguf_positive(g, f"{arch}.block_count")
-    per_layer = lambda key, read: 1 if family.layer_records and isinstance(g.metadata.get(key), list) else read(key)
+    per_layer = lambda key, read: 1 if family.layer_records and gguf_list(g, key) is not None else read(key)
     config = {
         "model_type": model_type, "architectures": [family.architecture],
         "hidden_size": dim, "num_hidden_layers": n_layers, "num_attention_heads": n_heads,
@@ -2833,7 +2842,7 @@ def gguf_config(g):
                               f"{head_dim}; partial rotation is read for phi3 only")
         config["partial_rotary_factor"] = rotary / head_dim
     window = gguf_value(g, f"{arch}.attention.sliding_window", int, 0)
-    if window and family.sliding in ("all", "alternate", "pattern"):
+    if window and (family.sliding in ("all", "alternate", "pattern") or family.layer_records):
         config["sliding_window"] = window
     for key, ours in (("attn_logit_softcapping", "attn_logit_softcapping"),
                       ("final_logit_softcapping", "final_logit_softcapping")):
@@ -2897,7 +2906,7 @@ def gguf_gemma4_config(g, config):
     if "gemma4.expert_count" in g.metadata:
         raise ExportError(f"{g.path}: Gemma 4 with experts (26B-A4B) is not converted from GGUF yet; convert its "
                           "Hugging Face checkpoint")
-    kinds = g.metadata.get(f"{arch}.attention.sliding_window_pattern")
+    kinds = gguf_list(g, f"{arch}.attention.sliding_window_pattern")
     if not (isinstance(kinds, list) and len(kinds) == n_layers and all(isinstance(k, bool) for k in kinds)):
         raise ExportError(f"{g.path}: metadata {arch}.attention.sliding_window_pattern must be {n_layers} booleans")
     config["layer_types"] = [G4_SLIDING if k else G4_FULL for k in kinds]
@@ -2907,16 +2916,16 @@ def gguf_gemma4_config(g, config):
         raise ExportError(f"{g.path}: metadata {arch}.attention.value_length_swa differs from key_length_swa")
     n_shared = gguf_value(g, f"{arch}.attention.shared_kv_layers", int, 0)
     config["num_kv_shared_layers"] = n_shared
-    widths = g.metadata.get(f"{arch}.feed_forward_length")
-    if isinstance(widths, list):  # doubled on the KV-shared layers
+    widths = gguf_list(g, f"{arch}.feed_forward_length")
+    if widths is not None:  # doubled on the KV-shared layers
         base = widths[0] if widths else 0
         doubled = [base if i < n_layers - n_shared else 2 * base for i in range(n_layers)]
         if widths not in ([base] * n_layers, doubled) or not (is_int(base) and base > 0):
             raise ExportError(f"{g.path}: metadata {arch}.feed_forward_length {widths}: neither one width nor "
                               f"one doubled on the {n_shared} KV-shared layers")
         config["intermediate_size"], config["use_double_wide_mlp"] = base, widths != [base] * n_layers
-    heads = g.metadata.get(f"{arch}.attention.head_count_kv")
-    if isinstance(heads, list):  # the full layers' own KV head count
+    heads = gguf_list(g, f"{arch}.attention.head_count_kv")
+    if heads is not None:  # the full layers' own KV head count
         full = {h for h, k in zip(heads, kinds) if not k}
         sliding = {h for h, k in zip(heads, kinds) if k}
         if len(heads) != n_layers or len(full) > 1 or len(sliding) > 1 or not all(is_int(h) and h > 0 for h in heads):
