@@ -2684,11 +2684,13 @@ def gguf_list(g, key):
     return value if isinstance(value, list) else None
 
 
-def gguf_positive(g, key, default=None):
-    """A metadata integer in [1, 2^31 - 1]."""
+def gguf_positive(g, key, default=None, limit=INT32_MAX):
+    """A metadata integer in [1, limit] (run.c's limit on what it sizes: checked here, before
+    anything is built per layer or per head)."""
     value = gguf_value(g, key, int, default)
-    if not 0 < value <= INT32_MAX:
-        raise ExportError(f"{g.path}: metadata {key} {value} must be a positive int32")
+    if not 0 < value <= limit:
+        raise ExportError(f"{g.path}: metadata {key} {value} must be in [1, {limit}]"
+                          + (" (run.c's limit)" if limit != INT32_MAX else ""))
     return value
 
 
@@ -2756,7 +2758,11 @@ def gguf_llama3_rule(g, base, head_dim, rope_freqs):
     if len(rope_freqs) != head_dim // 2:
         raise ExportError(f"{g.path}: tensor rope_freqs has {len(rope_freqs)} entries for {head_dim // 2} pairs")
     factor = float(rope_freqs.max())
-    wavelen = 2 * math.pi * base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    with np.errstate(over="ignore", invalid="ignore"):
+        wavelen = 2 * math.pi * base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    if not (base > 0 and np.all(np.isfinite(wavelen))):
+        raise ExportError(f"{g.path}: metadata llama.rope.freq_base {base} gives wavelengths that are not finite "
+                          "numbers")
 
     def divisors(low, high, original):
         smooth = (original / wavelen - low) / (high - low)
@@ -2809,8 +2815,9 @@ def gguf_config(g):
     if len(embedding.shape) != 2:
         raise ExportError(f"{g.path}: tensor token_embd.weight has shape {list(embedding.shape)}; expected "
                           "(vocab, embedding_length)")
-    dim, n_heads = gguf_positive(g, f"{arch}.embedding_length"), gguf_positive(g, f"{arch}.attention.head_count")
-    n_layers = gguf_positive(g, f"{arch}.block_count")
+    dim = gguf_positive(g, f"{arch}.embedding_length", limit=RUN_LIMITS["dim"])
+    n_heads = gguf_positive(g, f"{arch}.attention.head_count", limit=RUN_LIMITS["dim"])
+    n_layers = gguf_positive(g, f"{arch}.block_count", limit=RUN_LIMITS["n_layers"])
     per_layer = lambda key, read: 1 if family.layer_records and gguf_list(g, key) is not None else read(key)
     config = {
         "model_type": model_type, "architectures": [family.architecture],
@@ -2860,8 +2867,8 @@ def gguf_config(g):
         config["sliding_window_pattern"] = gguf_positive(g, f"{arch}.attention.sliding_window_pattern", 6)
     if family.experts and not family.layer_records:
         experts = [l for l in range(n_layers) if GGUF_TENSORS["router"].format(i=l) in g.tensors]
-        config[family.experts] = gguf_positive(g, f"{arch}.expert_count")
-        config["num_experts_per_tok"] = gguf_positive(g, f"{arch}.expert_used_count")
+        config[family.experts] = gguf_positive(g, f"{arch}.expert_count", limit=RUN_LIMITS["n_experts"])
+        config["num_experts_per_tok"] = gguf_positive(g, f"{arch}.expert_used_count", limit=RUN_LIMITS["n_experts"])
         if family.dense_layers:  # Qwen3-MoE: the layers without a router keep their feed-forward
             config["moe_intermediate_size"] = gguf_positive(g, f"{arch}.expert_feed_forward_length")
             config["norm_topk_prob"] = True

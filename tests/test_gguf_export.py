@@ -326,3 +326,93 @@ def test_an_unedited_rewrite_converts_to_the_same_file(tmp_path):
     convert(DATA / "llama2-q8_0.gguf", a)
     convert(rewritten(tmp_path), b)
     assert a.read_bytes() == b.read_bytes()
+
+
+# ---------------------------------------------------------------------------------------------
+# A seeded mutation fuzz of the model mapping: each fixture's metadata values and tensor shapes
+# changed at random; every mutant converts (and run then loads the file) or is refused in one
+# ExportError line, never another exception.
+
+FUZZ_SOURCES = ["llama2-q8_0.gguf", "qwen3moe-bf16.gguf", "phi4mini-bf16.gguf", "gemma3-bf16.gguf",
+                "llama3-bf16.gguf", "mixtral-q8_0.gguf"]
+ODD_NUMBERS = [0, 1, -1, 2, 3, 7, 33, 2**31 - 1, 2**31, 2**32 - 1, 2**63, 1e-30, 0.5, float("nan"), float("inf")]
+
+
+def mutate(rng, metadata, tensors):
+    """One random change: a metadata value (an odd number, in its own type or another), a key
+    dropped, or a tensor's dims changed (its data cut or padded to the new size)."""
+    metadata, tensors = list(metadata), list(tensors)
+    what = rng.integers(4)
+    if what < 2:
+        i = int(rng.integers(len(metadata)))
+        key, value_type, value = metadata[i]
+        number = ODD_NUMBERS[int(rng.integers(len(ODD_NUMBERS)))]
+        kinds = [(W.UINT32, int), (W.INT32, int), (W.UINT64, int), (W.FLOAT32, float), (W.STRING, str), (W.BOOL, bool)]
+        new_type, kind = kinds[int(rng.integers(len(kinds)))] if what == 1 else (value_type, None)
+        if isinstance(new_type, tuple) or new_type == W.STRING:
+            new_type, value = W.STRING, str(number)
+        elif new_type == W.BOOL:
+            value = bool(number == number and number)
+        elif new_type in (W.FLOAT32,):
+            value = float(number)
+        else:
+            value = int(number) if number == number and abs(number) != float("inf") else 0
+            limit = {W.UINT32: (0, 2**32 - 1), W.INT32: (-2**31, 2**31 - 1), W.UINT64: (0, 2**64 - 1)}.get(
+                new_type, (-2**63, 2**63 - 1))
+            value = min(max(value, limit[0]), limit[1])
+        metadata[i] = (key, new_type, value)
+    elif what == 2:
+        del metadata[int(rng.integers(len(metadata)))]
+    else:
+        i = int(rng.integers(len(tensors)))
+        name, ggml_type, ne, data = tensors[i]
+        block = 32 if ggml_type == Q8_0 else 1
+        ne = list(ne)
+        d = int(rng.integers(len(ne)))
+        ne[d] = max(block, ne[d] + int(rng.choice([-block, block, ne[d]])))
+        size = W.tensor_nbytes(ggml_type, ne)
+        data = (data + bytes(size))[:size]
+        tensors[i] = (name, ggml_type, tuple(ne), data)
+    return metadata, tensors
+
+
+@pytest.fixture
+def address_space_limit():
+    """This process's address space capped 3 GiB above what it uses now, while the test runs: a
+    mutant that makes export.py allocate by a length it did not check fails as MemoryError, not
+    as the machine's OOM kill."""
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open("/proc/self/statm") as f:
+        used = int(f.read().split()[0]) * resource.getpagesize()
+    resource.setrlimit(resource.RLIMIT_AS, (used + 3 * 2**30, hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def test_seeded_mutants_of_real_ggufs_convert_or_are_refused_in_one_line(tmp_path, address_space_limit):
+    export = conftest.load_export()
+    rng = np.random.default_rng(52)
+    converted = refused = 0
+    for n in range(240):
+        src = FUZZ_SOURCES[n % len(FUZZ_SOURCES)]
+        g = export.read_gguf_file(str(DATA / src))
+        metadata = metadata_entries(g)
+        tensors = [(t.name, t.ggml_type, t.ne, bytes(g.tensor_data(t.name))) for t in g.tensors.values()]
+        metadata, tensors = mutate(rng, metadata, tensors)
+        path = W.write_gguf(tmp_path / f"m{n}.gguf", metadata, tensors)
+        out = tmp_path / f"m{n}.bin"
+        try:
+            export.LATER.clear()
+            c, pieces, kind, tok = export.read_gguf(str(path))
+            with open(out, "wb") as f:
+                export.write_rope(f, c, pieces, str(out), kind, tok)
+        except export.ExportError as e:
+            assert "\n" not in str(e), (n, src, str(e))
+            refused += 1
+            continue
+        r = run(out, "-m", "rope")
+        assert r.returncode == 0, (n, src, r.stderr.decode())
+        converted += 1
+        out.unlink()
+    assert converted > 20 and refused > 20, (converted, refused)
