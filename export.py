@@ -878,7 +878,8 @@ def read_rope_v2_fields(path, data, c):
     if not 0 <= type_code <= WEIGHT_TYPE_PER_PIECE:
         raise ExportError(f"{path}: weight_type {type_code} is not one of 0 f32, 1 bf16, 2 f16, 3 q8_0, 4 per piece")
     type_table = ROPE_V2_TYPE_TABLE.unpack_from(data, TYPE_TABLE_BYTES_AT)
-    if (type_code == WEIGHT_TYPE_PER_PIECE) != all(type_table):
+    table_as_it_must_be = all(type_table) if type_code == WEIGHT_TYPE_PER_PIECE else not any(type_table)
+    if not table_as_it_must_be:
         raise ExportError(f"{path}: weight_type {type_code} with type_table_offset {type_table[0]} and "
                           f"type_table_bytes {type_table[1]} (a type table: weight_type 4 and both not 0; else both 0)")
     (flags, c.activation, c.embedding_multiplier, c.attention_scale, c.attention_softcap, c.final_softcap,
@@ -3994,7 +3995,8 @@ def parse_args(argv):
     p.add_argument("--rope-fraction", type=rope_fraction_arg, metavar="F", help="store this p, in [0, 1]")
     p.add_argument("--legacy", action="store_true", help="write llama2.c's legacy format instead")
     p.add_argument("--dtype", choices=WEIGHT_TYPES,
-                   help="store the matrices and the embedding as f32, bf16 or f16 (default: as the source does)")
+                   help="store the matrices and the embedding as f32, bf16, f16 or q8_0 (default: as the source "
+                   "does; a ROPE file with a type per piece keeps each piece's)")
     p.add_argument("--tokenizer", metavar="PATH", help="a tokenizer.model (to llama2.c's tokenizer.bin), or a "
                    "tokenizer.json or model directory (to a TOKN file) to convert")
     p.add_argument("-o", dest="tokenizer_out", metavar="OUT", help="where --tokenizer writes")
