@@ -30,7 +30,10 @@ widened weights computes); F32 sources, llama2.c files and --legacy give float32
 stderr, and a value that would overflow the narrower type is refused. q8_0 is GGUF's
 8-bit block (32 weights: an f16 scale and 32 int8), quantized as llama.cpp's
 quantize_row_q8_0_ref does; every row length must be a multiple of 32. The norms are
-always float32.
+always float32. A ROPE file with a type per matrix piece (weight_type 4, its type table)
+keeps each piece's type and bytes unless --dtype asks for one type; write_rope with
+weight_type None writes such a file from pieces of several types (Blocks: a piece as stored,
+as a GGUF converter copies it).
 
 RoPE scaling. A Hugging Face config's rope_scaling (transformers 4.x) or
 rope_parameters (5.x) of rope_type "linear", "yarn" or "llama3" is stored as the
