@@ -2770,7 +2770,13 @@ def typed_pieces(c, tensors):
     """For write_rope's weight_type None: (the one type every matrix piece is given in, or None,
     {name: [type of each piece]} of matrix_piece_shapes, the tensors with each matrix as the list of
     its pieces' parts). A piece of no weights given in no type is float32."""
-    cuts = {name: cut_into_pieces(name, tensors[name], shapes) for name, shapes in matrix_piece_shapes(c).items()}
+    shapes = matrix_piece_shapes(c)
+    cuts = {name: cut_into_pieces(name, tensors[name], shapes[name]) for name in shapes}
+    for name, cut in cuts.items():  # run's rule, per piece: a q8_0 piece's rows are whole blocks
+        for i, ((kind, _), shape) in enumerate(zip(cut, shapes[name])):
+            if kind == "q8_0" and math.prod(shape) and shape[-1] % Q8_0_BLOCK:
+                raise ExportError(f"tensor {name}: piece {i} is q8_0, but its rows of {shape[-1]} weights are not "
+                                  f"whole {Q8_0_BLOCK}-weight blocks (run refuses such a file)")
     kinds = {kind for cut in cuts.values() for kind, _ in cut if kind is not None}
     parts = {name: [part for _, piece_parts in cut for part in piece_parts] for name, cut in cuts.items()}
     piece_types = {name: [kind or "f32" for kind, _ in cut] for name, cut in cuts.items()}

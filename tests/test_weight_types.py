@@ -825,3 +825,17 @@ def test_write_rope_refuses_a_layer_piece_given_in_two_types(typed_files):
                    ] + typed["w1"][1:]
     with pytest.raises(EXPORT.ExportError, match=r"tensor w1: file piece 0 \(a layer's\) is given in bf16 and f32"):
         EXPORT.write_rope(io.BytesIO(), c, typed, "x.bin", None)
+
+
+def test_write_rope_refuses_a_q8_0_piece_whose_rows_are_not_whole_blocks(tmp_path):
+    """Layer 1's w2 (rows of hidden 112 weights) given as q8_0 blocks over its flat weights: run would
+    refuse the file, so write_rope refuses to write it."""
+    dims = dict(Q8_DIMS, hidden_dim=112, vocab_size=512)
+    tensors = ropefile.random_weights(**{k: v for k, v in dims.items() if k != "seq_len"}, shared_classifier=True,
+                                      seed=3)
+    src = ropefile.write_checkpoint(tmp_path / "src.bin", tensors, dict(dims, shared_classifier=True))
+    c, typed, _, _ = typed_model(src, lambda name, i, shape: "bf16" if name != "wq" else "f16")
+    flat = typed["w2"][1].widened().reshape(-1)
+    typed["w2"][1] = EXPORT.Blocks("q8_0", (flat.size,), ropefile.quantize_row_q8_0_ref(flat))
+    with pytest.raises(EXPORT.ExportError, match="tensor w2: piece 1 is q8_0, but its rows of 112 weights"):
+        EXPORT.write_rope(io.BytesIO(), c, typed, "x.bin", None)
