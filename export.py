@@ -953,7 +953,8 @@ def read_layer_table(path, c, offset, count):
 
 def read_rope(path, data):
     """Read a ROPE file (docs/format.md), version 1 or 2, every field and section a version 2 file
-    has: (Config, tensors, the matrices' type, its tokenizer section's bytes or None)."""
+    has: (Config, tensors, the matrices' type, its tokenizer section's bytes or None). A file with a
+    type table (weight_type 4) gives the type None, and each matrix piece as a Blocks (map_aligned)."""
     (_, version, dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared,
      eps, theta, fraction, factor, rule, original_len, *rule_values) = ROPE_HEADER.unpack_from(data)
     if version not in (ROPE_VERSION, ROPE_VERSION_2):
@@ -1068,7 +1069,8 @@ def read_llama2c_legacy(path, data):
 def read_flat_checkpoint(path):
     """Read a ROPE or llama2.c checkpoint file, telling the format by its first bytes.
 
-    Returns (Config, tensors, the matrices' stored type, the tokenizer section's bytes or None)."""
+    Returns (Config, tensors, the matrices' stored type (None: a type per piece), the tokenizer
+    section's bytes or None)."""
     with open(reading(path), "rb") as f:
         data = f.read(HEADER_BYTES)
     if len(data) < LEGACY_HEADER.size:
