@@ -30,7 +30,10 @@ widened weights computes); F32 sources, llama2.c files and --legacy give float32
 stderr, and a value that would overflow the narrower type is refused. q8_0 is GGUF's
 8-bit block (32 weights: an f16 scale and 32 int8), quantized as llama.cpp's
 quantize_row_q8_0_ref does; every row length must be a multiple of 32. The norms are
-always float32.
+always float32. A ROPE file with a type per matrix piece (weight_type 4, its type table)
+keeps each piece's type and bytes unless --dtype asks for one type; write_rope with
+weight_type None writes such a file from pieces of several types (Blocks: a piece as stored,
+as a GGUF converter copies it).
 
 RoPE scaling. A Hugging Face config's rope_scaling (transformers 4.x) or
 rope_parameters (5.x) of rope_type "linear", "yarn" or "llama3" is stored as the
@@ -879,7 +882,8 @@ def read_rope_v2_fields(path, data, c):
     if not 0 <= type_code <= WEIGHT_TYPE_PER_PIECE:
         raise ExportError(f"{path}: weight_type {type_code} is not one of 0 f32, 1 bf16, 2 f16, 3 q8_0, 4 per piece")
     type_table = ROPE_V2_TYPE_TABLE.unpack_from(data, TYPE_TABLE_BYTES_AT)
-    if (type_code == WEIGHT_TYPE_PER_PIECE) != all(type_table):
+    table_as_it_must_be = all(type_table) if type_code == WEIGHT_TYPE_PER_PIECE else not any(type_table)
+    if not table_as_it_must_be:
         raise ExportError(f"{path}: weight_type {type_code} with type_table_offset {type_table[0]} and "
                           f"type_table_bytes {type_table[1]} (a type table: weight_type 4 and both not 0; else both 0)")
     (flags, c.activation, c.embedding_multiplier, c.attention_scale, c.attention_softcap, c.final_softcap,
@@ -950,7 +954,8 @@ def read_layer_table(path, c, offset, count):
 
 def read_rope(path, data):
     """Read a ROPE file (docs/format.md), version 1 or 2, every field and section a version 2 file
-    has: (Config, tensors, the matrices' type, its tokenizer section's bytes or None)."""
+    has: (Config, tensors, the matrices' type, its tokenizer section's bytes or None). A file with a
+    type table (weight_type 4) gives the type None, and each matrix piece as a Blocks (map_aligned)."""
     (_, version, dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared,
      eps, theta, fraction, factor, rule, original_len, *rule_values) = ROPE_HEADER.unpack_from(data)
     if version not in (ROPE_VERSION, ROPE_VERSION_2):
@@ -1065,7 +1070,8 @@ def read_llama2c_legacy(path, data):
 def read_flat_checkpoint(path):
     """Read a ROPE or llama2.c checkpoint file, telling the format by its first bytes.
 
-    Returns (Config, tensors, the matrices' stored type, the tokenizer section's bytes or None)."""
+    Returns (Config, tensors, the matrices' stored type (None: a type per piece), the tokenizer
+    section's bytes or None)."""
     with open(reading(path), "rb") as f:
         data = f.read(HEADER_BYTES)
     if len(data) < LEGACY_HEADER.size:
@@ -3658,7 +3664,13 @@ def typed_pieces(c, tensors):
     """For write_rope's weight_type None: (the one type every matrix piece is given in, or None,
     {name: [type of each piece]} of matrix_piece_shapes, the tensors with each matrix as the list of
     its pieces' parts). A piece of no weights given in no type is float32."""
-    cuts = {name: cut_into_pieces(name, tensors[name], shapes) for name, shapes in matrix_piece_shapes(c).items()}
+    shapes = matrix_piece_shapes(c)
+    cuts = {name: cut_into_pieces(name, tensors[name], shapes[name]) for name in shapes}
+    for name, cut in cuts.items():  # run's rule, per piece: a q8_0 piece's rows are whole blocks
+        for i, ((kind, _), shape) in enumerate(zip(cut, shapes[name])):
+            if kind == "q8_0" and math.prod(shape) and shape[-1] % Q8_0_BLOCK:
+                raise ExportError(f"tensor {name}: piece {i} is q8_0, but its rows of {shape[-1]} weights are not "
+                                  f"whole {Q8_0_BLOCK}-weight blocks (run refuses such a file)")
     kinds = {kind for cut in cuts.values() for kind, _ in cut if kind is not None}
     parts = {name: [part for _, piece_parts in cut for part in piece_parts] for name, cut in cuts.items()}
     piece_types = {name: [kind or "f32" for kind, _ in cut] for name, cut in cuts.items()}
@@ -5117,7 +5129,8 @@ def parse_args(argv):
     p.add_argument("--rope-fraction", type=rope_fraction_arg, metavar="F", help="store this p, in [0, 1]")
     p.add_argument("--legacy", action="store_true", help="write llama2.c's legacy format instead")
     p.add_argument("--dtype", choices=WEIGHT_TYPES,
-                   help="store the matrices and the embedding as f32, bf16 or f16 (default: as the source does)")
+                   help="store the matrices and the embedding as f32, bf16, f16 or q8_0 (default: as the source "
+                   "does; a ROPE file with a type per piece keeps each piece's)")
     p.add_argument("--tokenizer", metavar="PATH", help="a tokenizer.model (to llama2.c's tokenizer.bin), or a "
                    "tokenizer.json or model directory (to a TOKN file) to convert")
     p.add_argument("-o", dest="tokenizer_out", metavar="OUT", help="where --tokenizer writes")

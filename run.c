@@ -70,7 +70,8 @@ typedef enum {
 // run of 32 weights along a row is 34 bytes, a scale d (f16) then 32 int8 values q,
 // and the weight is d * q, exact in float32 (11 significant bits times 8). The norms
 // are always float32, and all arithmetic is float32: a 16-bit or Q8_0 file computes
-// what the float32 file holding its widened weights computes, from fewer bytes.
+// what the float32 file holding its widened weights computes, from fewer bytes. A
+// file with a type table (weight_type 4) gives each matrix piece its own type.
 typedef enum { WEIGHT_F32 = 0, WEIGHT_BF16 = 1, WEIGHT_F16 = 2, WEIGHT_Q8_0 = 3 } WeightType;
 #define Q8_0_BLOCK 32       // weights in a Q8_0 block
 #define Q8_0_BLOCK_BYTES 34 // its f16 scale and 32 int8 values
@@ -254,8 +255,8 @@ typedef struct {
     Matrix per_layer_in;                    // (layer * P, dim): the embedding's projection onto the slices
     const float *per_layer_in_norm;         // (P,)
     const float *rms_per_layer;             // (layer, dim)
-    // a mixture of experts' (block flag 64; its matrices in LayerWeights) Gemma 4's
-    // (ROUTING_GEMMA4), per sparse layer
+    // Gemma 4 26B-A4B's vectors for its experts (ROUTING_GEMMA4), per sparse layer (the
+    // experts' matrices, as every layer's, are in LayerWeights)
     const float *router_scale;              // (sparse layer, dim): the router's input times it
     const float *expert_scale;              // (sparse layer, n_experts): a chosen expert's weight times it
     const float *rms_pre_experts;           // (sparse layer, dim): the norm before the experts

@@ -28,9 +28,9 @@ FUZZ_NAMES = header tokenizer encode tokn
 FUZZ_BINS = $(FUZZ_NAMES:%=fuzz/fuzz_%)
 FUZZ_WORK = fuzz/corpus-work
 FUZZ_TOKENIZER ?= $(MODELS)/tok512.bin
-# per harness: the largest input (tiny models and tokenizers fit, the q8_0 one of rows of 32 too; encode
-# is quadratic)
-FUZZ_MAX_LEN_header = 8192
+# per harness: the largest input (tiny models and tokenizers fit, the q8_0 one of rows of 32 and the
+# per-piece one of 15 KB too; encode is quadratic)
+FUZZ_MAX_LEN_header = 16384
 FUZZ_MAX_LEN_tokenizer = 8192
 FUZZ_MAX_LEN_encode = 1024
 FUZZ_MAX_LEN_tokn = 16384

@@ -83,9 +83,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         free(copy);
         return 0;
     }
-    uint64_t after_tensors = c.layer_table_bytes ? c.layer_table_offset : c.type_table_bytes ? c.type_table_offset : size;
-    CHECK(c.layer_table_bytes || c.type_table_bytes ? tensors_end <= after_tensors && after_tensors - tensors_end < ROPE_V2_ALIGNMENT
-                                                    : tensors_end == size);
+    // what follows the tensors, at the next multiple of 64 (version 2): the per-layer table, the
+    // type table or the tokenizer section; else nothing, the tensors end the file
+    uint64_t after_tensors = c.layer_table_bytes  ? c.layer_table_offset
+                             : c.type_table_bytes ? c.type_table_offset
+                             : section.bytes      ? section.offset
+                                                  : size;
+    CHECK(after_tensors != size ? tensors_end <= after_tensors && after_tensors - tensors_end < ROPE_V2_ALIGNMENT
+                                : tensors_end == size);
     const TransformerWeights *w = &t.weights;
     // the layered tensors' sizes, summed over the layers here (Gemma 4's differ per layer)
     uint64_t dim = c.dim, layers = c.n_layers, q_rows = 0, kv_rows = 0, v_rows = 0, heads = 0,

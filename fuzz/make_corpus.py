@@ -104,6 +104,33 @@ def rope_v2_model(dim, hidden, layers, heads, kv_heads, vocab, seq, shared=1, we
     return out
 
 
+def rope_v2_typed(dim=32, hidden=32, layers=1, heads=2, kv_heads=1, vocab=3, seq=4, seed=8):
+    """ROPE version 2 with a type table (weight_type 4): each matrix piece (the embedding, then each
+    layer's wq, wk, wv, wo, w1, w2, w3) of its own type, by turns q8_0, bf16, f16, f32, each at a
+    multiple of 64 bytes; float32 norms; the table at the first multiple of 64 after them."""
+    head = bytearray(rope_header(dim, hidden, layers, heads, kv_heads, vocab, seq))
+    struct.pack_into("<i", head, 4, 2)
+    struct.pack_into("<i", head, 88, 4)
+    kv = kv_heads * (dim // heads)
+    pieces = ([("emb", vocab * dim), ("norm", layers * dim)] + [("wq", dim * dim)] * layers +
+              [("wk", kv * dim)] * layers + [("wv", kv * dim)] * layers + [("wo", dim * dim)] * layers +
+              [("norm", layers * dim)] + [("w", hidden * dim)] * 3 * layers + [("norm", dim)])
+    out, codes = bytes(head), []
+    for i, (kind, n) in enumerate(pieces):
+        out += b"\0" * (-len(out) % 64)
+        if kind == "norm":
+            out += floats(n, seed + i)
+            continue
+        code = [3, 1, 2, 0][len(codes) % 4]
+        codes.append(code)
+        out += (q8_0_blocks(n, seed + i) if code == 3 else floats(n, seed + i) if code == 0
+                else halves(n, seed + i, code))
+    out += b"\0" * (-len(out) % 64)
+    out = bytearray(out)
+    struct.pack_into("<2Q", out, 216, len(out), len(codes))
+    return bytes(out + bytes(codes))
+
+
 def rope_v2_variant(dim=4, hidden=4, layers=2, heads=2, kv_heads=1, vocab=6, seq=16, head_size=4, seed=5):
     """ROPE version 2 with every block option (docs/format.md): head_size, all three flags (q/k/v
     biases, q/k norms, post norms), GeGLU, the multiplier, scale and soft-caps, a second RoPE
@@ -205,6 +232,7 @@ def headers():
     write("header", "tiny-rope-v2-variant", rope_v2_variant())
     write("header", "tiny-rope-v2-gemma4", rope_v2_gemma4())
     write("header", "tiny-rope-v2-experts", rope_v2_experts())
+    write("header", "tiny-rope-v2-per-piece", rope_v2_typed())
     # crafted bad ones
     write("header", "bad-empty", b"")
     write("header", "bad-27-bytes", struct.pack("<7i", 64, 172, 5, 8, 4, 512, 512)[:27])
@@ -215,8 +243,14 @@ def headers():
     write("header", "bad-int-min-vocab", struct.pack("<7i", 64, 172, 5, 8, 4, -2**31, 512))
     write("header", "bad-kv-cache", rope_header(64, 172, 1024, 8, 8, 512, 1 << 20))
     unknown_type = bytearray(rope_v2_model(4, 4, 1, 2, 1, 6, 16))
-    struct.pack_into("<i", unknown_type, 88, 4)
-    write("header", "bad-rope-v2-weight-type-4", unknown_type)
+    struct.pack_into("<i", unknown_type, 88, 5)
+    write("header", "bad-rope-v2-weight-type-5", unknown_type)
+    no_table = bytearray(rope_v2_model(4, 4, 1, 2, 1, 6, 16))  # weight_type 4 without its table
+    struct.pack_into("<i", no_table, 88, 4)
+    write("header", "bad-rope-v2-per-piece-without-table", no_table)
+    unknown_code = bytearray(rope_v2_typed())
+    unknown_code[-1] = 9
+    write("header", "bad-rope-v2-type-table-code-9", unknown_code)
     q8_rows = bytearray(rope_v2_model(4, 4, 1, 2, 1, 6, 16))  # q8_0 with rows of 4 weights
     struct.pack_into("<i", q8_rows, 88, 3)
     write("header", "bad-rope-v2-q8_0-rows-of-4", q8_rows)

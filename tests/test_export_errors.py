@@ -1050,7 +1050,11 @@ def table_moved(data):
     (lambda d: struct.pack_into("<Q", d, 144, 33), ["layer_table_bytes 33 is not 8 x n_layers 10"]),
     (lambda d: struct.pack_into("<i", d, table_at(d) + 8, 7), ["layer 0: head_size 7: a head size must be even"]),
     (lambda d: struct.pack_into("<i", d, table_at(d) + 32 * 9 + 20, 10), ["layer 9: kv_source 10"]),
-    (lambda d: struct.pack_into("<i", d, 216, 1), ["header bytes 216..255 are not all zero"]),
+    (lambda d: struct.pack_into("<i", d, 216, 1), ["with type_table_offset 1 and type_table_bytes 0",
+                                                   "a type table: weight_type 4 and both not 0; else both 0"]),
+    (lambda d: struct.pack_into("<i", d, 88, 4), ["weight_type 4 with type_table_offset 0 and type_table_bytes 0"]),
+    (lambda d: struct.pack_into("<i", d, 88, 5), ["weight_type 5 is not one of", "4 per piece"]),
+    (lambda d: struct.pack_into("<i", d, 232, 1), ["header bytes 232..255 are not all zero"]),
 ])
 def test_a_version_2_field_that_run_refuses_is_refused_when_read_back(gemma4_file, tmp_path, export_run, edit,
                                                                        words):

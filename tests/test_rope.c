@@ -763,9 +763,34 @@ static uint16_t f16_nearest(float x) {
     return (uint16_t)(sign << 15 | bits);
 }
 
-// One of the model's matrices (count float32 weights) rounded to `type`; *widened
-// gets the float32 copy of the rounded values, by the definition.
+// count float32 weights (a multiple of 32) as Q8_0 blocks, quantized as llama.cpp's
+// quantize_row_q8_0_ref (d = amax / 127, q = roundf(x / d) with the unrounded d, d stored
+// as the nearest f16); *widened gets d * q by the definition.
+static Matrix quantized_matrix(const float *x, size_t count, Matrix *widened) {
+    unsigned char *blocks = malloc(count / 32 * 34);
+    float *w = malloc(sizeof(float) * count);
+    for (size_t b = 0; b < count / 32; b++) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[b * 32 + j]));
+        float d = amax / 127.0f, inv = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t h = f16_nearest(d);
+        double stored = widened_by_definition(h >> 15, (h >> 10) & 31, h & 1023, 10, 15);
+        memcpy(blocks + b * 34, &h, 2);
+        for (int j = 0; j < 32; j++) {
+            int8_t q = (int8_t)roundf(x[b * 32 + j] * inv);
+            blocks[b * 34 + 2 + j] = (unsigned char)q;
+            w[b * 32 + j] = (float)(stored * q);
+        }
+    }
+    *widened = f32_matrix(w);
+    return (Matrix){blocks, WEIGHT_Q8_0};
+}
+
+// One of the model's matrices (count float32 weights) rounded to `type` (bf16, f16, or
+// Q8_0 for rows of whole blocks); *widened gets the float32 copy of the rounded values,
+// by the definition.
 static Matrix rounded_matrix(Matrix m, size_t count, WeightType type, Matrix *widened) {
+    if (type == WEIGHT_Q8_0) return quantized_matrix(m.data, count, widened);
     uint16_t *h = malloc(sizeof(uint16_t) * count);
     float *w = malloc(sizeof(float) * count);
     for (size_t i = 0; i < count; i++) {
@@ -782,13 +807,14 @@ static Matrix rounded_matrix(Matrix m, size_t count, WeightType type, Matrix *wi
 // A whole forward pass (a prompt in blocks, then decoding steps) of stories260K with
 // its matrices and embedding rounded to bf16 (or f16) gives, bit for bit, the logits of
 // the same model holding the widened values as float32: the fast kernels, and the plain
-// loops (use_fast_kernels = 0) on the 16-bit weights. mixed: each layer's pieces in
-// bf16 and f16 by turns (a file with a type table), each piece rounded to its own type.
+// loops (use_fast_kernels = 0) on the 16-bit weights. mixed: the pieces in q8_0, bf16
+// and f16 by turns (a file with a type table; q8_0 only where the rows are whole blocks,
+// not stories260K's w2 rows of 172), each piece rounded to its own type.
 static void test_16bit_forward_equals_widened_float32_forward(const char *checkpoint, WeightType type, int mixed) {
     Transformer a, b, c;
     char name[128];
     snprintf(name, sizeof(name), "%s_forward_fast_and_plain_equals_float32_forward_of_widened_weights_bitwise",
-             mixed ? "per_piece_bf16_f16" : weight_type_names[type]);
+             mixed ? "per_piece_q8_0_bf16_f16" : weight_type_names[type]);
     if (load_model(&a, checkpoint) || load_model(&b, checkpoint) || load_model(&c, checkpoint)) {
         check(0, name, error_message);
         return;
@@ -797,20 +823,25 @@ static void test_16bit_forward_equals_widened_float32_forward(const char *checkp
     size_t dim = cf->dim, hidden = cf->hidden_dim, kv = (size_t)cf->n_kv_heads * head_size_of(cf);
     enum { PIECES = 1 + 7 * 8 };
     Matrix *narrow[PIECES], *wide[PIECES];
-    size_t counts[PIECES];
+    size_t counts[PIECES], row_lengths[PIECES];
     int n_pieces = 0;
     narrow[n_pieces] = &a.weights.token_embedding, wide[n_pieces] = &b.weights.token_embedding;
-    counts[n_pieces++] = cf->vocab_size * dim;
+    row_lengths[n_pieces] = dim, counts[n_pieces++] = cf->vocab_size * dim;
     for (int l = 0; l < cf->n_layers && l < 8; l++) {
         LayerWeights *la = &a.weights.layer[l], *lb = &b.weights.layer[l];
         Matrix *na[] = {&la->wq, &la->wk, &la->wv, &la->wo, &la->w1, &la->w2, &la->w3};
         Matrix *wb[] = {&lb->wq, &lb->wk, &lb->wv, &lb->wo, &lb->w1, &lb->w2, &lb->w3};
         size_t layer_counts[] = {dim * dim, kv * dim, kv * dim, dim * dim, hidden * dim, dim * hidden, hidden * dim};
-        for (int i = 0; i < 7; i++)
-            narrow[n_pieces] = na[i], wide[n_pieces] = wb[i], counts[n_pieces++] = layer_counts[i];
+        size_t rows_of[] = {dim, dim, dim, dim, dim, hidden, dim};
+        for (int i = 0; i < 7; i++) {
+            narrow[n_pieces] = na[i], wide[n_pieces] = wb[i], row_lengths[n_pieces] = rows_of[i];
+            counts[n_pieces++] = layer_counts[i];
+        }
     }
+    WeightType turns[] = {WEIGHT_Q8_0, WEIGHT_BF16, WEIGHT_F16};
     for (int i = 0; i < n_pieces; i++) {
-        WeightType piece_type = !mixed ? type : i % 2 ? WEIGHT_BF16 : WEIGHT_F16;
+        WeightType piece_type = !mixed ? type : turns[i % 3];
+        if (piece_type == WEIGHT_Q8_0 && row_lengths[i] % Q8_0_BLOCK) piece_type = WEIGHT_BF16;
         *narrow[i] = rounded_matrix(*narrow[i], counts[i], piece_type, wide[i]);
     }
     a.weights.wcls = a.weights.token_embedding; // stories260K shares its classifier

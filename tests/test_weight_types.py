@@ -9,6 +9,7 @@ the format's description, the 16-bit values rounded by NumPy. Then export.py's r
 (the 16-bit values kept, --dtype f32 their widened values, narrowing only when asked) and
 the files run must refuse.
 """
+import io
 import json
 import os
 import platform
@@ -532,3 +533,309 @@ def test_export_q8_0_refuses_rows_that_are_not_whole_blocks(tmp_path):
     assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith("export.py: error:"), lines
     assert "multiple of 32" in lines[0] and "hidden_dim is 100" in lines[0], lines
     assert not (tmp_path / "out.bin").exists()
+
+
+# ----------------------------------------------------------------------------
+# A type per matrix piece (weight_type 4, a type table): GGUF's files give each tensor of each
+# layer its own type. Each piece widens to float32 exactly as a file of one type does, so a
+# file of mixed pieces must give, bit for bit, what the float32 file of the widened weights
+# gives. The pieces' bytes are rounded and quantized here by tests/ropefile.py (independently
+# of export.py), given to export.write_rope as Blocks of their types (weight_type None: each
+# piece keeps its own); the Llama reference is written by ropefile.py from the format's
+# description.
+
+from conftest import load_export  # noqa: E402
+import moe_fixtures  # noqa: E402
+import gemma4_fixtures  # noqa: E402
+
+EXPORT = load_export()
+KINDS = ["q8_0", "bf16", "f16", "f32"]
+
+
+def stored_as(kind, values):
+    """(values stored as kind, as uint8 bytes; their widened float32 values), by ropefile.py."""
+    values = np.ascontiguousarray(values, dtype=np.float32).reshape(-1)
+    if kind == "bf16":
+        bits = ropefile.to_bf16_bits(values)
+        return bits.view(np.uint8), ropefile.bf16_bits_to_f32(bits)
+    if kind == "f16":
+        half = values.astype("<f2")
+        return half.view(np.uint8), half.astype(np.float32)
+    if kind == "q8_0":
+        blocks = ropefile.quantize_row_q8_0_ref(values)
+        return blocks, ropefile.q8_0_to_f32(blocks)
+    return values.view(np.uint8), values
+
+
+def typed_model(src, choose):
+    """From the float32 ROPE file src: (Config, tensors with each matrix piece a Blocks of the type
+    choose(name, piece index, shape) gives, the same tensors with the widened float32 values, the
+    file's tokenizer section). A layered matrix is given as one Blocks per layer (per layer with
+    experts for the router and the experts); the pieces are cut from the float32 tensor in file
+    order, as docs/format.md lays them out."""
+    c, tensors, weight_type, tokenizer = EXPORT.read_flat_checkpoint(str(src))
+    assert weight_type == "f32"
+    typed, wide = dict(tensors), dict(tensors)
+    for name, shapes in EXPORT.matrix_piece_shapes(c).items():
+        flat, at, pieces, widened_parts = np.asarray(tensors[name], np.float32).reshape(-1), 0, [], []
+        for i, shape in enumerate(shapes):
+            n = int(np.prod(shape))
+            kind = choose(name, i, shape) if n else "f32"
+            data, widened_values = stored_as(kind, flat[at:at + n])
+            pieces.append(EXPORT.Blocks(kind, shape, data, f"{name} {i}"))
+            widened_parts.append(widened_values)
+            at += n
+        assert at == flat.size, name
+        typed[name] = pieces[0] if name in EXPORT.WHOLE_MATRICES else pieces
+        wide[name] = np.concatenate(widened_parts).reshape(np.shape(tensors[name]))
+    return c, typed, wide, tokenizer
+
+
+def write_with(path, c, tensors, weight_type, tokenizer=None):
+    with open(path, "wb") as f:
+        EXPORT.write_rope(f, c, tensors, str(path), weight_type, tokenizer)
+    return path
+
+
+def cycling(kinds):
+    """Each piece the next of kinds in turn (q8_0 only where its rows are whole blocks, else bf16)."""
+    counter = iter(range(10 ** 6))
+
+    def choose(name, i, shape):
+        kind = kinds[next(counter) % len(kinds)]
+        return "bf16" if kind == "q8_0" and shape[-1] % 32 else kind
+    return choose
+
+
+@pytest.fixture(scope="module")
+def typed_files(tmp_path_factory):
+    """The Llama fixture (Q8_DIMS: every row whole q8_0 blocks, an unshared classifier): the file of
+    mixed pieces (every matrix tensor's pieces in more than one type, the embedding q8_0), and the
+    float32 version 1 file of its widened weights by ropefile.py."""
+    d = tmp_path_factory.mktemp("typed")
+    tensors = ropefile.random_weights(**{k: v for k, v in Q8_DIMS.items() if k != "seq_len"},
+                                      shared_classifier=False, seed=9)
+    dims = dict(Q8_DIMS, shared_classifier=False)
+    src = ropefile.write_checkpoint(d / "src.bin", tensors, dims)
+    c, typed, wide, _ = typed_model(src, cycling(KINDS))
+    out = {"typed": write_with(d / "typed.bin", c, typed, None), "c": c}
+    order = ["token_embedding", "rms_att", "wq", "wk", "wv", "wo", "rms_ffn", "w1", "w2", "w3", "rms_final", "wcls"]
+    out["wide"] = ropefile.write_checkpoint(d / "wide.bin", [(n, wide[n]) for n in order], dims)
+    return out
+
+
+def expected_typed_layout(path, dims):
+    """(the type codes, the size) of a Llama file with a type table, from docs/format.md: the header,
+    then each tensor and each matrix piece at the next multiple of 64 (norms float32, a piece in its
+    table entry's type), the table at the first multiple of 64 after the last tensor."""
+    data = open(path, "rb").read()
+    assert struct.unpack_from("<ii", data, 0)[1] == 2 and struct.unpack_from("<i", data, 88)[0] == 4
+    table_at, table_bytes = struct.unpack_from("<2Q", data, 216)
+    codes = list(data[table_at:table_at + table_bytes])
+    L, dim, hidden, vocab = dims["n_layers"], dims["dim"], dims["hidden_dim"], dims["vocab_size"]
+    kv = dims["n_kv_heads"] * dim // dims["n_heads"]
+    pieces = ([("m", vocab * dim), ("n", L * dim)] + [("m", dim * dim)] * L + [("m", kv * dim)] * 2 * L +
+              [("m", dim * dim)] * L + [("n", L * dim)] + [("m", hidden * dim)] * 3 * L + [("n", dim)] +
+              [("m", vocab * dim)])
+    at, code = 256, iter(codes)
+    for kind, n in pieces:
+        at += -at % 64
+        if kind == "n":
+            at += 4 * n
+        else:
+            t = next(code)
+            at += n // 32 * 34 if t == 3 else n * (4 if t == 0 else 2)
+    assert next(code, None) is None
+    return codes, at + -at % 64, table_at, table_bytes
+
+
+def test_per_piece_file_is_laid_out_as_the_format_says(typed_files):
+    codes, table_at, header_at, header_bytes_ = expected_typed_layout(typed_files["typed"], Q8_DIMS)
+    L = Q8_DIMS["n_layers"]
+    assert len(codes) == header_bytes_ == 1 + 7 * L + 1 and header_at == table_at
+    assert os.path.getsize(typed_files["typed"]) == table_at + len(codes)
+    assert codes[0] == 3 and len(set(codes)) == 4  # the embedding q8_0; all four types
+    for first in range(1, 1 + 7 * L, L):  # each layered matrix's pieces: not all one type
+        assert len(set(codes[first:first + L])) == L, codes
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_per_piece_file_equals_float32_file_of_widened_weights_bitwise(typed_files, builds, threads, tmp_path):
+    assert_every_mode_equals(build_or_skip(builds, "under-test"), typed_files["typed"], typed_files["wide"], threads,
+                             tmp_path, f"per piece -T {threads}")
+
+
+@pytest.mark.parametrize("build", ["avx2", "plain"])
+def test_per_piece_file_equals_float32_file_in_the_other_builds(typed_files, builds, build, tmp_path):
+    assert_every_mode_equals(build_or_skip(builds, build), typed_files["typed"], typed_files["wide"], "2", tmp_path,
+                             f"per piece {build}")
+
+
+def test_per_piece_startup_line_names_the_type_table(typed_files):
+    r = run(typed_files["typed"], "-z", LLAMA_TOKENIZER, "-m", "rope")
+    assert r.returncode == 0 and b"(ROPE v2 per-piece types)" in r.stderr.splitlines()[0]
+
+
+def fixture_outputs(model, threads, tmp_path):
+    """generate (greedy), ppl and inspect's CSV of a small fixture model with tok512."""
+    csv = tmp_path / "out.csv"
+    out = []
+    for args in (["-t", 0, "-n", 24, "-v", "-p", PROMPT], ["-m", "ppl", "-p", TEXT],
+                 ["-m", "inspect", "-p", PROMPT, "--csv", csv]):
+        if csv.exists():
+            csv.unlink()
+        r = run(model, "-z", TOK512, "-T", threads, *args)
+        assert r.returncode == 0, r.stderr
+        out.append((r.stdout, csv.read_bytes() if csv.exists() else b""))
+    return out
+
+
+def fixture_typed_and_wide(tmp_path, write_source, choose):
+    source = tmp_path / "hf"
+    write_source(source)
+    src = tmp_path / "src.bin"
+    export(source, src, "--dtype", "f32")
+    c, typed, wide, tokenizer = typed_model(src, choose)
+    return (write_with(tmp_path / "typed.bin", c, typed, None, tokenizer),
+            write_with(tmp_path / "wide.bin", c, wide, "f32", tokenizer))
+
+
+def moe_choice(name, i, shape):
+    """The router float32 (as a BF16 Mixtral GGUF keeps it), the experts bf16 on one layer and
+    q8_0 (or f16, rows not whole blocks) on the next, the rest by turns."""
+    if name == "router":
+        return "f32"
+    if name.startswith("expert_"):
+        return ["bf16", "q8_0" if shape[-1] % 32 == 0 else "f16"][i % 2]
+    kind = KINDS[(i + len(name)) % 4]
+    return "f16" if kind == "q8_0" and shape[-1] % 32 else kind
+
+
+@pytest.mark.parametrize("name", ["Mixtral-8x7B-v0.1", "gemma-4-E2B-it"])
+def test_per_piece_fixture_equals_float32_file_of_widened_weights(tmp_path, name):
+    """A mixture of experts (a float32 router beside experts whose type changes by layer; its
+    layers' w1, w2, w3 are pieces of no weights) and Gemma 4 E2B (KV-shared layers without wk, wv;
+    the per-layer inputs' matrices): every mode alike, 1 and 2 threads; export.py's round trips."""
+    def write_source(d):
+        if name.startswith("gemma-4"):
+            gemma4_fixtures.write_checkpoint(d, name, "F32", seed=11)
+        else:
+            moe_fixtures.write_checkpoint(d, name, "F32", seed=11)
+    typed, wide = fixture_typed_and_wide(tmp_path, write_source, moe_choice)
+    assert struct.unpack_from("<i", typed.read_bytes(), 88)[0] == 4
+    for threads in ("1", "2"):
+        assert fixture_outputs(typed, threads, tmp_path) == fixture_outputs(wide, threads, tmp_path), threads
+    # export.py reads it back: as it is, byte for byte; widened when asked, the float32 file
+    export(typed, tmp_path / "again.bin")
+    export(typed, tmp_path / "again-f32.bin", "--dtype", "f32")
+    assert (tmp_path / "again.bin").read_bytes() == typed.read_bytes()
+    assert (tmp_path / "again-f32.bin").read_bytes() == wide.read_bytes()
+
+
+# export.py reads a file of typed pieces back: as it is (byte for byte), or converted when asked
+
+
+def test_export_reads_a_per_piece_file_back_unchanged_and_widens_it_when_asked(typed_files, tmp_path):
+    again, wide = tmp_path / "again.bin", tmp_path / "wide.bin"
+    export(typed_files["typed"], again)
+    assert again.read_bytes() == typed_files["typed"].read_bytes()
+    export(typed_files["typed"], wide, "--dtype", "f32")
+    assert wide.read_bytes() == typed_files["wide"].read_bytes()  # the widened values, version 1
+
+
+def typed_bad_file(typed_files, tmp_path, edit):
+    data = bytearray(typed_files["typed"].read_bytes())
+    edit(data)
+    path = tmp_path / "bad.bin"
+    path.write_bytes(bytes(data))
+    return path
+
+
+def table_place(data):
+    return struct.unpack_from("<2Q", data, 216)
+
+
+@pytest.mark.parametrize("case, words", [
+    ("no table", ["weight_type 4 (per piece) needs a type table", "weight_type 4 with type_table_offset 0"]),
+    ("table with weight_type 1", ["must be 0 with weight_type 1", "weight_type 1 with type_table_offset"]),
+    ("bytes one short", ["type_table_bytes 15 is not 16", "type_table_bytes 15 is not 16"]),
+    ("offset one block on", ["is not", "the type table is at"]),
+    ("unknown code", ["type table entry 5 is 9", "type table entry 5 is 9"]),
+    ("q8_0 rows not whole blocks", ["w2 of layer 0 is q8_0 with rows of 112 weights", "q8_0 rows of 112 weights"]),
+    ("truncated", ["is not inside the file", "runs past the end"]),
+])
+def test_run_and_export_refuse_a_bad_type_table(typed_files, tmp_path, case, words):
+    """run: one line, exit 1 (words[0]); export.py reading it back: one line, exit 1 (words[1])."""
+    def edit(d):
+        at, n = table_place(d)
+        if case == "no table":
+            struct.pack_into("<2Q", d, 216, 0, 0)
+        elif case == "table with weight_type 1":
+            struct.pack_into("<i", d, 88, 1)
+        elif case == "bytes one short":
+            struct.pack_into("<2Q", d, 216, at, n - 1)
+        elif case == "offset one block on":
+            struct.pack_into("<2Q", d, 216, at + 64, n)
+            d.extend(bytes(64))
+            d[at + 64:at + 64 + n] = d[at:at + n]
+        elif case == "unknown code":
+            d[at + 5] = 9
+        elif case == "truncated":
+            del d[-5:]
+    if case == "q8_0 rows not whole blocks":
+        path = odd_rows_q8_0_file(tmp_path)
+    else:
+        path = typed_bad_file(typed_files, tmp_path, edit)
+    r = run(path, "-z", LLAMA_TOKENIZER, "-n", 4, "-p", "hi")
+    lines = r.stderr.decode(errors="replace").splitlines()
+    assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith("run: error:"), lines
+    assert words[0] in lines[0], lines[0]
+    e = export(path, tmp_path / "out.bin", check=False)
+    lines = e.stderr.splitlines()
+    assert e.returncode == 1 and len(lines) == 1 and lines[0].startswith("export.py: error:"), lines
+    assert words[1] in lines[0], lines[0]
+    assert not (tmp_path / "out.bin").exists()
+
+
+def odd_rows_q8_0_file(tmp_path):
+    """A Llama file whose w2 rows (hidden 112) are not whole blocks, its pieces bf16 but layer 0's
+    wq (f16), with layer 0's w2 piece then declared q8_0 in its table."""
+    dims = dict(Q8_DIMS, hidden_dim=112, vocab_size=512)
+    tensors = ropefile.random_weights(**{k: v for k, v in dims.items() if k != "seq_len"}, shared_classifier=True,
+                                      seed=2)
+    src = ropefile.write_checkpoint(tmp_path / "src.bin", tensors, dict(dims, shared_classifier=True))
+    c, typed, _, _ = typed_model(src, lambda name, i, shape: "bf16")
+    typed["wq"][0] = EXPORT.Blocks("f16", typed["wq"][0].shape, typed["wq"][0].widened().astype("<f2").view(np.uint8))
+    path = write_with(tmp_path / "odd.bin", c, typed, None)
+    data = bytearray(path.read_bytes())
+    at, n = table_place(data)
+    w2_layer0 = 1 + 5 * c.n_layers  # after the embedding and wq wk wv wo w1
+    assert data[at + w2_layer0] == 1  # bf16; as q8_0, a row of 112 weights would be 3.5 blocks
+    data[at + w2_layer0] = 3
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_write_rope_refuses_a_layer_piece_given_in_two_types(typed_files):
+    """Layer 0's w1 given as two parts, float32 then bf16: one piece of the file, two types."""
+    c, typed, _, _ = typed_model(typed_files["wide"], lambda name, i, shape: "bf16")
+    first = typed["w1"][0].widened().reshape(-1)
+    n = first.size // 2
+    typed["w1"] = [first[:n], EXPORT.Blocks("bf16", (first.size - n,), ropefile.to_bf16_bits(first[n:]).view(np.uint8))
+                   ] + typed["w1"][1:]
+    with pytest.raises(EXPORT.ExportError, match=r"tensor w1: file piece 0 \(a layer's\) is given in bf16 and f32"):
+        EXPORT.write_rope(io.BytesIO(), c, typed, "x.bin", None)
+
+
+def test_write_rope_refuses_a_q8_0_piece_whose_rows_are_not_whole_blocks(tmp_path):
+    """Layer 1's w2 (rows of hidden 112 weights) given as q8_0 blocks over its flat weights: run would
+    refuse the file, so write_rope refuses to write it."""
+    dims = dict(Q8_DIMS, hidden_dim=112, vocab_size=512)
+    tensors = ropefile.random_weights(**{k: v for k, v in dims.items() if k != "seq_len"}, shared_classifier=True,
+                                      seed=3)
+    src = ropefile.write_checkpoint(tmp_path / "src.bin", tensors, dict(dims, shared_classifier=True))
+    c, typed, _, _ = typed_model(src, lambda name, i, shape: "bf16" if name != "wq" else "f16")
+    flat = typed["w2"][1].widened().reshape(-1)
+    typed["w2"][1] = EXPORT.Blocks("q8_0", (flat.size,), ropefile.quantize_row_q8_0_ref(flat))
+    with pytest.raises(EXPORT.ExportError, match="tensor w2: piece 1 is q8_0, but its rows of 112 weights"):
+        EXPORT.write_rope(io.BytesIO(), c, typed, "x.bin", None)
