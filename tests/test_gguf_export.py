@@ -105,16 +105,18 @@ def outputs(model, mode, tmp_path, *extra):
     args = {"generate-greedy": ["-t", 0, "-n", 24, "-v", "-p", PROMPT],
             "generate-seeded": ["-t", 1, "-s", 7, "-n", 24, "-v", "-p", PROMPT],
             "ppl": ["-m", "ppl", "-p", conftest.LONG_TEXT, "--csv", csv],
-            "inspect": ["-m", "inspect", "-p", PROMPT, "--csv", csv]}[mode]
+            "inspect": ["-m", "inspect", "-p", PROMPT, "--csv", csv],
+            "chat": ["-m", "chat", "--template", "llama2", "-t", 0, "-n", 12, "-v", "-y", "Be brief.",
+                     "-p", "Hello there"]}[mode]
     if csv.exists():
         csv.unlink()
-    r = run(model, "-z", TOK512, *args, *extra)
+    r = run(model, "-z", TOK512, *args, *extra, input="And then?\n" if mode == "chat" else None)
     assert r.returncode == 0, r.stderr.decode(errors="replace")
     stderr = [line for line in r.stderr.splitlines() if not line.startswith((b"run: ", b"timing:"))]
     return r.stdout, csv.read_bytes() if csv.exists() else b"", stderr
 
 
-MODES = ["generate-greedy", "generate-seeded", "ppl", "inspect"]
+MODES = ["generate-greedy", "generate-seeded", "ppl", "inspect", "chat"]
 
 
 @pytest.mark.parametrize("name", sorted(CONVERTED))
