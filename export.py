@@ -4087,6 +4087,7 @@ FLAG_IGNORE_MERGES = 4      # a pre-token that is a piece is one token (Llama 3)
 FLAG_SPLIT_DIGITS = 8       # every digit its own pre-token before the pattern (SmolLM2)
 FLAG_NFC = 16               # normalize the text to NFC first (Qwen)
 FLAG_PREFIX_EACH_SEGMENT = 32  # the dummy prefix goes before every text segment between user-defined pieces
+FLAG_SPLIT_NEWLINES = 64    # kind 3: BPE within runs of newlines and runs of other characters (Gemma 4 GGUF)
 TEMPLATE_NAMES = ["none", "llama2", "llama3", "chatml", "gemma", "zephyr", "mistral", "qwen2.5", "smollm2", "gemma4",
                   "gemma4-large"]
 MAX_END_TOKENS = 8
@@ -4150,7 +4151,8 @@ class Tokenizer:
         """One line: the kind, the scheme, the flags and the special tokens."""
         flags = [name for bit, name in [(FLAG_DUMMY_PREFIX, "dummy prefix"), (FLAG_BYTE_FALLBACK, "byte fallback"),
                                         (FLAG_IGNORE_MERGES, "ignore_merges"), (FLAG_SPLIT_DIGITS, "split digits"),
-                                        (FLAG_NFC, "NFC"), (FLAG_PREFIX_EACH_SEGMENT, "prefix each segment")]
+                                        (FLAG_NFC, "NFC"), (FLAG_PREFIX_EACH_SEGMENT, "prefix each segment"),
+                                        (FLAG_SPLIT_NEWLINES, "split newlines")]
                  if self.flags & bit]
         scheme = f", pre-tokenizer {PRE_NAMES[self.pretokenizer]}" if self.kind == KIND_BYTE_LEVEL else ""
         return (f"{KIND_NAMES[self.kind]}{scheme}{''.join(', ' + f for f in flags)}; {len(self.pieces)} tokens, "
@@ -4890,6 +4892,17 @@ def export_tokn(path, out_path, template_name=None):
 #   control; run's control pieces are never made from text, as llama.cpp's are not.
 # * the pre-tokenizer is known only by its name: GGUF_PRE maps the names whose pattern run.c
 #   implements to the code and flags export.py derives from those models' tokenizer.json.
+# * tokenizer.ggml.model gemma4 (Gemma 4; llama.cpp's converter conversion/gemma.py
+#   Gemma4Model.set_vocab) is what llama.cpp computes for it (llama-vocab.cpp: load, pre-tokenizer
+#   gemma4, llm_tokenizer_bpe_session::tokenize), not what the tokenizer.json's own tokenizer does:
+#   kind 3 (merge ranks from tokenizer.ggml.merges; the scores are all -1000 and say nothing), spaces
+#   '▁' in normal pieces, no dummy prefix, flag split_newlines (BPE within runs of newlines and runs
+#   of other characters; a run of newlines that is a piece is that token), byte fallback when the
+#   vocabulary has <0xXX> pieces, and add_bos true whatever the file says (llama.cpp forces it).
+#   Control and user-defined pieces are stored as written, '▁' and all: llama.cpp matches a
+#   user-defined piece in the raw text before it writes spaces as '▁', and prints it as written.
+#   End of generation also at <eos>, <turn|> and <|tool_response>, and not at </s> when
+#   <|tool_response> ends it (llama.cpp's gemma4 workaround).
 
 GGUF_TYPES = {1: TYPE_NORMAL, 2: TYPE_CONTROL, 3: TYPE_CONTROL, 4: TYPE_USER, 5: TYPE_UNUSED, 6: TYPE_BYTE}
 GGUF_TYPE_NAMES = "1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte"
@@ -4906,7 +4919,8 @@ GGUF_PRE = {
 }
 GGUF_ADD_BOS_PRE = {"llama-bpe", "llama3", "llama-v3"}  # llama.cpp adds bos for these without add_bos_token
 # the texts llama.cpp's vocabulary loader makes end-of-generation tokens (llama-vocab.cpp, load)
-GGUF_END_TEXTS = ["<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>"]
+GGUF_END_TEXTS = ["<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|eom_id|>", "<EOT>",
+                  "<eos>", "<turn|>", "<|tool_response>"]  # the last three: gemma4
 GGUF_PAD = re.compile(r"\[PAD(\d+)\]")
 
 
@@ -4959,10 +4973,11 @@ def gguf_token_id(metadata, key, n, source):
     return i
 
 
-def gguf_token_pieces(tok, tokens, types, scores, byte_level):
+def gguf_token_pieces(tok, tokens, types, scores, byte_level, marks_in_normal_only=False):
     """tok.pieces and tok.names from the token texts, types and scores.
 
-    SentencePiece texts spell a space '▁'. Byte-level ones spell normal pieces in GPT-2's byte
+    SentencePiece texts spell a space '▁' (with marks_in_normal_only, gemma4's: only the normal
+    pieces; the others are kept as written). Byte-level ones spell normal pieces in GPT-2's byte
     alphabet and the control and user-defined ones as their text (the converter writes added
     tokens as they are). A [PADn] filler is an empty unused piece, and those at the end are left
     out (see above)."""
@@ -4977,7 +4992,7 @@ def gguf_token_pieces(tok, tokens, types, scores, byte_level):
             tok.pieces.append((b"", TYPE_UNUSED, 0.0))
             continue
         what = f"tokenizer.ggml.tokens: token {i}"
-        if not byte_level:
+        if not byte_level and (kind_of == TYPE_NORMAL or not marks_in_normal_only):
             data = utf8(text, what).replace(SPACE_MARK.encode("utf-8"), b" ")
         elif kind_of == TYPE_NORMAL:
             try:
@@ -5011,12 +5026,9 @@ def gguf_merges(tok, merges):
 def gguf_vocabulary(metadata, vocab_size, source):
     """A Tokenizer with its kind, pieces, merges, pre-tokenizer and flags from the tokenizer.ggml keys."""
     model = gguf_meta_value(metadata, "tokenizer.ggml.model", str, "a string", source)
-    if model == "gemma4":
-        raise ExportError(f"{source}: tokenizer.ggml.model gemma4 is not supported: llama.cpp splits its text at "
-                          "newlines before BPE (pre-tokenizer gemma4), which run.c does not implement")
-    if model not in ("llama", "gpt2"):
+    if model not in ("llama", "gpt2", "gemma4"):
         raise ExportError(f"{source}: tokenizer.ggml.model {model!r} is not supported (only llama: SentencePiece, "
-                          "and gpt2: byte-level BPE)")
+                          "gpt2: byte-level BPE, and gemma4: SentencePiece-style BPE)")
     tokens = gguf_meta_array(metadata, "tokenizer.ggml.tokens", None, source, strings=True)
     n = len(tokens)
     if n != vocab_size:
@@ -5032,6 +5044,13 @@ def gguf_vocabulary(metadata, vocab_size, source):
         byte_pieces = any(kind_of == TYPE_BYTE for _, kind_of, _ in tok.pieces)
         tok.flags = (FLAG_DUMMY_PREFIX if prefix else 0) | (FLAG_BYTE_FALLBACK if byte_pieces else 0)
         tok.merged = {i for i, (_, t, _) in enumerate(tok.pieces) if t == TYPE_NORMAL}
+        return tok
+    if model == "gemma4":  # see above
+        tok = Tokenizer(KIND_SP_JSON, source)
+        gguf_token_pieces(tok, tokens, types, scores, byte_level=False, marks_in_normal_only=True)
+        byte_pieces = any(kind_of == TYPE_BYTE for _, kind_of, _ in tok.pieces)
+        tok.flags = FLAG_SPLIT_NEWLINES | (FLAG_BYTE_FALLBACK if byte_pieces else 0)
+        gguf_merges(tok, gguf_meta_array(metadata, "tokenizer.ggml.merges", None, source, strings=True))
         return tok
     tok = Tokenizer(KIND_BYTE_LEVEL, source)
     pre = gguf_meta_value(metadata, "tokenizer.ggml.pre", str, "a string", source)  # llama.cpp: a warning, then default
@@ -5051,16 +5070,23 @@ def gguf_special_tokens(tok, metadata, n, template_name, source):
         ids["bos"] = 1 if ids["bos"] is None else ids["bos"]
         ids["eos"] = 2 if ids["eos"] is None else ids["eos"]
     pre = metadata.get("tokenizer.ggml.pre")
+    gemma4 = bool(tok.flags & FLAG_SPLIT_NEWLINES)
     default = tok.kind == KIND_SENTENCEPIECE or pre in GGUF_ADD_BOS_PRE
     tok.add_bos = int(gguf_meta_value(metadata, "tokenizer.ggml.add_bos_token", bool, "a bool", source, default))
+    tok.add_bos = 1 if gemma4 else tok.add_bos  # llama.cpp: "override ... to 'true' for Gemma4"
     tok.bos_id = -1 if ids["bos"] is None else ids["bos"]
+    if gemma4 and tok.bos_id < 0:
+        raise ExportError(f"{source}: tokenizer.ggml.bos_token_id is missing (llama.cpp always adds bos for gemma4)")
     if tok.add_bos and tok.bos_id < 0:
         raise ExportError(f"{source}: tokenizer.ggml.add_bos_token is true but there is no tokenizer.ggml.bos_token_id")
     if ids["eos"] is None:
         raise ExportError(f"{source}: tokenizer.ggml.eos_token_id is missing")
     ends = [ids["eos"], ids["eot"], ids["eom"]]
+    # gemma4: llama.cpp's rule as it is, whatever the token's type (it makes them control)
     ends += sorted(tok.names[t] for t in GGUF_END_TEXTS if t in tok.names and tok.names[t] < len(tok.pieces)
-                   and tok.pieces[tok.names[t]][1] != TYPE_NORMAL)
+                   and (gemma4 or tok.pieces[tok.names[t]][1] != TYPE_NORMAL))
+    if any(i is not None and tok.pieces[i][0] == b"<|tool_response>" for i in ends):  # llama.cpp's gemma4
+        ends = [i for i in ends if i is None or tok.pieces[i][0] != b"</s>"]           # workaround: no </s>
     tok.eos_ids = [i for i in dict.fromkeys(ends) if i is not None][:MAX_END_TOKENS]
     template = gguf_meta_value(metadata, "tokenizer.chat_template", str, "a string", source, "")
     set_template_and_eot(tok, template, template_name, ids["eot"])

@@ -2837,7 +2837,8 @@ enum { // the TOKN flags
     FLAG_SPLIT_DIGITS = 8,   // every digit its own word before the pattern (SmolLM2)
     FLAG_NFC = 16,           // normalize to NFC first (Qwen)
     FLAG_PREFIX_EACH_SEGMENT = 32, // the dummy prefix before every segment between user-defined pieces
-    ALL_FLAGS = 63
+    FLAG_SPLIT_NEWLINES = 64, // kind 3: BPE within runs of newlines and runs of other characters (Gemma 4 GGUF)
+    ALL_FLAGS = 127
 };
 // Unicode classes of the byte-level patterns, as the TOKN class table stores them
 enum { CLASS_LU = 1, CLASS_LL = 2, CLASS_LO = 4, CLASS_M = 8, CLASS_N = 16, CLASS_SPACE = 32 };
@@ -3097,6 +3098,8 @@ static int read_tokn_header(Tokenizer *t, const unsigned char *h, const char *na
         (t->kind != TOKENIZER_BYTE_LEVEL && t->pretokenizer != PRETOKENIZER_NONE))
         return fail("tokenizer %s: pretokenizer %d is out of range for kind %d", name, t->pretokenizer, kind);
     if (t->flags & ~(uint32_t)ALL_FLAGS) return fail("tokenizer %s: unknown flags 0x%x", name, t->flags);
+    if ((t->flags & FLAG_SPLIT_NEWLINES) && (t->kind != TOKENIZER_SP_JSON || (t->flags & FLAG_DUMMY_PREFIX)))
+        return fail("tokenizer %s: flag split_newlines needs kind 3 without add_dummy_prefix", name);
     if (template < 0 || template >= N_CHAT_TEMPLATES)
         return fail("tokenizer %s: chat_template %d is out of range", name, template);
     t->chat_template = (ChatTemplate)template;
@@ -3883,6 +3886,31 @@ static int encode_sentencepiece(const Tokenizer *t, const char *text, size_t len
     return merge_pairs(t, tokens, n, buffer);
 }
 
+// Gemma 4's tokenizer as llama.cpp runs it from a GGUF file (FLAG_SPLIT_NEWLINES;
+// llama-vocab.cpp, pre-tokenizer gemma4 "[^\n]+|[\n]+"): text[0..len) is cut into
+// runs of newlines and runs of other characters, and BPE (kind 3, no dummy prefix)
+// runs within each run, never across one. A run of newlines that is itself a piece
+// is that one token, whatever the merges would make of it. Returns the token count.
+static int encode_newline_runs(const Tokenizer *t, const char *text, size_t len, int *tokens, char *buffer) {
+    int n = 0;
+    for (size_t start = 0; start < len;) {
+        int newlines = text[start] == '\n';
+        size_t end = start + 1;
+        while (end < len && (text[end] == '\n') == newlines) end++;
+        size_t run = end - start;
+        int id = newlines && run <= MAX_PIECE_BYTES ? piece_lookup(t, text + start, (int)run) : -1;
+        int got = 1;
+        if (id >= 0)
+            tokens[n] = id;
+        else
+            got = encode_sentencepiece(t, text + start, end - start, 0, tokens + n, buffer);
+        if (got < 0) return -1;
+        n += got;
+        start = end;
+    }
+    return n;
+}
+
 // Scratch space for byte-level encoding of one segment of text.
 typedef struct {
     uint32_t *cps, *normal;  // the code points; NFC
@@ -3994,7 +4022,9 @@ static int encode(const Tokenizer *t, const char *text, int bos, int eos, int *t
             int prefix = (t->flags & FLAG_DUMMY_PREFIX) &&
                          (t->kind == TOKENIZER_SENTENCEPIECE ? first && len > 0
                                                              : i > start && (first || (t->flags & FLAG_PREFIX_EACH_SEGMENT)));
-            got = encode_sentencepiece(t, text + start, i - start, prefix, tokens + *n_tokens, buffer);
+            got = t->flags & FLAG_SPLIT_NEWLINES
+                      ? encode_newline_runs(t, text + start, i - start, tokens + *n_tokens, buffer)
+                      : encode_sentencepiece(t, text + start, i - start, prefix, tokens + *n_tokens, buffer);
         }
         if (got < 0) {
             result = -1;

@@ -45,7 +45,7 @@ CONVERTED = {
     "llama2-f32.gguf": "f32", "llama2-f16.gguf": "f16", "llama2-bf16.gguf": "bf16", "llama2-q8_0.gguf": "q8_0",
     "llama3-bf16.gguf": "bf16", "qwen2-bf16.gguf": "bf16", "qwen2-q8_0.gguf": "q8_0", "qwen3-bf16.gguf": "bf16",
     "gemma-bf16.gguf": "bf16", "gemma2-bf16.gguf": "bf16", "gemma3-bf16.gguf": "bf16", "smollm3-bf16.gguf": "bf16",
-    "phi3-bf16.gguf": "bf16", "phi4mini-bf16.gguf": "bf16", "mistral-bf16.gguf": "bf16",
+    "phi3-bf16.gguf": "bf16", "phi4mini-bf16.gguf": "bf16", "mistral-bf16.gguf": "bf16", "gemma4-bf16.gguf": "bf16",
     "mixtral-bf16.gguf": None, "mixtral-q8_0.gguf": None, "qwen3moe-bf16.gguf": None,
 }
 # the 4-bit and K-quant files (the next issue's blocks): refused, naming a tensor and its type

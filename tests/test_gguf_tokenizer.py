@@ -443,7 +443,7 @@ BAD = {
                                      "tokenizer.ggml.merges: merge 0 'h zz' names or makes 'zz', which is not"),
     "merge is not two tokens": ({"tokenizer.ggml.merges": ["he"]}, 258, "merge 0 'he' is not two tokens"),
     "unknown model": ({"tokenizer.ggml.model": "bert"}, 258, "tokenizer.ggml.model 'bert' is not supported"),
-    "gemma4 model": ({"tokenizer.ggml.model": "gemma4"}, 258, "tokenizer.ggml.model gemma4 is not supported"),
+    "gemma4 without bos": ({"tokenizer.ggml.model": "gemma4"}, 258, "tokenizer.ggml.bos_token_id is missing"),
     "unknown pre": ({"tokenizer.ggml.pre": "falcon"}, 258,
                     "tokenizer.ggml.pre 'falcon' is not a pre-tokenizer run.c implements (known: llama-bpe"),
     "bad token type": ({"tokenizer.ggml.token_type": np.array([NORMAL] * 257 + [7], np.int32)}, 258,

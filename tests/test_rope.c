@@ -1347,6 +1347,32 @@ static void check_rejected(const char *name, TestSection *s, int vocab_size, con
     if (result == 0) free_tokenizer(&t);
 }
 
+// Flag split_newlines (Gemma 4 from a GGUF file, llama.cpp's gemma4 pre-tokenizer): BPE within runs
+// of newlines and runs of other characters; a run of newlines that is a piece is that token.
+static void test_sp_json_split_newlines(void) {
+    // ids: 259 "a", 260 "\n", 261 "\n\n" (merge 0), 262 "a\n" (merge 1), 263 "\n\n\n" (no merge makes it)
+    static const char *const pieces[] = {"a", "\n", "\n\n", "a\n", "\n\n\n"};
+    static const int types[] = {PIECE_NORMAL, PIECE_NORMAL, PIECE_NORMAL, PIECE_NORMAL, PIECE_NORMAL};
+    static const int merges[][2] = {{260, 260}, {259, 260}};
+    TestSection s;
+    Tokenizer t;
+    sp_json_section(&s, pieces, types, 5, merges, 2, FLAG_BYTE_FALLBACK);
+    build_tokenizer_from_memory(&t, s.data, s.size, 300, "test");
+    check_ids("sp_json_merges_newline_runs_by_rank_without_the_flag", &t, "a\n\n\n", (int[]){259, 261, 260}, 3);
+    free_tokenizer(&t);
+    sp_json_section(&s, pieces, types, 5, merges, 2, FLAG_BYTE_FALLBACK | FLAG_SPLIT_NEWLINES);
+    if (build_tokenizer_from_memory(&t, s.data, s.size, 300, "test") != 0) {
+        check(0, "split_newlines_tokenizer_loads", error_message);
+        return;
+    }
+    check_ids("split_newlines_keeps_bpe_within_runs", &t, "a\na", (int[]){259, 260, 259}, 3);
+    check_ids("split_newlines_takes_a_run_that_is_a_piece_whole", &t, "a\n\n\n", (int[]){259, 263}, 2);
+    check_ids("split_newlines_merges_a_run_that_is_no_piece", &t, "\n\n\n\n\na", (int[]){261, 261, 260, 259}, 4);
+    free_tokenizer(&t);
+    sp_json_section(&s, pieces, types, 5, merges, 2, FLAG_DUMMY_PREFIX | FLAG_SPLIT_NEWLINES);
+    check_rejected("split_newlines_is_refused_with_a_dummy_prefix", &s, 300, "split_newlines needs kind 3 without");
+}
+
 static void test_tokn_loader_refuses_bad_sections(void) {
     static const int merges[][2] = {{'b', 'c'}, {'a', 'b'}};
     TestSection s;
@@ -1429,6 +1455,7 @@ int main(int argc, char **argv) {
     test_nfc_on_a_tiny_table();
     test_rank_merges_lowest_rank_first_leftmost_on_ties();
     test_sp_json_prefix_user_pieces_and_byte_fallback();
+    test_sp_json_split_newlines();
     test_tokn_loader_refuses_bad_sections();
     test_rope_v2_header_places_tensors_and_tokenizer();
     test_rotation_equals_block_diagonal_matrix();
