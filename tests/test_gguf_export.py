@@ -196,8 +196,8 @@ def metadata_entries(g):
     out = []
     for key, value in g.metadata.items():
         value_type = g.value_types[key]
-        if isinstance(value_type, tuple):
-            value = list(value) if not isinstance(value, list) else value
+        if isinstance(value_type, tuple):  # a numeric array's values as Python numbers
+            value = value.tolist() if isinstance(value, np.ndarray) else list(value)
         out.append((key, value_type, value))
     return out
 
@@ -336,7 +336,7 @@ def test_an_unedited_rewrite_converts_to_the_same_file(tmp_path):
 # ExportError line, never another exception.
 
 FUZZ_SOURCES = ["llama2-q8_0.gguf", "qwen3moe-bf16.gguf", "phi4mini-bf16.gguf", "gemma3-bf16.gguf",
-                "llama3-bf16.gguf", "mixtral-q8_0.gguf"]
+                "llama3-bf16.gguf", "mixtral-q8_0.gguf", "gemma4-bf16.gguf"]
 ODD_NUMBERS = [0, 1, -1, 2, 3, 7, 33, 2**31 - 1, 2**31, 2**32 - 1, 2**63, 1e-30, 0.5, float("nan"), float("inf")]
 
 
