@@ -2609,7 +2609,7 @@ def read_gemma4(model_dir, t, multimodal):
 #     other architecture keeps Hugging Face's halves, permuted here as read_hf permutes them;
 #   - gemma, gemma2 and gemma3 store norms as 1 + w (computed in float32), which is what this
 #     format stores for Gemma; gemma4 stores w, as this format does;
-#   - keys llama.cpp does not write are taken as llama.cpp's code takes them (GGUF_HARD_CODED);
+#   - keys llama.cpp does not write are taken as llama.cpp's code takes them (gguf_config, GEMMA_27B_LAYERS);
 #   - Llama 3's scaling is a rope_freqs tensor of per-pair divisors (gguf_llama3_rule).
 
 # The tensors' GGUF names (ROPE name: name; {i} the layer), beside HF_TENSORS
@@ -2717,12 +2717,11 @@ def gguf_tensor(g, name, what="tensor"):
 GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
 
-def gguf_rope_scaling(g, arch, rope_freqs):
-    """The rope_scaling dict of config.json that the file's rope keys describe, or None."""
+def gguf_rope_scaling(g, arch):
+    """The rope_scaling dict of config.json that the file's rope.scaling keys describe, or None
+    (Llama 3's and Phi-3's factor tensors are read by gguf_llama3_rule and gguf_longrope)."""
     kind = gguf_value(g, f"{arch}.rope.scaling.type", str, "none")
     original = gguf_value(g, f"{arch}.rope.scaling.original_context_length", int, 0)
-    if rope_freqs is not None:
-        return None  # gguf_llama3_rule reads it
     if kind == "none":
         return None
     if kind == "linear":
@@ -2892,7 +2891,7 @@ def gguf_config(g):
     elif "rope_factors_long.weight" in g.tensors:
         config["rope_scaling"] = gguf_longrope(g, arch, config, head_dim)
     else:
-        config["rope_scaling"] = gguf_rope_scaling(g, arch, None)
+        config["rope_scaling"] = gguf_rope_scaling(g, arch)
     return config
 
 
@@ -3063,8 +3062,8 @@ def gguf_pieces(g, c, family, ours, shape):
         dense = [(l, s) for l, s in enumerate(layers) if not s.experts]
         sparse = [l for l, s in enumerate(layers) if s.experts]
         E, hidden = c.n_experts, c.expert_hidden
-        shapes = {"w1": None, "w3": None, "w2": None, "router": [E, c.dim], "expert_w1": [E, hidden, c.dim],
-                  "expert_w3": [E, hidden, c.dim], "expert_w2": [E, c.dim, hidden]}
+        shapes = {"router": [E, c.dim], "expert_w1": [E, hidden, c.dim], "expert_w3": [E, hidden, c.dim],
+                  "expert_w2": [E, c.dim, hidden]}
         if ours in ("w1", "w3"):
             return [(GGUF_TENSORS[ours].format(i=l), [s.hidden_dim, c.dim], None) for l, s in dense]
         if ours == "w2":
@@ -4177,6 +4176,14 @@ def gpt2_byte_alphabet():
     return chars
 
 
+def byte_level_bytes(text, alphabet, what):
+    """The bytes a byte-level BPE token stands for: each character of GPT-2's alphabet one byte."""
+    try:
+        return bytes(alphabet[c] for c in text)
+    except KeyError as e:
+        raise ExportError(f"{what} has {e.args[0]!r}, which is not in GPT-2's byte alphabet")
+
+
 def token_text(value):
     """A special token as tokenizer_config.json gives it: a string, or {"content": ...}; None if absent."""
     if isinstance(value, dict):
@@ -4457,11 +4464,7 @@ def json_pieces(path, kind, vocab, added):
         if kind_of in (TYPE_CONTROL, TYPE_USER) and (is_added or kind == KIND_SP_JSON):
             data = utf8(text, what)
         elif kind == KIND_BYTE_LEVEL:
-            try:
-                data = bytes(alphabet[c] for c in text)
-            except KeyError as e:
-                raise ExportError(f"{path}: piece {text!r} (id {i}) has {e.args[0]!r}, which is not in GPT-2's "
-                                  "byte alphabet")
+            data = byte_level_bytes(text, alphabet, f"{path}: piece {text!r} (id {i})")
         else:
             data = utf8(text, what).replace(SPACE_MARK.encode("utf-8"), b" ")
             if BYTE_PIECE.fullmatch(text):
@@ -4995,11 +4998,7 @@ def gguf_token_pieces(tok, tokens, types, scores, byte_level, marks_in_normal_on
         if not byte_level and (kind_of == TYPE_NORMAL or not marks_in_normal_only):
             data = utf8(text, what).replace(SPACE_MARK.encode("utf-8"), b" ")
         elif kind_of == TYPE_NORMAL:
-            try:
-                data = bytes(alphabet[c] for c in text)
-            except KeyError as e:
-                raise ExportError(f"{tok.source}: {what} {text!r} has {e.args[0]!r}, which is not in GPT-2's byte "
-                                  "alphabet")
+            data = byte_level_bytes(text, alphabet, f"{tok.source}: {what} {text!r}")
         else:
             data = utf8(text, what)
         tok.pieces.append((data, kind_of, score))

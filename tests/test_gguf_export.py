@@ -21,8 +21,6 @@ missing key or tensor, a non-finite block scale; each one line, exit 1, no file 
 import json
 import re
 import struct
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -68,12 +66,7 @@ LLAMA_CPP_READING = {
 }
 
 
-def convert(src, out, *flags, check=True):
-    r = subprocess.run([sys.executable, str(ROOT / "export.py"), str(src), str(out), *map(str, flags)],
-                       capture_output=True, text=True, timeout=120)
-    if check:
-        assert r.returncode == 0, r.stderr
-    return r
+convert = conftest.export  # export.py SRC OUT [flags]: a GGUF file or a Hugging Face directory
 
 
 def source_dir(name, tmp_path, llama_cpp_reading=True):

