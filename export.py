@@ -2860,9 +2860,10 @@ def gguf_config(g):
                       ("final_logit_softcapping", "final_logit_softcapping")):
         if f"{arch}.{key}" in g.metadata:
             config[ours] = gguf_value(g, f"{arch}.{key}", float)
-    if family.gemma_block:
-        # sqrt(hidden_size) rounded to the model's dtype (hf_config): the matrices' type tells it
-        config["torch_dtype"] = {"F32": "float32", "F16": "float16"}.get(embedding.type_name, "bfloat16")
+    if family.gemma_block or family.layer_records:
+        # the embedding times sqrt(hidden_size) (and Gemma 4's per-layer one times sqrt(P)): llama.cpp
+        # takes sqrtf in float32, where transformers rounds it to the checkpoint's dtype
+        config["torch_dtype"] = "float32"
         config["hidden_activation"] = "gelu_pytorch_tanh"
     if family.post_norms:  # query_pre_attn_scalar: llama.cpp's rule
         scale_by_width = n_layers == GEMMA_27B_LAYERS.get(arch)
@@ -2895,8 +2896,13 @@ def gguf_config(g):
     return config
 
 
-# Gemma 4's own GGUF names (ROPE name: name), beside GGUF_TENSORS
+# Gemma 4's own GGUF names (ROPE name: name), beside GGUF_TENSORS; 26B-A4B's router and experts:
+# GGUF_GEMMA4_OWN (read_gemma4's names within a layer: GGUF's), and the experts' gate and up
+# projections fused in ffn_gate_up_exps (gate rows first), as in the checkpoint
 GGUF_GEMMA4_TENSORS = {
+    "rms_pre_experts": "blk.{i}.pre_ffw_norm_2.weight",
+    "rms_post_dense": "blk.{i}.post_ffw_norm_1.weight",
+    "rms_post_experts": "blk.{i}.post_ffw_norm_2.weight",
     "layer_scalars": "blk.{i}.layer_output_scale.weight",
     "per_layer_gate": "blk.{i}.inp_gate.weight",
     "per_layer_projection_out": "blk.{i}.proj.weight",
@@ -2907,6 +2913,10 @@ GGUF_GEMMA4_TENSORS = {
 }
 
 
+GGUF_GEMMA4_OWN = {"router.proj.weight": "ffn_gate_inp.weight", "router.scale": "ffn_gate_inp.scale",
+                   "router.per_expert_scale": "ffn_down_exps.scale"}
+
+
 def gguf_gemma4_config(g, config):
     """Gemma 4's text config (gemma4_config's keys) from a gemma4 GGUF's metadata, added to the
     common keys gguf_config read. The converter writes the sliding and full layers' head sizes as
@@ -2915,9 +2925,11 @@ def gguf_gemma4_config(g, config):
     when the full layers have their own, and the full layers' proportional RoPE as a rope_freqs
     tensor whose unrotated pairs are 1e30 (divided by 1e30, a frequency is 0: they do not turn)."""
     arch, n_layers = "gemma4", config["num_hidden_layers"]
-    if "gemma4.expert_count" in g.metadata:
-        raise ExportError(f"{g.path}: Gemma 4 with experts (26B-A4B) is not converted from GGUF yet; convert its "
-                          "Hugging Face checkpoint")
+    if "gemma4.expert_count" in g.metadata:  # 26B-A4B: experts beside every layer's feed-forward
+        config["enable_moe_block"] = True
+        config["num_experts"] = gguf_positive(g, f"{arch}.expert_count", limit=RUN_LIMITS["n_experts"])
+        config["top_k_experts"] = gguf_positive(g, f"{arch}.expert_used_count", limit=RUN_LIMITS["n_experts"])
+        config["moe_intermediate_size"] = gguf_positive(g, f"{arch}.expert_feed_forward_length")
     kinds = gguf_list(g, f"{arch}.attention.sliding_window_pattern")
     if not (isinstance(kinds, list) and len(kinds) == n_layers and all(isinstance(k, bool) for k in kinds)):
         raise ExportError(f"{g.path}: metadata {arch}.attention.sliding_window_pattern must be {n_layers} booleans")
@@ -2927,6 +2939,8 @@ def gguf_gemma4_config(g, config):
     if gguf_value(g, f"{arch}.attention.value_length_swa", int, config["head_dim"]) != config["head_dim"]:
         raise ExportError(f"{g.path}: metadata {arch}.attention.value_length_swa differs from key_length_swa")
     n_shared = gguf_value(g, f"{arch}.attention.shared_kv_layers", int, 0)
+    if not 0 <= n_shared < n_layers:
+        raise ExportError(f"{g.path}: metadata {arch}.attention.shared_kv_layers {n_shared} must be in [0, {n_layers})")
     config["num_kv_shared_layers"] = n_shared
     widths = gguf_list(g, f"{arch}.feed_forward_length")
     if widths is not None:  # doubled on the KV-shared layers
@@ -2994,13 +3008,28 @@ def read_gguf_gemma4(g, config):
 
         @staticmethod
         def own(layer, name):
-            raise ExportError(f"{g.path}: Gemma 4's experts are not converted from GGUF yet")
+            return f"blk.{layer}.{GGUF_GEMMA4_OWN[name]}"
 
         @staticmethod
         def scalar(layer):
             return gguf_piece(g, Source.name("layer_scalars", layer), (1,))
 
-        experts = own
+        @staticmethod
+        def experts(layer, tensors):
+            """The layer's experts: gate (expert_w1) and up (expert_w3) rows of ffn_gate_up_exps, and
+            ffn_down_exps."""
+            E, H, dim = c.n_experts, c.expert_hidden, c.dim
+            fused = f"blk.{layer}.ffn_gate_up_exps.weight"
+            both = gguf_piece(g, fused, (E, 2 * H, dim))
+            for ours, band in (("expert_w1", slice(0, H)), ("expert_w3", slice(H, 2 * H))):
+                if isinstance(both, Blocks):
+                    blocks = both.data.reshape(E, 2 * H, -1)[:, band]
+                    piece = Blocks(both.kind, (E, H, dim), np.ascontiguousarray(blocks).reshape(-1), fused)
+                else:
+                    piece = np.ascontiguousarray(both[:, band])
+                found.add(piece.kind if isinstance(piece, Blocks) else weight_type_of(piece))
+                tensors[ours].append(piece)
+            tensors["expert_w2"].append(Source.piece("expert_w2", f"blk.{layer}.ffn_down_exps.weight", (E, dim, H)))
 
     return c, gemma4_tensors(c, orders, Source), found
 

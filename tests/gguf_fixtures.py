@@ -322,10 +322,19 @@ SOURCES["gemma4"] = ('gemma4_fixtures.write_checkpoint(d, "gemma-4-E2B", "BF16",
                      lambda d: G4F.write_checkpoint(d, "gemma-4-E2B", "BF16", seed=3,
                                                     config=G4F.shrink("gemma-4-E2B", dtype="BF16", **GEMMA4_E2B)))
 
+# Gemma 4 26B-A4B narrowed (moe_fixtures.shrink_gemma4: one period of 5 sliding + 1 full layer,
+# k = v on the full layer), hidden 32 and 9 experts (top-k 8 needs more than 8) to keep it small
+GEMMA4_MOE = dict(hidden=32, experts=9)
+SOURCES["gemma4-moe"] = ('moe_fixtures.write_checkpoint_gemma4(d, "gemma-4-26B-A4B", "BF16", seed=3, '
+                         'config=moe_fixtures.shrink_gemma4("gemma-4-26B-A4B", dtype="BF16", hidden=32, experts=9))',
+                         lambda d: MF.write_checkpoint_gemma4(d, "gemma-4-26B-A4B", "BF16", seed=3,
+                                                              config=MF.shrink_gemma4("gemma-4-26B-A4B", dtype="BF16",
+                                                                                      **GEMMA4_MOE)))
+
 # the sources whose converter reads only tokenizer.json: tok512 as byte-level BPE (BPE_JSON) or
 # in Hugging Face's SentencePiece-BPE layout (HF_JSON)
 BPE_JSON_SOURCES = {"qwen3moe"}
-HF_JSON_SOURCES = {"gemma4"}
+HF_JSON_SOURCES = {"gemma4", "gemma4-moe"}
 
 
 def hf_dir(source, out_dir):
@@ -386,6 +395,7 @@ GGUF_FILES = {
     "mixtral-q8_0.gguf": ("mixtral", QUANTIZE, ("mixtral-bf16.gguf", "Q8_0")),
     "qwen3moe-bf16.gguf": ("qwen3moe", CONVERT2026_PRE, ("qwen2", "bf16")),
     "gemma4-bf16.gguf": ("gemma4", CONVERT2026, "bf16"),
+    "gemma4-moe-bf16.gguf": ("gemma4-moe", CONVERT2026, "bf16"),
 }
 # intermediate files the quantized ones are made from, not kept (too big or kept under another name)
 INTERMEDIATE = {"llama256-f32.gguf": ("llama256", CONVERT, "f32")}

@@ -44,7 +44,7 @@ CONVERTED = {
     "llama3-bf16.gguf": "bf16", "qwen2-bf16.gguf": "bf16", "qwen2-q8_0.gguf": "q8_0", "qwen3-bf16.gguf": "bf16",
     "gemma-bf16.gguf": "bf16", "gemma2-bf16.gguf": "bf16", "gemma3-bf16.gguf": "bf16", "smollm3-bf16.gguf": "bf16",
     "phi3-bf16.gguf": "bf16", "phi4mini-bf16.gguf": "bf16", "mistral-bf16.gguf": "bf16", "gemma4-bf16.gguf": "bf16",
-    "mixtral-bf16.gguf": None, "mixtral-q8_0.gguf": None, "qwen3moe-bf16.gguf": None,
+    "mixtral-bf16.gguf": None, "mixtral-q8_0.gguf": None, "qwen3moe-bf16.gguf": None, "gemma4-moe-bf16.gguf": None,
 }
 # the 4-bit and K-quant files (the next issue's blocks): refused, naming a tensor and its type
 REFUSED = {"llama256-Q4_0.gguf": "Q6_K", "llama256-Q4_K_M.gguf": "Q6_K"}
@@ -55,11 +55,27 @@ def gemma_query_scale(config):
     config["query_pre_attn_scalar"] = config["head_dim"]
 
 
+def float32_scale(config):
+    """llama.cpp's Gemma embedding scale: sqrtf(hidden) in float32, not rounded to the dtype."""
+    for c in (config, config.get("text_config") or {}):
+        for key in ("torch_dtype", "dtype"):
+            if key in c:
+                c[key] = "float32"
+
+
+def gemma_reading(config):
+    float32_scale(config)
+    gemma_query_scale(config)
+
+
 # config.json as llama.cpp reads the GGUF its converter wrote from it (docs/gguf.md): the keys
 # the converter does not write take llama.cpp's hard-coded values
 LLAMA_CPP_READING = {
-    "gemma2": gemma_query_scale,
-    "gemma3": gemma_query_scale,
+    "gemma": float32_scale,
+    "gemma4": float32_scale,
+    "gemma4-moe": float32_scale,
+    "gemma2": gemma_reading,
+    "gemma3": gemma_reading,
     "mistral": lambda config: config.pop("sliding_window"),  # arch llama: no window in the file
     # the 2025 converter computed rope_freqs with a top-level original length, default 8192
     "llama3": lambda config: config["rope_scaling"].update(original_max_position_embeddings=8192),
@@ -130,15 +146,18 @@ def test_gguf_converts_to_what_its_hugging_face_directory_exports(name, tmp_path
 
 @pytest.mark.parametrize("name, differs", [("gemma2-bf16.gguf", "attention_scale"),
                                            ("gemma3-bf16.gguf", "attention_scale"),
+                                           ("gemma4-moe-bf16.gguf", "the embedding scale sqrt(32), not bf16's"),
                                            ("mistral-bf16.gguf", "the sliding window")])
 def test_llama_cpps_hard_coded_readings_are_what_a_gguf_converts_to(name, differs, tmp_path):
     """Without LLAMA_CPP_READING the directory exports otherwise: the difference is real, and
-    the GGUF file follows llama.cpp (Gemma's query scale 1/sqrt(head_dim); Mistral without its
-    window, which its `llama` file does not hold)."""
-    gguf_bin, hf_bin = tmp_path / "gguf.bin", tmp_path / "hf.bin"
-    convert(DATA / name, gguf_bin)
+    the GGUF file follows llama.cpp (Gemma's query scale 1/sqrt(head_dim) and embedding scale
+    sqrtf(dim); Mistral without its window, which its `llama` file does not hold)."""
+    gguf_bin, hf_bin, read = tmp_path / "gguf.bin", tmp_path / "hf.bin", tmp_path / "read.bin"
+    convert(DATA / name, gguf_bin, "--dtype", "bf16")  # (gemma4-moe's F32 router as the directory's bf16)
     convert(source_dir(name, tmp_path, llama_cpp_reading=False), hf_bin, "--dtype", "bf16")
     assert header_and_tensors(gguf_bin) != header_and_tensors(hf_bin), differs
+    convert(source_dir(name, tmp_path / "read"), read, "--dtype", "bf16")
+    assert header_and_tensors(gguf_bin) == header_and_tensors(read)
 
 
 def reference_nll(hf, tmp_path):
@@ -205,7 +224,7 @@ def write_widened(src, out):
 
 
 @pytest.mark.parametrize("name", ["llama2-f16.gguf", "llama2-bf16.gguf", "llama2-q8_0.gguf", "qwen2-q8_0.gguf",
-                                  "mixtral-q8_0.gguf", "mixtral-bf16.gguf", "gemma3-bf16.gguf"])
+                                  "mixtral-q8_0.gguf", "mixtral-bf16.gguf", "gemma3-bf16.gguf", "gemma4-moe-bf16.gguf"])
 def test_gguf_of_16bit_and_q8_0_weights_computes_what_its_widened_float32_gguf_computes(name, tmp_path):
     narrow, wide = tmp_path / "narrow.bin", tmp_path / "wide.bin"
     convert(DATA / name, narrow)
@@ -329,7 +348,7 @@ def test_an_unedited_rewrite_converts_to_the_same_file(tmp_path):
 # ExportError line, never another exception.
 
 FUZZ_SOURCES = ["llama2-q8_0.gguf", "qwen3moe-bf16.gguf", "phi4mini-bf16.gguf", "gemma3-bf16.gguf",
-                "llama3-bf16.gguf", "mixtral-q8_0.gguf", "gemma4-bf16.gguf"]
+                "llama3-bf16.gguf", "mixtral-q8_0.gguf", "gemma4-bf16.gguf", "gemma4-moe-bf16.gguf"]
 ODD_NUMBERS = [0, 1, -1, 2, 3, 7, 33, 2**31 - 1, 2**31, 2**32 - 1, 2**63, 1e-30, 0.5, float("nan"), float("inf")]
 
 
