@@ -3112,8 +3112,9 @@ def gguf_pieces(g, c, family, ours, shape):
     return [(name, list(shape), None)]
 
 
-def read_gguf(path, template_name=None):
-    """Read a GGUF file: (Config, {name: [pieces]}, the matrices' type, the TOKN section's bytes).
+def read_gguf(path, template_name=None, with_tokenizer=True):
+    """Read a GGUF file: (Config, {name: [pieces]}, the matrices' type, the TOKN section's bytes, or
+    None without_tokenizer).
 
     Its metadata becomes the config.json it stands for (gguf_config), read by config_from_json as
     a Hugging Face directory's is; its tensors are copied as they are stored (F32, F16, BF16,
@@ -3134,7 +3135,8 @@ def read_gguf(path, template_name=None):
             raise
         raise ExportError(f"{path}: its metadata, read as config.json: {str(e).removeprefix('config.json: ')}")
     if family.layer_records:
-        return c, tensors, (kinds.pop() if len(kinds) == 1 else None), gguf_tokenizer_section(g, c, template_name)
+        return c, tensors, (kinds.pop() if len(kinds) == 1 else None), gguf_tokenizer_section(g, c, template_name,
+                                                                                               with_tokenizer)
     # llama's and smollm3's q and k rows are in adjacent pairs already; the others' in halves
     order = None if family.gguf in GGUF_ADJACENT_PAIRS else pair_permutation(c.head_dim, rotary_dim)
     heads = {"wq": c.n_heads, "wk": c.n_kv_heads, "bq": c.n_heads, "bk": c.n_kv_heads, "q_norm": 1, "k_norm": 1}
@@ -3154,11 +3156,17 @@ def read_gguf(path, template_name=None):
                                   "biases and factors as float32 (F32)")
             pieces.append(piece)
         tensors[ours] = pieces
-    return c, tensors, (kinds.pop() if len(kinds) == 1 else None), gguf_tokenizer_section(g, c, template_name)
+    return c, tensors, (kinds.pop() if len(kinds) == 1 else None), gguf_tokenizer_section(g, c, template_name,
+                                                                                           with_tokenizer)
 
 
-def gguf_tokenizer_section(g, c, template_name):
-    """The TOKN section of a GGUF file's tokenizer (its tokenizer.ggml.* keys), checked against the model."""
+def gguf_tokenizer_section(g, c, template_name, wanted=True):
+    """The TOKN section of a GGUF file's tokenizer (its tokenizer.ggml.* keys), checked against the
+    model; None when not wanted (--legacy, which has no tokenizer section: said on stderr)."""
+    if not wanted:
+        warn("llama2.c's legacy format has no tokenizer section: the GGUF file's tokenizer is left out (give run "
+             "a tokenizer with -z)")
+        return None
     return tokenizer_bytes(gguf_tokenizer(g.metadata, c.vocab_size, template_name, g.path))
 
 
@@ -3874,9 +3882,7 @@ def export_checkpoint(args):
         template = args.template
         tokenizer = None if args.legacy else hf_tokenizer(args.input, c.vocab_size, template)
     elif is_gguf_file(args.input):
-        c, tensors, source_type, tokenizer = read_gguf(args.input, None if args.legacy else args.template)
-        if args.legacy:
-            tokenizer = None
+        c, tensors, source_type, tokenizer = read_gguf(args.input, args.template, with_tokenizer=not args.legacy)
     elif os.path.isfile(args.input):
         c, tensors, source_type, tokenizer = read_flat_checkpoint(args.input)
         if args.template is not None:

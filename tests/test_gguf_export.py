@@ -430,3 +430,11 @@ def test_seeded_mutants_of_real_ggufs_convert_or_are_refused_in_one_line(tmp_pat
         converted += 1
         out.unlink()
     assert converted > 20 and refused > 20, (converted, refused)
+
+
+def test_legacy_from_a_gguf_is_llama2cs_file_of_its_directory_without_a_tokenizer(tmp_path):
+    a, b = tmp_path / "gguf.bin", tmp_path / "hf.bin"
+    r = convert(DATA / "llama2-f32.gguf", a, "--legacy")
+    assert "tokenizer is left out" in r.stderr
+    convert(source_dir("llama2-f32.gguf", tmp_path), b, "--legacy")
+    assert a.read_bytes() == b.read_bytes()
