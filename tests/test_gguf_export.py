@@ -18,8 +18,10 @@ tests/data/gguf/README.md gives the commands). Each is checked three ways:
 Then what is refused: types run does not compute, metadata that contradicts the tensors, a
 missing key or tensor, a non-finite block scale; each one line, exit 1, no file written.
 """
+import contextlib
 import json
 import re
+import resource
 import struct
 
 import numpy as np
@@ -390,24 +392,25 @@ def mutate(rng, metadata, tensors):
     return metadata, tensors
 
 
-@pytest.fixture
-def address_space_limit():
-    """This process's address space capped 3 GiB above what it uses now, while the test runs: a
+@contextlib.contextmanager
+def address_space_capped():
+    """This process's address space capped 3 GiB above what it uses now, inside the block: a
     mutant that makes export.py allocate by a length it did not check fails as MemoryError, not
-    as the machine's OOM kill."""
-    import resource
+    as the machine's OOM kill. (Not around run: a sanitizer build maps terabytes of shadow.)"""
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     with open("/proc/self/statm") as f:
         used = int(f.read().split()[0]) * resource.getpagesize()
     resource.setrlimit(resource.RLIMIT_AS, (used + 3 * 2**30, hard))
-    yield
-    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
-def test_seeded_mutants_of_real_ggufs_convert_or_are_refused_in_one_line(tmp_path, address_space_limit):
+def test_seeded_mutants_of_real_ggufs_convert_or_are_refused_in_one_line(tmp_path):
     export = conftest.load_export()
     rng = np.random.default_rng(52)
-    converted = refused = 0
+    converted, refused = [], 0
     for n in range(240):
         src = FUZZ_SOURCES[n % len(FUZZ_SOURCES)]
         g = export.read_gguf_file(str(DATA / src))
@@ -417,18 +420,20 @@ def test_seeded_mutants_of_real_ggufs_convert_or_are_refused_in_one_line(tmp_pat
         path = W.write_gguf(tmp_path / f"m{n}.gguf", metadata, tensors)
         out = tmp_path / f"m{n}.bin"
         try:
-            export.LATER.clear()
-            c, pieces, kind, tok = export.read_gguf(str(path))
-            with open(out, "wb") as f:
-                export.write_rope(f, c, pieces, str(out), kind, tok)
+            with address_space_capped():
+                export.LATER.clear()
+                c, pieces, kind, tok = export.read_gguf(str(path))
+                with open(out, "wb") as f:
+                    export.write_rope(f, c, pieces, str(out), kind, tok)
         except export.ExportError as e:
             assert "\n" not in str(e), (n, src, str(e))
             refused += 1
             continue
+        converted.append((n, src, out))
+    for n, src, out in converted:  # what export.py writes, run loads
         r = run(out, "-m", "rope")
         assert r.returncode == 0, (n, src, r.stderr.decode())
-        converted += 1
-        out.unlink()
+    converted = len(converted)
     assert converted > 20 and refused > 20, (converted, refused)
 
 
