@@ -174,21 +174,18 @@ def dequantize(kind, data, count):
 # The largest |d| (and |m|, |dmin|) drawn per kind, so that the weights stay of order 0.1:
 # a 4-bit q (|q - 8| <= 8) times 0.02, a K-quant's d * sc * q with sc <= 63 and q <= 31, q6_k's
 # int8 scale (|sc| <= 128) times |q - 32| <= 32.
-SCALE_LIMITS = {"q4_0": dict(d=0.02), "q4_1": dict(d=0.01, m=0.1), "q5_0": dict(d=0.008),
-                "q5_1": dict(d=0.005, m=0.1), "q4_k": dict(d=1.5e-4, dmin=1.5e-3),
+SCALE_LIMITS = {"q4_0": dict(d=0.02), "q4_1": dict(d=0.01, m=0.05), "q5_0": dict(d=0.008),
+                "q5_1": dict(d=0.005, m=0.05), "q4_k": dict(d=1.5e-4, dmin=1.5e-3),
                 "q5_k": dict(d=8e-5, dmin=1.5e-3), "q6_k": dict(d=1.2e-4)}
 F16_SMALLEST_NORMAL = 2.0 ** -14
 
 
 def random_scales(name, limit, n, rng, first_blocks_special=True):
-    """n finite f16 scales: uniform in [-limit, limit] (q4_1's and q5_1's m: in [-limit, 0] mostly, as a
-    min below the weights is), with, when n allows, block 0 zero, block 1 negative zero, block 2 and
-    3 subnormal (positive and negative), and one in eight others negative anyway (uniform gives half)."""
-    if name == "m":
-        values = rng.uniform(-limit, limit * 0.25, n)
-    else:
-        values = rng.uniform(-limit, limit, n)
-    values = values.astype(np.float16)
+    """n finite f16 scales, uniform in [-limit, limit] (half of them negative), with, when n allows,
+    block 0 zero, block 1 negative zero, blocks 2 and 3 subnormal (positive and negative), and one in
+    64 of the others subnormal too. (A min m mostly of one sign would give every row the same
+    offset, and a model that repeats one token.)"""
+    values = rng.uniform(-limit, limit, n).astype(np.float16)
     if first_blocks_special and n >= 4:
         values[0] = np.float16(0.0)
         values[1] = np.float16(-0.0)
