@@ -64,24 +64,59 @@ typedef enum {
 } RopeScaling;
 
 // How the matrices and the token embedding are stored (the ROPE header's
-// weight_type): float32, or a 16-bit type that widens to float32 exactly. bf16 is
-// the top half of a float32 (8 exponent bits, 7 fraction bits); f16 is IEEE half
-// precision (5 exponent bits, 10 fraction bits). Q8_0 is GGUF's 8-bit block: each
-// run of 32 weights along a row is 34 bytes, a scale d (f16) then 32 int8 values q,
-// and the weight is d * q, exact in float32 (11 significant bits times 8). The norms
-// are always float32, and all arithmetic is float32: a 16-bit or Q8_0 file computes
-// what the float32 file holding its widened weights computes, from fewer bytes. A
-// file with a type table (weight_type 4) gives each matrix piece its own type.
-typedef enum { WEIGHT_F32 = 0, WEIGHT_BF16 = 1, WEIGHT_F16 = 2, WEIGHT_Q8_0 = 3 } WeightType;
+// weight_type): float32, or a type that widens to float32 exactly. bf16 is the top
+// half of a float32 (8 exponent bits, 7 fraction bits); f16 is IEEE half precision
+// (5 exponent bits, 10 fraction bits). The others are GGUF's blocks, byte for byte:
+// a run of 32 (or 256, the K-quants) weights along a row stored as small integers q
+// and one or two f16 scales, each weight widened by the equation beside its type
+// (section "Widening the weights" below; docs/format.md gives the bytes):
+//   q8_0  d * q                 q int8                        32 weights in 34 bytes
+//   q4_0  d * (q - 8)           q 4 bits                      32 in 18
+//   q4_1  d * q + m             q 4 bits                      32 in 20
+//   q5_0  d * (q - 16)          q 5 bits                      32 in 22
+//   q5_1  d * q + m             q 5 bits                      32 in 24
+//   q4_k  (d*sc) * q - dmin*m   q 4 bits, sc and m 6 bits     256 in 144 (8 sub-blocks of 32)
+//   q5_k  (d*sc) * q - dmin*m   q 5 bits, sc and m 6 bits     256 in 176
+//   q6_k  (d*sc) * (q - 32)     q 6 bits, sc int8             256 in 210 (16 sub-blocks of 16)
+// Every product is exact in float32 (an f16 scale has 11 significant bits), so a
+// weight is rounded at most once (q4_1, q5_1, q4_k, q5_k: the sum), exactly as
+// llama.cpp's dequantize_row_* rounds it. The norms are always float32, and all
+// arithmetic is float32: a file of any of these types computes what the float32
+// file holding its widened weights computes, from fewer bytes. A file with a type
+// table (weight_type 4, which is no type itself) gives each matrix piece its own.
+typedef enum {
+    WEIGHT_F32 = 0,
+    WEIGHT_BF16 = 1,
+    WEIGHT_F16 = 2,
+    WEIGHT_Q8_0 = 3,
+    WEIGHT_Q4_0 = 5,
+    WEIGHT_Q4_1 = 6,
+    WEIGHT_Q5_0 = 7,
+    WEIGHT_Q5_1 = 8,
+    WEIGHT_Q4_K = 9,
+    WEIGHT_Q5_K = 10,
+    WEIGHT_Q6_K = 11
+} WeightType;
+#define N_WEIGHT_TYPES 12
 #define Q8_0_BLOCK 32       // weights in a Q8_0 block
 #define Q8_0_BLOCK_BYTES 34 // its f16 scale and 32 int8 values
 
-// The bytes before element i of weights stored as `type`. A Q8_0 matrix is only ever
-// entered at the start of a row, a multiple of 32 (every row length is, check_q8_0_rows):
-// i / 32 whole blocks (i % 32 is added only to aim prefetch hints inside a block).
+// Each type's block: how many weights, in how many bytes (a float type: one weight;
+// 4: no type, a zero). A block type's rows are whole blocks (check_block_rows).
+typedef struct {
+    int weights, bytes;
+} BlockShape;
+static const BlockShape block_shapes[N_WEIGHT_TYPES] = {{1, 4},   {1, 2},   {1, 2},   {32, 34},  {0, 0},    {32, 18},
+                                                        {32, 20}, {32, 22}, {32, 24}, {256, 144}, {256, 176}, {256, 210}};
+
+static int is_block_type(WeightType type) { return block_shapes[type].weights > 1; }
+
+// The bytes before element i of weights stored as `type`. A block matrix is only ever
+// entered at the start of a row, a whole number of blocks (check_block_rows): i /
+// weights whole blocks (a part of a block is added only to aim prefetch hints inside one).
 static uint64_t weight_bytes(WeightType type, uint64_t i) {
-    if (type == WEIGHT_Q8_0) return i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES + i % Q8_0_BLOCK;
-    return i * (type == WEIGHT_F32 ? 4 : 2);
+    uint64_t weights = (uint64_t)block_shapes[type].weights, bytes = (uint64_t)block_shapes[type].bytes;
+    return i / weights * bytes + i % weights * bytes / weights;
 }
 
 // The feed-forward's gate (ROPE version 2's activation field): SwiGLU, silu(gate) * up
@@ -752,21 +787,119 @@ static inline float f16_to_f32(uint16_t h) {
     return bits_to_f32(sign | (e - 15 + 127) << 23 | (f & 0x3ff) << 13);
 }
 
-// Element i of a Q8_0 row: d * q, d the f16 scale of block i / 32 and q its int8 value
-// i % 32. The product is exact (d has 11 significant bits, q at most 8).
-static inline float q8_0_weight(const void *data, size_t i) {
-    const unsigned char *block = (const unsigned char *)data + i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
-    uint16_t d;
-    memcpy(&d, block, sizeof(d));
-    return f16_to_f32(d) * (float)(int8_t)block[2 + i % Q8_0_BLOCK];
+// Widening the weights. Element i of a row of blocks: block i / weights, weight
+// k = i % weights of it, by the type's equation (the table above WeightType). Each
+// follows llama.cpp's dequantize_row_* (ggml-quants.c) operation for operation, and
+// since every product is exact the fused and unfused forms agree.
+static inline float f16_at(const unsigned char *p) {
+    uint16_t h;
+    memcpy(&h, p, sizeof(h));
+    return f16_to_f32(h);
+}
+
+// Q8_0: d (f16) at byte 0, then 32 int8 q. d * q (11 significant bits times 8: exact).
+static inline float q8_0_weight(const unsigned char *block, int k) {
+    return f16_at(block) * (float)(int8_t)block[2 + k];
+}
+
+// The 4 low bits of a Q4_0/Q4_1/Q5_0/Q5_1 weight: 16 bytes qs hold weight k < 16 in the
+// low nibble of qs[k] and weight k + 16 in its high nibble.
+static inline int low_nibble_of_32(const unsigned char *qs, int k) { return k < 16 ? qs[k] & 15 : qs[k - 16] >> 4; }
+
+// Q4_0: d at 0, qs[16] at 2. d * (q - 8), q in 0..15.
+static inline float q4_0_weight(const unsigned char *block, int k) {
+    return (float)(low_nibble_of_32(block + 2, k) - 8) * f16_at(block);
+}
+
+// Q4_1: d at 0, m at 2, qs[16] at 4. d * q + m: the product exact, the sum rounded once.
+static inline float q4_1_weight(const unsigned char *block, int k) {
+    return (float)low_nibble_of_32(block + 4, k) * f16_at(block) + f16_at(block + 2);
+}
+
+// Q5_0 and Q5_1: the fifth bit of weight k is bit k of the 32-bit qh.
+static inline int fifth_bit(const unsigned char *qh, int k) { return (qh[k / 8] >> (k % 8) & 1) << 4; }
+
+// Q5_0: d at 0, qh[4] at 2, qs[16] at 6. d * (q - 16), q in 0..31.
+static inline float q5_0_weight(const unsigned char *block, int k) {
+    return (float)((low_nibble_of_32(block + 6, k) | fifth_bit(block + 2, k)) - 16) * f16_at(block);
+}
+
+// Q5_1: d at 0, m at 2, qh[4] at 4, qs[16] at 8. d * q + m.
+static inline float q5_1_weight(const unsigned char *block, int k) {
+    return (float)(low_nibble_of_32(block + 8, k) | fifth_bit(block + 4, k)) * f16_at(block) + f16_at(block + 2);
+}
+
+// The K-quants' 6-bit scale sc and min m of sub-block s (0..7), packed in 12 bytes:
+// s < 4: the low 6 bits of bytes s and s + 4; s >= 4: 4 bits of byte s + 4 (low for
+// sc, high for m) under the top 2 bits of byte s - 4 (sc) or s (m).
+static inline void k_scale_min(const unsigned char *scales, int s, int *sc, int *m) {
+    if (s < 4) {
+        *sc = scales[s] & 63;
+        *m = scales[s + 4] & 63;
+    } else {
+        *sc = (scales[s + 4] & 15) | (scales[s - 4] >> 6) << 4;
+        *m = (scales[s + 4] >> 4) | (scales[s] >> 6) << 4;
+    }
+}
+
+// The 4 low bits of Q4_K/Q5_K weight k (0..255): 128 bytes qs in four runs of 32;
+// sub-block s = k / 32 reads run s / 2, the low nibbles when s is even, else the high.
+static inline int k_nibble(const unsigned char *qs, int k) {
+    int s = k / 32, byte = qs[s / 2 * 32 + k % 32];
+    return s % 2 ? byte >> 4 : byte & 15;
+}
+
+// Q4_K: d at 0, dmin at 2, scales[12] at 4, qs[128] at 16. (d * sc) * q - dmin * m,
+// sc and m sub-block k / 32's: the products exact, the difference rounded once.
+static inline float q4_k_weight(const unsigned char *block, int k) {
+    int sc, m;
+    k_scale_min(block + 4, k / 32, &sc, &m);
+    return f16_at(block) * (float)sc * (float)k_nibble(block + 16, k) - f16_at(block + 2) * (float)m;
+}
+
+// Q5_K: d at 0, dmin at 2, scales[12] at 4, qh[32] at 16, qs[128] at 48. As Q4_K, q's
+// fifth bit being bit k / 32 of qh[k % 32].
+static inline float q5_k_weight(const unsigned char *block, int k) {
+    int sc, m, q = k_nibble(block + 48, k) | (block[16 + k % 32] >> (k / 32) & 1) << 4;
+    k_scale_min(block + 4, k / 32, &sc, &m);
+    return f16_at(block) * (float)sc * (float)q - f16_at(block + 2) * (float)m;
+}
+
+// Q6_K: ql[128] at 0, qh[64] at 128, scales[16] (int8) at 192, d at 208 (last).
+// (d * sc) * (q - 32), q in 0..63. Each half of 128 weights has its own 64 bytes of
+// ql, 32 of qh and 8 scales; within a half, weight r = 32 g + l (g = 0..3) takes the
+// low (g < 2) or high nibble of ql[l + 32 (g % 2)], bits 2g and 2g+1 of qh[l] on top,
+// and scale 2g + l / 16.
+static inline float q6_k_weight(const unsigned char *block, int k) {
+    int half = k / 128, g = k % 128 / 32, l = k % 32;
+    const unsigned char *ql = block + 64 * half, *qh = block + 128 + 32 * half;
+    int low = ql[l + 32 * (g % 2)] >> 4 * (g / 2) & 15, q = low | (qh[l] >> 2 * g & 3) << 4;
+    int8_t sc = (int8_t)block[192 + 8 * half + 2 * g + l / 16];
+    return f16_at(block + 208) * (float)sc * (float)(q - 32);
+}
+
+// Element k of the block at `block`, of a block type.
+static inline float block_weight(const unsigned char *block, int k, WeightType type) {
+    switch (type) {
+    case WEIGHT_Q8_0: return q8_0_weight(block, k);
+    case WEIGHT_Q4_0: return q4_0_weight(block, k);
+    case WEIGHT_Q4_1: return q4_1_weight(block, k);
+    case WEIGHT_Q5_0: return q5_0_weight(block, k);
+    case WEIGHT_Q5_1: return q5_1_weight(block, k);
+    case WEIGHT_Q4_K: return q4_k_weight(block, k);
+    case WEIGHT_Q5_K: return q5_k_weight(block, k);
+    case WEIGHT_Q6_K: return q6_k_weight(block, k);
+    default: return 0.0f; // a float type: widen() reads it
+    }
 }
 
 // Element i of weights stored as `type`, widened to float32.
 static inline float widen(const void *data, size_t i, WeightType type) {
     if (type == WEIGHT_BF16) return bf16_to_f32(((const uint16_t *)data)[i]);
     if (type == WEIGHT_F16) return f16_to_f32(((const uint16_t *)data)[i]);
-    if (type == WEIGHT_Q8_0) return q8_0_weight(data, i);
-    return ((const float *)data)[i];
+    if (type == WEIGHT_F32) return ((const float *)data)[i];
+    BlockShape b = block_shapes[type];
+    return block_weight((const unsigned char *)data + i / b.weights * b.bytes, (int)(i % b.weights), type);
 }
 
 // out = row `token` of the token embedding, widened to float32.
@@ -1602,9 +1735,10 @@ enum { TOKEN_UNK = 0, TOKEN_BOS = 1, TOKEN_EOS = 2, TOKEN_BYTE0 = 3 }; // Senten
 static const char *rope_scaling_names[] = {"none", "linear", "ntk", "yarn", "llama3", "longrope"};
 #define N_ROPE_SCALINGS 6
 #define N_FLAG_SCALINGS 5 // --rope-scaling's: longrope needs the file's factors
-static const char *weight_type_names[] = {"f32", "bf16", "f16", "q8_0"};
-#define N_WEIGHT_TYPES 4
+static const char *weight_type_names[N_WEIGHT_TYPES] = {"f32",  "bf16", "f16",  "q8_0", "per piece", "q4_0",
+                                                         "q4_1", "q5_0", "q5_1", "q4_k", "q5_k",      "q6_k"};
 #define WEIGHT_TYPE_PER_PIECE 4 // the header's weight_type for a file with a type table
+#define KNOWN_TYPES "0 f32, 1 bf16, 2 f16, 3 q8_0, 5 q4_0, 6 q4_1, 7 q5_0, 8 q5_1, 9 q4_k, 10 q5_k, 11 q6_k"
 #define N_ACTIVATIONS 2
 #define N_ROUTINGS 4
 
@@ -1771,23 +1905,25 @@ static int check_block_option(const char *name, float value) {
     return 0;
 }
 
-// A Q8_0 file's rows: every matrix's row length a whole number of blocks (GGUF's Q8_0
-// has no partial block): dim (the rows of wq, wk, wv, w1, w3, the embedding and the
-// classifier), each layer's q_dim (wo) and hidden_dim (w2), P (the per-layer inputs'
-// gate, output and embedding rows) and expert_hidden (the experts' down rows).
-static int check_q8_0_rows(const Config *c) {
-    if (c->weight_type != WEIGHT_Q8_0 || c->type_table_bytes) return 0; // a type table's pieces: next_piece
-    if (c->dim % Q8_0_BLOCK) return fail("q8_0 weights need dim a multiple of 32, not %d", c->dim);
-    if (c->per_layer_dim % Q8_0_BLOCK)
-        return fail("q8_0 weights need per_layer_input_dim a multiple of 32, not %d", c->per_layer_dim);
+// A file of one block type: every matrix's row length a whole number of blocks (GGUF's
+// blocks have no partial block): dim (the rows of wq, wk, wv, w1, w3, the embedding
+// and the classifier), each layer's q_dim (wo) and hidden_dim (w2), P (the per-layer
+// inputs' gate, output and embedding rows) and expert_hidden (the experts' down rows).
+static int check_block_rows(const Config *c) {
+    if (!is_block_type(c->weight_type) || c->type_table_bytes) return 0; // a type table's pieces: next_piece
+    int block = block_shapes[c->weight_type].weights;
+    const char *name = weight_type_names[c->weight_type];
+    if (c->dim % block) return fail("%s weights need dim a multiple of %d, not %d", name, block, c->dim);
+    if (c->per_layer_dim % block)
+        return fail("%s weights need per_layer_input_dim a multiple of %d, not %d", name, block, c->per_layer_dim);
     for (int l = 0; l < c->n_layers; l++) {
         int q_dim = c->n_heads * c->layer[l].head_size, hidden = c->layer[l].hidden_dim;
-        if (q_dim % Q8_0_BLOCK || hidden % Q8_0_BLOCK)
-            return fail("q8_0 weights need rows of a multiple of 32; layer %d has q_dim %d and hidden_dim %d", l,
-                        q_dim, hidden);
+        if (q_dim % block || hidden % block)
+            return fail("%s weights need rows of a multiple of %d; layer %d has q_dim %d and hidden_dim %d", name,
+                        block, l, q_dim, hidden);
     }
-    if (c->expert_hidden % Q8_0_BLOCK) // the experts' down rows
-        return fail("q8_0 weights need expert_hidden a multiple of 32, not %d", c->expert_hidden);
+    if (c->expert_hidden % block) // the experts' down rows
+        return fail("%s weights need expert_hidden a multiple of %d, not %d", name, block, c->expert_hidden);
     return 0;
 }
 
@@ -1826,9 +1962,8 @@ static int parse_header_v2(const unsigned char *data, Config *c) {
     int head_size = read_i32(data + 84), weight_type = read_i32(data + 88), reserved = read_i32(data + 92);
     if (head_size != 0 && (head_size < 2 || head_size > MAX_DIM || head_size % 2 != 0))
         return fail("head_size %d must be 0 (dim / n_heads) or even, in [2, %d]", head_size, MAX_DIM);
-    if (weight_type < 0 || weight_type > WEIGHT_TYPE_PER_PIECE)
-        return fail("weight_type %d is not a type this program knows (0 f32, 1 bf16, 2 f16, 3 q8_0, 4 per piece)",
-                    weight_type);
+    if (weight_type < 0 || weight_type >= N_WEIGHT_TYPES)
+        return fail("weight_type %d is not a type this program knows (" KNOWN_TYPES ", 4 per piece)", weight_type);
     if (reserved != 0) return fail("reserved header field at byte 92 is %d, not 0", reserved);
     c->head_size = head_size;
     c->weight_type = weight_type == WEIGHT_TYPE_PER_PIECE ? WEIGHT_F32 : (WeightType)weight_type; // 4: the table's
@@ -1923,8 +2058,8 @@ static int read_type_table(const unsigned char *data, size_t size, Config *c) {
                     (unsigned long long)pieces, (unsigned long long)c->type_table_offset, size);
     for (uint64_t i = 0; i < pieces; i++) {
         unsigned char type = data[c->type_table_offset + i];
-        if (type >= N_WEIGHT_TYPES)
-            return fail("type table entry %llu is %d, not a type this program knows (0 f32, 1 bf16, 2 f16, 3 q8_0)",
+        if (type >= N_WEIGHT_TYPES || type == WEIGHT_TYPE_PER_PIECE)
+            return fail("type table entry %llu is %d, not a type this program knows (" KNOWN_TYPES ")",
                         (unsigned long long)i, type);
         c->piece_type[i] = type;
     }
@@ -2188,12 +2323,12 @@ static int parse_header(const unsigned char *data, size_t size, Config *c, Check
         return -1;
     if (second->head_size && check_every_rope_angles(c) != 0) return -1; // the second over its own head size
     place_layers(c);
-    if (check_q8_0_rows(c) != 0) return -1;
+    if (check_block_rows(c) != 0) return -1;
     if (c->type_table_bytes && read_type_table(data, size, c) != 0) return -1; // the pieces' sizes follow from it
     *data_offset = *format == FORMAT_LLAMA2C_LEGACY ? LEGACY_HEADER_BYTES : HEADER_BYTES;
     TransformerWeights unused;
     *expected_size = map_weights(&unused, c, *format, 0, *data_offset); // where the last tensor ends
-    if (*expected_size == 0) return -1; // a q8_0 piece's rows refused
+    if (*expected_size == 0) return -1; // a block piece's rows refused
     if (check_layer_table_place(c, *expected_size) != 0) return -1;
     if (c->layer_table_bytes) *expected_size = c->layer_table_offset + c->layer_table_bytes;
     if (check_type_table_place(c, *expected_size) != 0) return -1;
@@ -2227,32 +2362,42 @@ static const float *next_vector(TensorLayout *t, uint64_t elements) {
     return (const float *)(t->base + next_tensor(t, elements * sizeof(float)));
 }
 
-// A Q8_0 matrix's scales: each a finite f16 (exponent bits not all ones), so that
-// every weight d * q is a number.
-static int check_q8_0_scales(const unsigned char *blocks, uint64_t elements, const char *name) {
-    for (uint64_t b = 0; b < elements / Q8_0_BLOCK; b++, blocks += Q8_0_BLOCK_BYTES) {
-        uint16_t d;
-        memcpy(&d, blocks, sizeof(d));
-        if ((d & 0x7c00) == 0x7c00)
-            return fail("%s: the scale of q8_0 block %llu is %g; scales must be finite", name, (unsigned long long)b,
-                        f16_to_f32(d));
-    }
+// Where a block's f16 scales lie (d, then m or dmin when the type has one; -1: none).
+static const int scale_places[N_WEIGHT_TYPES][2] = {
+    [WEIGHT_Q8_0] = {0, -1}, [WEIGHT_Q4_0] = {0, -1}, [WEIGHT_Q4_1] = {0, 2}, [WEIGHT_Q5_0] = {0, -1},
+    [WEIGHT_Q5_1] = {0, 2},  [WEIGHT_Q4_K] = {0, 2},  [WEIGHT_Q5_K] = {0, 2}, [WEIGHT_Q6_K] = {208, -1}};
+
+// A block matrix's scales: each a finite f16 (exponent bits not all ones), so that
+// every weight is a number.
+static int check_block_scales(const unsigned char *blocks, uint64_t elements, WeightType type, const char *name) {
+    BlockShape b = block_shapes[type];
+    for (uint64_t i = 0; i < elements / (uint64_t)b.weights; i++, blocks += b.bytes)
+        for (int s = 0; s < 2 && scale_places[type][s] >= 0; s++) {
+            uint16_t h;
+            memcpy(&h, blocks + scale_places[type][s], sizeof(h));
+            if ((h & 0x7c00) == 0x7c00)
+                return fail("%s: the %s of %s block %llu is %g; scales must be finite", name,
+                            s == 0 ? "scale" : type == WEIGHT_Q4_1 || type == WEIGHT_Q5_1 ? "min m" : "min dmin",
+                            weight_type_names[type], (unsigned long long)i, f16_to_f32(h));
+        }
     return 0;
 }
 
-// A Q8_0 piece's rows must be whole blocks (GGUF's Q8_0 has no partial block). A file
-// of one type has had every row length checked at once (check_q8_0_rows); with a type
-// table, each Q8_0 piece is checked here.
-static int check_q8_0_piece_rows(uint64_t rows, uint64_t row_length, const char *name) {
-    if (rows == 0 || row_length % Q8_0_BLOCK == 0) return 0;
-    return fail("%s is q8_0 with rows of %llu weights, not a multiple of 32", name, (unsigned long long)row_length);
+// A block piece's rows must be whole blocks (GGUF's blocks have no partial block). A
+// file of one type has had every row length checked at once (check_block_rows); with
+// a type table, each block piece is checked here.
+static int check_block_piece_rows(uint64_t rows, uint64_t row_length, WeightType type, const char *name) {
+    int block = block_shapes[type].weights;
+    if (rows == 0 || row_length % (uint64_t)block == 0) return 0;
+    return fail("%s is %s with rows of %llu weights, not a multiple of %d", name, weight_type_names[type],
+                (unsigned long long)row_length, block);
 }
 
 // The next matrix piece, rows x row_length elements: the embedding, a classifier, or one
 // layer's piece of a layered tensor (layer: its index; -1 for a whole matrix). Without a
 // type table it has the file's type, and a layered tensor's pieces lie back to back (the
 // tensor starts aligned: `first`); with one, each piece has its table entry's type and
-// starts at its own multiple of 64. Once mapped, a Q8_0 piece's scales are checked.
+// starts at its own multiple of 64. Once mapped, a block piece's scales are checked.
 static Matrix next_piece(TensorLayout *t, uint64_t rows, uint64_t row_length, const char *name, int layer, int first) {
     WeightType type = t->types ? (WeightType)t->types[t->piece] : t->type;
     uint64_t elements = rows * row_length;
@@ -2260,12 +2405,12 @@ static Matrix next_piece(TensorLayout *t, uint64_t rows, uint64_t row_length, co
     if (t->types || first) t->at = round_up(t->at, t->alignment);
     Matrix m = {elements ? (const void *)(t->base + t->at) : NULL, type};
     t->at += weight_bytes(type, elements);
-    if (type != WEIGHT_Q8_0 || t->failed) return m;
+    if (!is_block_type(type) || t->failed) return m;
     char piece[64]; // its name in a message: "wq", or "wq of layer 3" for a layer's piece
     if (layer < 0) snprintf(piece, sizeof(piece), "%s", name);
     else snprintf(piece, sizeof(piece), "%s of layer %d", name, layer);
-    if ((t->types && check_q8_0_piece_rows(rows, row_length, piece) != 0) ||
-        (t->base && check_q8_0_scales(m.data, elements, piece) != 0))
+    if ((t->types && check_block_piece_rows(rows, row_length, type, piece) != 0) ||
+        (t->base && check_block_scales(m.data, elements, type, piece) != 0))
         t->failed = 1;
     return m;
 }
@@ -5541,13 +5686,162 @@ static inline Lanes lanes_load_q8_0(const void *data, size_t i) {
 }
 #endif
 
+// The 4-, 5- and 6-bit blocks: eight of a block's small integers q widened to 32-bit
+// integer lanes (Ints), their bits assembled there, converted to float32 (exact), and
+// the type's equation applied with the same operations as its plain widening above
+// (q4_0_weight ...): the same bits. Ints are one AVX register or two NEON registers.
+#if defined(USE_AVX2)
+typedef __m256i Ints;
+static inline Ints ints_of_bytes(const unsigned char *p) { // eight bytes, zero-extended
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
+static inline Ints ints_and(Ints v, int mask) { return _mm256_and_si256(v, _mm256_set1_epi32(mask)); }
+static inline Ints ints_or(Ints a, Ints b) { return _mm256_or_si256(a, b); }
+static inline Ints ints_add(Ints v, int c) { return _mm256_add_epi32(v, _mm256_set1_epi32(c)); }
+static inline Ints ints_shift_right(Ints v, int n) { return _mm256_srl_epi32(v, _mm_cvtsi32_si128(n)); }
+static inline Ints ints_shift_left(Ints v, int n) { return _mm256_sll_epi32(v, _mm_cvtsi32_si128(n)); }
+static inline Ints ints_bits_of_byte(int byte) { // lane l: bit l of byte
+    Ints bits = _mm256_srlv_epi32(_mm256_set1_epi32(byte), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    return ints_and(bits, 1);
+}
+static inline Lanes lanes_of_ints(Ints v) { return _mm256_cvtepi32_ps(v); }
+static inline Lanes lanes_set(float f) { return _mm256_set1_ps(f); }
+static inline Lanes lanes_mul(Lanes a, Lanes b) { return _mm256_mul_ps(a, b); }
+static inline Lanes lanes_add(Lanes a, Lanes b) { return _mm256_add_ps(a, b); }
+static inline Lanes lanes_sub(Lanes a, Lanes b) { return _mm256_sub_ps(a, b); }
+static inline float scale_at(const unsigned char *p) { // an f16 scale, by the conversion instruction
+#if defined(__F16C__)
+    uint16_t h;
+    memcpy(&h, p, sizeof(h));
+    return _cvtsh_ss(h);
+#else
+    return f16_at(p);
+#endif
+}
+#elif defined(USE_NEON)
+typedef struct {
+    uint32x4_t lo, hi;
+} Ints;
+static inline Ints ints_of_bytes(const unsigned char *p) {
+    uint16x8_t v = vmovl_u8(vld1_u8(p));
+    return (Ints){vmovl_u16(vget_low_u16(v)), vmovl_high_u16(v)};
+}
+static inline Ints ints_and(Ints v, int mask) {
+    return (Ints){vandq_u32(v.lo, vdupq_n_u32((uint32_t)mask)), vandq_u32(v.hi, vdupq_n_u32((uint32_t)mask))};
+}
+static inline Ints ints_or(Ints a, Ints b) { return (Ints){vorrq_u32(a.lo, b.lo), vorrq_u32(a.hi, b.hi)}; }
+static inline Ints ints_add(Ints v, int c) {
+    return (Ints){vaddq_u32(v.lo, vdupq_n_u32((uint32_t)c)), vaddq_u32(v.hi, vdupq_n_u32((uint32_t)c))};
+}
+static inline Ints ints_shift_right(Ints v, int n) {
+    return (Ints){vshlq_u32(v.lo, vdupq_n_s32(-n)), vshlq_u32(v.hi, vdupq_n_s32(-n))};
+}
+static inline Ints ints_shift_left(Ints v, int n) {
+    return (Ints){vshlq_u32(v.lo, vdupq_n_s32(n)), vshlq_u32(v.hi, vdupq_n_s32(n))};
+}
+static inline Ints ints_bits_of_byte(int byte) {
+    static const int32_t low[4] = {0, -1, -2, -3}, high[4] = {-4, -5, -6, -7};
+    uint32x4_t b = vdupq_n_u32((uint32_t)byte);
+    return ints_and((Ints){vshlq_u32(b, vld1q_s32(low)), vshlq_u32(b, vld1q_s32(high))}, 1);
+}
+static inline Lanes lanes_of_ints(Ints v) {
+    return (Lanes){vcvtq_f32_s32(vreinterpretq_s32_u32(v.lo)), vcvtq_f32_s32(vreinterpretq_s32_u32(v.hi))};
+}
+static inline Lanes lanes_set(float f) { return (Lanes){vdupq_n_f32(f), vdupq_n_f32(f)}; }
+static inline Lanes lanes_mul(Lanes a, Lanes b) { return (Lanes){vmulq_f32(a.lo, b.lo), vmulq_f32(a.hi, b.hi)}; }
+static inline Lanes lanes_add(Lanes a, Lanes b) { return (Lanes){vaddq_f32(a.lo, b.lo), vaddq_f32(a.hi, b.hi)}; }
+static inline Lanes lanes_sub(Lanes a, Lanes b) { return (Lanes){vsubq_f32(a.lo, b.lo), vsubq_f32(a.hi, b.hi)}; }
+static inline float scale_at(const unsigned char *p) {
+    uint16_t h;
+    memcpy(&h, p, sizeof(h));
+    return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0);
+}
+#endif
+
 #ifdef USE_SIMD
+// low_nibble_of_32 for weights k .. k+7 (k a multiple of 8)
+static inline Ints ints_low_nibbles_of_32(const unsigned char *qs, int k) {
+    return k < 16 ? ints_and(ints_of_bytes(qs + k), 15) : ints_shift_right(ints_of_bytes(qs + k - 16), 4);
+}
+// k_nibble for weights k .. k+7 of a Q4_K/Q5_K block
+static inline Ints ints_k_nibbles(const unsigned char *qs, int k) {
+    Ints bytes = ints_of_bytes(qs + k / 64 * 32 + k % 32);
+    return k / 32 % 2 ? ints_shift_right(bytes, 4) : ints_and(bytes, 15);
+}
+
+// The factors of a run of 32 weights of a block (weights k .. k+31, k a multiple of
+// 32), each copied into every lane, so that a kernel widens them once a run:
+//   q8_0, q4_0, q5_0: a = d;  q4_1, q5_1: a = d, b = m;
+//   q4_k, q5_k: a = d * sc, b = dmin * m of sub-block k / 32 (each product exact);
+//   q6_k: a = d * sc for the run's first 16 weights, b = d * sc for its last 16.
+typedef struct {
+    Lanes a, b;
+} RunFactors;
+static inline __attribute__((always_inline)) RunFactors run_factors(const unsigned char *block, int k,
+                                                                     WeightType type) {
+    int sc, m;
+    switch (type) {
+    case WEIGHT_Q4_1:
+    case WEIGHT_Q5_1: return (RunFactors){lanes_set(scale_at(block)), lanes_set(scale_at(block + 2))};
+    case WEIGHT_Q4_K:
+    case WEIGHT_Q5_K:
+        k_scale_min(block + 4, k / 32, &sc, &m);
+        return (RunFactors){lanes_set(scale_at(block) * (float)sc), lanes_set(scale_at(block + 2) * (float)m)};
+    case WEIGHT_Q6_K: {
+        const int8_t *scales = (const int8_t *)block + 192 + 8 * (k / 128) + 2 * (k % 128 / 32);
+        float d = scale_at(block + 208);
+        return (RunFactors){lanes_set(d * (float)scales[0]), lanes_set(d * (float)scales[1])};
+    }
+    default: return (RunFactors){lanes_set(scale_at(block)), lanes_zero()}; // q8_0, q4_0, q5_0
+    }
+}
+
+// Eight weights of the block at `block`, from weight k on (a multiple of 8), given the
+// factors of the run of 32 they lie in: the equations of q8_0_weight ... q6_k_weight,
+// eight at a time.
+static inline __attribute__((always_inline)) Lanes lanes_block_values(const unsigned char *block, int k,
+                                                                       WeightType type, RunFactors f) {
+    switch (type) {
+    case WEIGHT_Q4_0: // d * (q - 8)
+        return lanes_mul(lanes_of_ints(ints_add(ints_low_nibbles_of_32(block + 2, k), -8)), f.a);
+    case WEIGHT_Q4_1: // d * q + m
+        return lanes_add(lanes_mul(lanes_of_ints(ints_low_nibbles_of_32(block + 4, k)), f.a), f.b);
+    case WEIGHT_Q5_0: { // d * (q - 16), the fifth bits from qh's byte k / 8
+        Ints q = ints_or(ints_low_nibbles_of_32(block + 6, k), ints_shift_left(ints_bits_of_byte(block[2 + k / 8]), 4));
+        return lanes_mul(lanes_of_ints(ints_add(q, -16)), f.a);
+    }
+    case WEIGHT_Q5_1: { // d * q + m
+        Ints q = ints_or(ints_low_nibbles_of_32(block + 8, k), ints_shift_left(ints_bits_of_byte(block[4 + k / 8]), 4));
+        return lanes_add(lanes_mul(lanes_of_ints(q), f.a), f.b);
+    }
+    case WEIGHT_Q4_K: // (d * sc) * q - dmin * m
+        return lanes_sub(lanes_mul(f.a, lanes_of_ints(ints_k_nibbles(block + 16, k))), f.b);
+    case WEIGHT_Q5_K: { // as Q4_K, the fifth bit being bit k / 32 of qh[k % 32]
+        Ints high = ints_shift_left(ints_and(ints_shift_right(ints_of_bytes(block + 16 + k % 32), k / 32), 1), 4);
+        return lanes_sub(lanes_mul(f.a, lanes_of_ints(ints_or(ints_k_nibbles(block + 48, k), high))), f.b);
+    }
+    case WEIGHT_Q6_K: { // (d * sc) * (q - 32)
+        int half = k / 128, g = k % 128 / 32, l = k % 32;
+        const unsigned char *ql = block + 64 * half, *qh = block + 128 + 32 * half;
+        Ints low = ints_and(ints_shift_right(ints_of_bytes(ql + l + 32 * (g % 2)), 4 * (g / 2)), 15);
+        Ints q = ints_or(low, ints_shift_left(ints_and(ints_shift_right(ints_of_bytes(qh + l), 2 * g), 3), 4));
+        return lanes_mul(l < 16 ? f.a : f.b, lanes_of_ints(ints_add(q, -32)));
+    }
+    default: // Q8_0: d * q
+        return lanes_q8_0_values(block + 2 + k, f.a);
+    }
+}
+
 // Eight weights of `type` from element i of data on, as float32 lanes.
-static inline Lanes lanes_load_weights(const void *data, size_t i, WeightType type) {
+static inline __attribute__((always_inline)) Lanes lanes_load_weights(const void *data, size_t i, WeightType type) {
     if (type == WEIGHT_BF16) return lanes_load_bf16((const uint16_t *)data + i);
     if (type == WEIGHT_F16) return lanes_load_f16((const uint16_t *)data + i);
     if (type == WEIGHT_Q8_0) return lanes_load_q8_0(data, i);
-    return lanes_load((const float *)data + i);
+    if (type == WEIGHT_F32) return lanes_load((const float *)data + i);
+    BlockShape b = block_shapes[type];
+    const unsigned char *block = (const unsigned char *)data + i / b.weights * b.bytes;
+    int k = (int)(i % b.weights);
+    return lanes_block_values(block, k, type, run_factors(block, k / 32 * 32, type));
 }
 
 // The kernels below that read weights are written once for a weight type given as
@@ -5572,10 +5866,19 @@ static inline __attribute__((always_inline)) float dot_lanes(const void *a, Weig
 static float dot_simd(const float *a, const float *b, int n) { return dot_lanes(a, WEIGHT_F32, b, n); }
 
 static float dot_weights_simd(Matrix w, const float *x, int n) {
-    if (w.type == WEIGHT_BF16) return dot_lanes(w.data, WEIGHT_BF16, x, n);
-    if (w.type == WEIGHT_F16) return dot_lanes(w.data, WEIGHT_F16, x, n);
-    if (w.type == WEIGHT_Q8_0) return dot_lanes(w.data, WEIGHT_Q8_0, x, n);
-    return dot_lanes(w.data, WEIGHT_F32, x, n);
+    switch (w.type) { // one copy of dot_lanes per type
+    case WEIGHT_BF16: return dot_lanes(w.data, WEIGHT_BF16, x, n);
+    case WEIGHT_F16: return dot_lanes(w.data, WEIGHT_F16, x, n);
+    case WEIGHT_Q8_0: return dot_lanes(w.data, WEIGHT_Q8_0, x, n);
+    case WEIGHT_Q4_0: return dot_lanes(w.data, WEIGHT_Q4_0, x, n);
+    case WEIGHT_Q4_1: return dot_lanes(w.data, WEIGHT_Q4_1, x, n);
+    case WEIGHT_Q5_0: return dot_lanes(w.data, WEIGHT_Q5_0, x, n);
+    case WEIGHT_Q5_1: return dot_lanes(w.data, WEIGHT_Q5_1, x, n);
+    case WEIGHT_Q4_K: return dot_lanes(w.data, WEIGHT_Q4_K, x, n);
+    case WEIGHT_Q5_K: return dot_lanes(w.data, WEIGHT_Q5_K, x, n);
+    case WEIGHT_Q6_K: return dot_lanes(w.data, WEIGHT_Q6_K, x, n);
+    default: return dot_lanes(w.data, WEIGHT_F32, x, n);
+    }
 }
 #endif
 
@@ -5604,25 +5907,29 @@ static inline void prefetch_ahead(const void *p, size_t ahead) {
 // more reads in flight than the hardware prefetchers do (a 16-bit row's line holds
 // two steps, and is asked for twice: a hint for a line already coming costs little).
 #ifdef USE_SIMD
-// Q8_0 rows (n a multiple of 32): a block of each row per step, four vectors, each
-// row's scale widened and copied into the lanes once a block rather than once a
-// vector; each row's multiply-adds are dot()'s, in its order (a block's vectors are
-// j, j + 8, j + 16, j + 24). With `prefetch`, each block first asks for each row's
-// line PREFETCH_AHEAD_BYTES further on.
-static void dot_rows4_q8_0(float *out, const void *w, const float *x, int n, size_t gap, int prefetch) {
+// Rows of blocks (n a multiple of 32, and of the block): a run of 32 weights of each
+// row per step, four vectors; each row's factors (run_factors: its scales, widened
+// and copied into the lanes) once a run rather than once a vector. Each row's
+// multiply-adds are dot()'s, in its order (a run's vectors are j, j + 8, j + 16,
+// j + 24). With `prefetch`, each run first asks for each row's line
+// PREFETCH_AHEAD_BYTES further on.
+static inline __attribute__((always_inline)) void dot_rows4_blocks(float *out, const void *w, WeightType type,
+                                                                    const float *x, int n, size_t gap, int prefetch) {
+    BlockShape b = block_shapes[type];
     const unsigned char *row[4];
-    for (int r = 0; r < 4; r++) row[r] = (const unsigned char *)w + weight_bytes(WEIGHT_Q8_0, r * gap * n);
+    for (int r = 0; r < 4; r++) row[r] = (const unsigned char *)w + weight_bytes(type, r * gap * n);
     Lanes lanes[4] = {lanes_zero(), lanes_zero(), lanes_zero(), lanes_zero()};
-    for (int j = 0; j < n; j += Q8_0_BLOCK) {
-        size_t at = (size_t)j / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
+    for (int j = 0; j < n; j += 32) {
+        size_t at = (size_t)j / b.weights * b.bytes; // the block of weight j
+        int k = j % b.weights;
         if (prefetch)
-            for (int r = 0; r < 4; r++) prefetch_ahead(row[r] + at, PREFETCH_AHEAD_BYTES);
-        Lanes d[4];
-        for (int r = 0; r < 4; r++) d[r] = lanes_q8_0_scale(row[r] + at);
-        for (int h = 0; h < Q8_0_BLOCK; h += DOT_LANES) {
+            for (int r = 0; r < 4; r++) prefetch_ahead(row[r] + at + k * b.bytes / b.weights, PREFETCH_AHEAD_BYTES);
+        RunFactors f[4];
+        for (int r = 0; r < 4; r++) f[r] = run_factors(row[r] + at, k, type);
+        for (int h = 0; h < 32; h += DOT_LANES) {
             Lanes xv = lanes_load(x + j + h);
             for (int r = 0; r < 4; r++)
-                lanes[r] = lanes_fma(lanes_q8_0_values(row[r] + at + 2 + h, d[r]), xv, lanes[r]);
+                lanes[r] = lanes_fma(lanes_block_values(row[r] + at, k + h, type, f[r]), xv, lanes[r]);
         }
     }
     for (int r = 0; r < 4; r++) out[r * gap] = lanes_sum(lanes[r]);
@@ -5661,10 +5968,19 @@ static inline __attribute__((always_inline)) void dot_rows4_lanes(float *out, co
 
 static void dot_rows4(float *out, Matrix w, const float *x, int n, size_t gap, int prefetch) {
 #ifdef USE_SIMD
-    if (w.type == WEIGHT_BF16) dot_rows4_lanes(out, w.data, WEIGHT_BF16, x, n, gap, prefetch);
-    else if (w.type == WEIGHT_F16) dot_rows4_lanes(out, w.data, WEIGHT_F16, x, n, gap, prefetch);
-    else if (w.type == WEIGHT_Q8_0) dot_rows4_q8_0(out, w.data, x, n, gap, prefetch);
-    else dot_rows4_lanes(out, w.data, WEIGHT_F32, x, n, gap, prefetch);
+    switch (w.type) { // one copy of the kernel per type
+    case WEIGHT_BF16: dot_rows4_lanes(out, w.data, WEIGHT_BF16, x, n, gap, prefetch); break;
+    case WEIGHT_F16: dot_rows4_lanes(out, w.data, WEIGHT_F16, x, n, gap, prefetch); break;
+    case WEIGHT_Q8_0: dot_rows4_blocks(out, w.data, WEIGHT_Q8_0, x, n, gap, prefetch); break;
+    case WEIGHT_Q4_0: dot_rows4_blocks(out, w.data, WEIGHT_Q4_0, x, n, gap, prefetch); break;
+    case WEIGHT_Q4_1: dot_rows4_blocks(out, w.data, WEIGHT_Q4_1, x, n, gap, prefetch); break;
+    case WEIGHT_Q5_0: dot_rows4_blocks(out, w.data, WEIGHT_Q5_0, x, n, gap, prefetch); break;
+    case WEIGHT_Q5_1: dot_rows4_blocks(out, w.data, WEIGHT_Q5_1, x, n, gap, prefetch); break;
+    case WEIGHT_Q4_K: dot_rows4_blocks(out, w.data, WEIGHT_Q4_K, x, n, gap, prefetch); break;
+    case WEIGHT_Q5_K: dot_rows4_blocks(out, w.data, WEIGHT_Q5_K, x, n, gap, prefetch); break;
+    case WEIGHT_Q6_K: dot_rows4_blocks(out, w.data, WEIGHT_Q6_K, x, n, gap, prefetch); break;
+    default: dot_rows4_lanes(out, w.data, WEIGHT_F32, x, n, gap, prefetch); break;
+    }
 #else
     (void)prefetch; // the plain build leaves prefetching to the hardware
     for (int r = 0; r < 4; r++) out[r * gap] = dot_weights(matrix_at(w, r * gap * n), x, n);
@@ -6060,15 +6376,32 @@ static inline __attribute__((always_inline)) void matmul_tile_of(float *xout, co
 // w: the tile's rows, from row i0 of the matrix on
 static void matmul_tile(float *xout, const float *x, const float *packed, Matrix w, int n, int d, int i0, int n_rows,
                         int b0, int n_tokens, const char *prefetch, int prefetch_lines) {
-    if (w.type == WEIGHT_BF16)
-        matmul_tile_of(xout, x, packed, w.data, WEIGHT_BF16, n, d, i0, n_rows, b0, n_tokens, prefetch, prefetch_lines);
-    else if (w.type == WEIGHT_F16)
-        matmul_tile_of(xout, x, packed, w.data, WEIGHT_F16, n, d, i0, n_rows, b0, n_tokens, prefetch, prefetch_lines);
-    else if (w.type == WEIGHT_Q8_0)
-        matmul_tile_of(xout, x, packed, w.data, WEIGHT_Q8_0, n, d, i0, n_rows, b0, n_tokens, prefetch, prefetch_lines);
-    else
+    if (w.type == WEIGHT_F32)
         matmul_tile_of(xout, x, packed, w.data, WEIGHT_F32, n, d, i0, n_rows, b0, n_tokens, prefetch, prefetch_lines);
+    else // widened in the tile, the type a variable (matmul_tiled widens a row tile once when it can)
+        matmul_tile_of(xout, x, packed, w.data, w.type, n, d, i0, n_rows, b0, n_tokens, prefetch, prefetch_lines);
 }
+
+#ifdef USE_SIMD
+// out = count weights of a 16-bit type widened, eight at a time as the kernels load them
+static inline __attribute__((always_inline)) void widen_lanes(float *out, const void *w, WeightType type,
+                                                               size_t count) {
+    size_t i = 0;
+    for (; i + DOT_LANES <= count; i += DOT_LANES) lanes_store(out + i, lanes_load_weights(w, i, type));
+    for (; i < count; i++) out[i] = widen(w, i, type);
+}
+// out = count weights of a block type (whole runs of 32) widened, a run's factors once
+static inline __attribute__((always_inline)) void widen_blocks(float *out, const void *w, WeightType type,
+                                                                size_t count) {
+    BlockShape b = block_shapes[type];
+    for (size_t i = 0; i < count; i += 32) {
+        const unsigned char *block = (const unsigned char *)w + i / b.weights * b.bytes;
+        int k = (int)(i % b.weights);
+        RunFactors f = run_factors(block, k, type);
+        for (int h = 0; h < 32; h += DOT_LANES) lanes_store(out + i + h, lanes_block_values(block, k + h, type, f));
+    }
+}
+#endif
 
 // out = the first `rows` rows of w (n weights each) widened to float32, eight at a
 // time as the kernels load them.
@@ -6090,7 +6423,19 @@ static void widen_rows(float *out, Matrix w, int n, int rows) {
     }
 #endif
 #ifdef USE_SIMD
-    for (; i + DOT_LANES <= count; i += DOT_LANES) lanes_store(out + i, lanes_load_weights(w.data, i, w.type));
+    switch (w.type) { // one copy per type
+    case WEIGHT_BF16: widen_lanes(out, w.data, WEIGHT_BF16, count); return;
+    case WEIGHT_F16: widen_lanes(out, w.data, WEIGHT_F16, count); return;
+    case WEIGHT_Q8_0: widen_blocks(out, w.data, WEIGHT_Q8_0, count); return;
+    case WEIGHT_Q4_0: widen_blocks(out, w.data, WEIGHT_Q4_0, count); return;
+    case WEIGHT_Q4_1: widen_blocks(out, w.data, WEIGHT_Q4_1, count); return;
+    case WEIGHT_Q5_0: widen_blocks(out, w.data, WEIGHT_Q5_0, count); return;
+    case WEIGHT_Q5_1: widen_blocks(out, w.data, WEIGHT_Q5_1, count); return;
+    case WEIGHT_Q4_K: widen_blocks(out, w.data, WEIGHT_Q4_K, count); return;
+    case WEIGHT_Q5_K: widen_blocks(out, w.data, WEIGHT_Q5_K, count); return;
+    case WEIGHT_Q6_K: widen_blocks(out, w.data, WEIGHT_Q6_K, count); return;
+    default: break;
+    }
 #endif
     for (; i < count; i++) out[i] = widen(w.data, i, w.type);
 }
@@ -6102,16 +6447,16 @@ static void widen_rows(float *out, Matrix w, int n, int rows) {
 // of the block. A row tile's weights come from memory during its first token tile,
 // and the arithmetic waits for them; so while one row tile is at work, the weights
 // of the next are requested into L2, a share per token tile, spread over the steps
-// of the loop. A Q8_0 row tile is widened once, into float32 rows of the thread's
-// own (the values widen() gives), and every token tile reads those: the widening
-// (a conversion and a multiply per weight) is done once a row tile rather than once
-// for each of its token tiles. If that memory cannot be had, the tiles widen the
+// of the loop. A row tile of any type but float32 is widened once, into float32
+// rows of the thread's own (the values widen() gives), and every token tile reads
+// those: the widening (for a block, a few integer steps, a conversion and a multiply
+// per weight) is done once a row tile rather than once for each of its token tiles. If that memory cannot be had, the tiles widen the
 // blocks themselves (the same bits, more slowly).
 static void matmul_tiled(float *xout, const float *x, Matrix w, int B, int n, int d, float *scratch) {
     int token_tiles = (B + TILE_TOKENS - 1) / TILE_TOKENS;
 #pragma omp parallel
     {
-        float *widened = w.type == WEIGHT_Q8_0 ? malloc(sizeof(float) * TILE_ROWS * n) : NULL;
+        float *widened = w.type != WEIGHT_F32 ? malloc(sizeof(float) * TILE_ROWS * n) : NULL;
 #ifdef USE_AVX512
         // the threads pack the token pairs together, and wait for each other at the
         // end of this loop
@@ -6949,9 +7294,12 @@ static char *read_text_file(const char *path) {
 }
 
 static const char *format_name(CheckpointFormat f, const Config *c) {
-    static const char *rope_v2[] = {"ROPE v2 f32", "ROPE v2 bf16", "ROPE v2 f16", "ROPE v2 q8_0"}; // by weight_type
+    static char v2[32];
     if (f == FORMAT_ROPE && c->version == 2 && c->type_table_bytes) return "ROPE v2 per-piece types";
-    if (f == FORMAT_ROPE && c->version == 2) return rope_v2[c->weight_type];
+    if (f == FORMAT_ROPE && c->version == 2) {
+        snprintf(v2, sizeof(v2), "ROPE v2 %s", weight_type_names[c->weight_type]);
+        return v2;
+    }
     return f == FORMAT_ROPE ? "ROPE v1" : f == FORMAT_LLAMA2C_V1 ? "llama2.c v1" : "llama2.c legacy";
 }
 

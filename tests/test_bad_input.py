@@ -370,8 +370,8 @@ ROWS = [
     ("rope-version-3", rope([(4, "<i", 3)]), 1, "ROPE checkpoint version 3 is not supported (only 1 and 2)"),
     ("rope-version-negative", rope([(4, "<i", -1)]), 1, "ROPE checkpoint version -1 is not supported"),
     # version 2: weight_type (byte 88) and head_size (84); stories260K's float32 body
-    ("rope-v2-weight-type-unknown", rope([(4, "<i", 2), (88, "<i", 5)]), 1,
-     "weight_type 5 is not a type this program knows"),
+    ("rope-v2-weight-type-unknown", rope([(4, "<i", 2), (88, "<i", 12)]), 1,
+     "weight_type 12 is not a type this program knows"),
     # weight_type 4: a type per matrix piece, from the type table (bytes 216..231); stories260K's 36 pieces
     ("rope-v2-type-table-all-f32-runs", rope_v2_types([0] * STORIES_PIECES), 0, ""),
     ("rope-v2-per-piece-without-a-table", rope([(4, "<i", 2), (88, "<i", 4)]), 1,
@@ -386,8 +386,12 @@ ROWS = [
      "the type table (36 bytes at 1040448) is not inside the file's 1040420 bytes"),
     ("rope-v2-type-table-truncated", rope_v2_types([0] * STORIES_PIECES, size=1040384 + 30), 1,
      "the type table (36 bytes at 1040384) is not inside the file's 1040414 bytes (truncated?)"),
-    ("rope-v2-type-table-code-unknown", rope_v2_types([0] * 3 + [7] + [0] * 32), 1,
-     "type table entry 3 is 7, not a type this program knows"),
+    ("rope-v2-type-table-code-unknown", rope_v2_types([0] * 3 + [12] + [0] * 32), 1,
+     "type table entry 3 is 12, not a type this program knows"),
+    ("rope-v2-type-table-code-4", rope_v2_types([0] * 3 + [4] + [0] * 32), 1,
+     "type table entry 3 is 4, not a type this program knows"),
+    ("rope-v2-type-table-q4_k-rows-not-whole-blocks", rope_v2_types([0] * 26 + [9] + [0] * 9), 1,
+     "w2 of layer 0 is q4_k with rows of 172 weights, not a multiple of 256"),
     ("rope-v2-type-table-q8_0-rows-not-whole-blocks", rope_v2_types([0] * 26 + [3] + [0] * 9), 1,
      "w2 of layer 0 is q8_0 with rows of 172 weights, not a multiple of 32"),
     # a bf16 piece over float32 data: the pieces end earlier, so the table is not where the format puts it

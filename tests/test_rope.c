@@ -417,6 +417,164 @@ static void test_q8_0_matmul_equals_dequantized_f32(int n, int d, const char *wh
     free(q), free(w);
 }
 
+// The 4-, 5- and 6-bit blocks by their definition (llama.cpp's dequantize_row_*,
+// ggml-quants.c, written out again as loops over a whole block, in double: every
+// value is exact there, and rounding it once to float32 is what the format's float32
+// arithmetic gives, since all its products are exact). out: the block's weights.
+static double f16_by_definition(const unsigned char *p) {
+    unsigned h = p[0] | p[1] << 8;
+    return widened_by_definition(h >> 15, (h >> 10) & 31, h & 1023, 10, 15);
+}
+static void block_by_definition(const unsigned char *x, WeightType type, float *out) {
+    double y[256];
+    if (type == WEIGHT_Q4_0 || type == WEIGHT_Q4_1 || type == WEIGHT_Q5_0 || type == WEIGHT_Q5_1) {
+        int has_min = type == WEIGHT_Q4_1 || type == WEIGHT_Q5_1, five = type == WEIGHT_Q5_0 || type == WEIGHT_Q5_1;
+        double d = f16_by_definition(x), m = has_min ? f16_by_definition(x + 2) : 0;
+        const unsigned char *qh = x + 2 + 2 * has_min, *qs = qh + 4 * five;
+        uint32_t bits = five ? (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24 : 0;
+        int offset = has_min ? 0 : five ? -16 : -8;
+        for (int j = 0; j < 16; j++) {
+            int x0 = (qs[j] & 15) | (int)((bits >> j) & 1) << 4, x1 = (qs[j] >> 4) | (int)((bits >> (j + 16)) & 1) << 4;
+            y[j] = has_min ? x0 * d + m : (x0 + offset) * d; // no "+ 0" (it would turn -0 into +0)
+            y[j + 16] = has_min ? x1 * d + m : (x1 + offset) * d;
+        }
+        for (int j = 0; j < 32; j++) out[j] = (float)y[j];
+        return;
+    }
+    if (type == WEIGHT_Q6_K) {
+        double d = f16_by_definition(x + 208);
+        for (int n = 0; n < 2; n++) {
+            const unsigned char *ql = x + 64 * n, *qh = x + 128 + 32 * n;
+            const int8_t *sc = (const int8_t *)x + 192 + 8 * n;
+            for (int l = 0; l < 32; l++) {
+                int is = l / 16;
+                y[128 * n + l] = d * sc[is] * (((ql[l] & 15) | (qh[l] & 3) << 4) - 32);
+                y[128 * n + l + 32] = d * sc[is + 2] * (((ql[l + 32] & 15) | ((qh[l] >> 2) & 3) << 4) - 32);
+                y[128 * n + l + 64] = d * sc[is + 4] * (((ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4) - 32);
+                y[128 * n + l + 96] = d * sc[is + 6] * (((ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4) - 32);
+            }
+        }
+    } else { // Q4_K, Q5_K
+        double d = f16_by_definition(x), dmin = f16_by_definition(x + 2);
+        const unsigned char *scales = x + 4, *qh = x + 16, *ql = x + (type == WEIGHT_Q5_K ? 48 : 16);
+        for (int j = 0; j < 8; j++) {
+            int sc = j < 4 ? scales[j] & 63 : (scales[j + 4] & 15) | (scales[j - 4] >> 6) << 4;
+            int m = j < 4 ? scales[j + 4] & 63 : (scales[j + 4] >> 4) | (scales[j] >> 6) << 4;
+            for (int l = 0; l < 32; l++) {
+                int q = j % 2 ? ql[32 * (j / 2) + l] >> 4 : ql[32 * (j / 2) + l] & 15;
+                if (type == WEIGHT_Q5_K && (qh[l] >> j & 1)) q += 16;
+                y[32 * j + l] = d * sc * q - dmin * m;
+            }
+        }
+    }
+    for (int j = 0; j < 256; j++) out[j] = (float)y[j];
+}
+
+// Random blocks of a 4-, 5- or 6-bit type (count weights, whole blocks): random bytes,
+// every f16 scale (d; m or dmin) then replaced by a random finite one, of either sign,
+// exponents 0..20 (subnormals to 2^5: within these, the definition's double is exact);
+// *widened gets each weight by the definition.
+static void random_blocks(unsigned char *blocks, float *widened, size_t count, WeightType type,
+                          unsigned long long *rng) {
+    BlockShape b = block_shapes[type];
+    static const int places[][2] = {[WEIGHT_Q4_0] = {0, -1}, [WEIGHT_Q4_1] = {0, 2}, [WEIGHT_Q5_0] = {0, -1},
+                                    [WEIGHT_Q5_1] = {0, 2},  [WEIGHT_Q4_K] = {0, 2}, [WEIGHT_Q5_K] = {0, 2},
+                                    [WEIGHT_Q6_K] = {208, -1}};
+    for (size_t i = 0; i < count / b.weights; i++) {
+        unsigned char *block = blocks + i * b.bytes;
+        for (int j = 0; j < b.bytes; j++) block[j] = (unsigned char)random_u32(rng);
+        for (int s = 0; s < 2 && places[type][s] >= 0; s++) {
+            unsigned r = random_u32(rng), h = (r & 1) << 15 | ((r >> 1) % 21) << 10 | ((r >> 6) & 1023);
+            block[places[type][s]] = (unsigned char)h, block[places[type][s] + 1] = (unsigned char)(h >> 8);
+        }
+        block_by_definition(block, type, widened + i * b.weights);
+    }
+}
+
+// Each 4-, 5- and 6-bit type: random blocks widened one weight at a time (widen) and
+// eight at a time (lanes_load_weights) give the definition's values, bit for bit; a
+// matrix of them computes the bits of the float32 matrix of those values in decode,
+// prefill tiles and the plain loops; and every decode reading order gives the plain
+// matmul's bits, on one thread and on two.
+static int block_read_orders_match_plain(Matrix m, int n, int d, unsigned long long *rng) {
+    float *x = malloc(sizeof(float) * n), *plain = malloc(sizeof(float) * d), *out = malloc(sizeof(float) * d);
+    random_vector(x, n, rng);
+    use_fast_kernels = 0;
+    matmul(plain, x, m, n, d);
+    use_fast_kernels = 1;
+    ReadOrder saved = read_order;
+    int same = 1;
+    for (int o = 0; o < N_READ_ORDERS; o++)
+        for (int threads = 1; threads <= 2; threads++) {
+            read_order = (ReadOrder)o;
+#ifdef _OPENMP
+            int saved_threads = omp_get_max_threads();
+            omp_set_num_threads(threads);
+#endif
+            memset(out, 0xff, sizeof(float) * d);
+            matmul(out, x, m, n, d);
+#ifdef _OPENMP
+            omp_set_num_threads(saved_threads);
+#endif
+            same &= memcmp(plain, out, sizeof(float) * d) == 0;
+        }
+    read_order = saved;
+    free(x), free(plain), free(out);
+    return same;
+}
+
+static void test_block_types_widen_and_multiply_as_their_definition(void) {
+    static const WeightType types[] = {WEIGHT_Q4_0, WEIGHT_Q4_1, WEIGHT_Q5_0, WEIGHT_Q5_1,
+                                       WEIGHT_Q4_K, WEIGHT_Q5_K, WEIGHT_Q6_K};
+    for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
+        WeightType type = types[t];
+        int block = block_shapes[type].weights;
+        // rows of one block, a few, and many (threaded, prefetching); d odd and not a multiple of 4
+        int sizes[][2] = {{block, 5}, {3 * block, 7}, {block == 32 ? 37 * 32 : 3 * 256, 251},
+                          {block == 32 ? PREFETCH_MIN_ROW + 32 : PREFETCH_MIN_ROW + 256, 253}};
+        for (size_t s = 0; s < sizeof(sizes) / sizeof(sizes[0]); s++) {
+            int n = sizes[s][0], d = sizes[s][1];
+            size_t count = (size_t)n * d;
+            unsigned char *q = malloc(weight_bytes(type, count));
+            float *w = malloc(sizeof(float) * count);
+            unsigned long long rng = 41 + (unsigned long long)count + type;
+            random_blocks(q, w, count, type, &rng);
+            int exact = 1, lanes_agree = 1;
+            for (size_t i = 0; i < count; i++) {
+                float got = widen(q, i, type);
+                exact &= memcmp(&got, &w[i], sizeof(float)) == 0;
+            }
+#ifdef USE_SIMD
+            for (size_t i = 0; i < count; i += 8) {
+                float lanes[8];
+                lanes_store(lanes, lanes_load_weights(q, i, type));
+                lanes_agree &= memcmp(lanes, w + i, sizeof(lanes)) == 0;
+            }
+#endif
+            char name[160], detail[64];
+            snprintf(detail, sizeof(detail), "n %d d %d", n, d);
+            if (s == 0) {
+                snprintf(name, sizeof(name), "%s_widening_equals_the_format_definition_bitwise", weight_type_names[type]);
+                check(exact, name, detail);
+                snprintf(name, sizeof(name), "%s_simd_widening_equals_the_format_definition_bitwise",
+                         weight_type_names[type]);
+                check(lanes_agree, name, detail);
+            } else if (!exact || !lanes_agree) {
+                snprintf(name, sizeof(name), "%s_widening_equals_the_format_definition_bitwise_%dx%d",
+                         weight_type_names[type], n, d);
+                check(0, name, detail);
+            }
+            snprintf(name, sizeof(name), "%s_matmul_decode_prefill_and_plain_equal_float32_of_dequantized_weights_"
+                     "bitwise_%dx%d", weight_type_names[type], n, d);
+            check_matmuls_equal_float32((Matrix){q, type}, w, n, d, &rng, name);
+            snprintf(name, sizeof(name), "%s_every_read_order_equals_plain_matmul_bitwise_%dx%d",
+                     weight_type_names[type], n, d);
+            check(block_read_orders_match_plain((Matrix){q, type}, n, d, &rng), name, detail);
+            free(q), free(w);
+        }
+    }
+}
+
 // Every finite f16 scale with every int8 value: the plain widening (q8_0_weight) gives
 // d * q by the definition, and the SIMD load gives the same bits, eight lanes at each
 // of a block's four places.
@@ -432,7 +590,7 @@ static void test_q8_0_widening_is_exact_for_every_scale_and_value(void) {
         }
         double d = widened_by_definition(s, e, f, 10, 15);
         for (int i = 0; i < 256; i++) {
-            float plain = q8_0_weight(blocks, (size_t)i), want = (float)(d * (int8_t)(unsigned char)i);
+            float plain = widen(blocks, (size_t)i, WEIGHT_Q8_0), want = (float)(d * (int8_t)(unsigned char)i);
             exact &= memcmp(&plain, &want, sizeof(float)) == 0;
         }
 #ifdef USE_SIMD
@@ -440,7 +598,7 @@ static void test_q8_0_widening_is_exact_for_every_scale_and_value(void) {
             float lanes[8];
             lanes_store(lanes, lanes_load_weights(blocks, (size_t)i, WEIGHT_Q8_0));
             for (int l = 0; l < 8; l++) {
-                float plain = q8_0_weight(blocks, (size_t)(i + l));
+                float plain = widen(blocks, (size_t)(i + l), WEIGHT_Q8_0);
                 lanes_agree &= memcmp(&plain, &lanes[l], sizeof(float)) == 0;
             }
         }
@@ -1434,9 +1592,9 @@ static void test_rope_v2_header_places_tensors_and_tokenizer(void) {
           "rope_v2_tokenizer_must_start_at_the_next_multiple_of_64", error_message);
     offset = 1216;
     memcpy(h + 96, &offset, 8);
-    h[88] = 5; // weight_type 5: no such type (3 is q8_0, 4 a type table)
+    h[88] = 12; // weight_type 12: no such type (3 is q8_0, 4 a type table, 11 q6_k)
     check(parse_header(h, sizeof(h), &c, &format, &data_offset, &expected, &section) != 0 &&
-              strstr(error_message, "weight_type 5") != NULL,
+              strstr(error_message, "weight_type 12") != NULL,
           "rope_v2_refuses_an_unknown_weight_type", error_message);
     h[88] = 0;
     // the weights map to the same offsets (the config as parsed: the layers' pieces placed)
@@ -1511,6 +1669,7 @@ int main(int argc, char **argv) {
                     {PREFETCH_MIN_ROW + 32, 251, "threaded_prefetching"}};
     for (size_t i = 0; i < sizeof(q8_sizes) / sizeof(q8_sizes[0]); i++)
         test_q8_0_matmul_equals_dequantized_f32(q8_sizes[i].n, q8_sizes[i].d, q8_sizes[i].what);
+    test_block_types_widen_and_multiply_as_their_definition();
     test_greedy_choice_is_first_index_of_largest();
     test_thread_bands_cover_every_row_once();
     test_row_split_follows_thread_speeds();
