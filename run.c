@@ -5926,6 +5926,7 @@ static inline __attribute__((always_inline)) void dot_rows4_blocks(float *out, c
             for (int r = 0; r < 4; r++) prefetch_ahead(row[r] + at + k * b.bytes / b.weights, PREFETCH_AHEAD_BYTES);
         RunFactors f[4];
         for (int r = 0; r < 4; r++) f[r] = run_factors(row[r] + at, k, type);
+#pragma GCC unroll 4 // the run's four vectors unrolled: their offsets in the block become constants
         for (int h = 0; h < 32; h += DOT_LANES) {
             Lanes xv = lanes_load(x + j + h);
             for (int r = 0; r < 4; r++)
