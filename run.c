@@ -5708,7 +5708,7 @@ static inline Lanes lanes_of_ints(Ints v) { return _mm256_cvtepi32_ps(v); }
 static inline Lanes lanes_set(float f) { return _mm256_set1_ps(f); }
 static inline Lanes lanes_mul(Lanes a, Lanes b) { return _mm256_mul_ps(a, b); }
 static inline Lanes lanes_add(Lanes a, Lanes b) { return _mm256_add_ps(a, b); }
-static inline Lanes lanes_sub(Lanes a, Lanes b) { return _mm256_sub_ps(a, b); }
+static inline Lanes lanes_mul_sub(Lanes a, Lanes b, Lanes c) { return _mm256_fmsub_ps(a, b, c); } // a * b - c
 static inline float scale_at(const unsigned char *p) { // an f16 scale, by the conversion instruction
 #if defined(__F16C__)
     uint16_t h;
@@ -5750,7 +5750,9 @@ static inline Lanes lanes_of_ints(Ints v) {
 static inline Lanes lanes_set(float f) { return (Lanes){vdupq_n_f32(f), vdupq_n_f32(f)}; }
 static inline Lanes lanes_mul(Lanes a, Lanes b) { return (Lanes){vmulq_f32(a.lo, b.lo), vmulq_f32(a.hi, b.hi)}; }
 static inline Lanes lanes_add(Lanes a, Lanes b) { return (Lanes){vaddq_f32(a.lo, b.lo), vaddq_f32(a.hi, b.hi)}; }
-static inline Lanes lanes_sub(Lanes a, Lanes b) { return (Lanes){vsubq_f32(a.lo, b.lo), vsubq_f32(a.hi, b.hi)}; }
+static inline Lanes lanes_mul_sub(Lanes a, Lanes b, Lanes c) { // a * b - c, rounded once
+    return (Lanes){vfmaq_f32(vnegq_f32(c.lo), a.lo, b.lo), vfmaq_f32(vnegq_f32(c.hi), a.hi, b.hi)};
+}
 static inline float scale_at(const unsigned char *p) {
     uint16_t h;
     memcpy(&h, p, sizeof(h));
@@ -5774,51 +5776,95 @@ static inline Ints ints_k_nibbles(const unsigned char *qs, int k) {
 //   q8_0, q4_0, q5_0: a = d;  q4_1, q5_1: a = d, b = m;
 //   q4_k, q5_k: a = d * sc, b = dmin * m of sub-block k / 32 (each product exact);
 //   q6_k: a = d * sc for the run's first 16 weights, b = d * sc for its last 16.
+// With AVX-512, a 4-bit run's sixteen possible weights are there too (table_lo, q =
+// 0..7, and table_hi, q = 8..15), each computed by the type's equation: a weight is
+// then one permute by its nibble, with no conversion or multiply (lanes_block_values).
+#if defined(USE_AVX512) && defined(__AVX512VL__)
+#define NIBBLE_TABLES 1 // vpermt2ps: a permute over two registers' sixteen floats
+#endif
 typedef struct {
     Lanes a, b;
+#if defined(NIBBLE_TABLES)
+    Lanes table_lo, table_hi;
+#endif
 } RunFactors;
+
+#if defined(NIBBLE_TABLES)
+// The sixteen weights of a 4-bit run, by q: q4_0's (q - 8) * d, q4_k's (d*sc) * q - dmin*m
+static inline __attribute__((always_inline)) void run_table(RunFactors *f, WeightType type) {
+    Ints q_lo = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), q_hi = ints_add(q_lo, 8);
+    if (type == WEIGHT_Q4_0) {
+        f->table_lo = lanes_mul(lanes_of_ints(ints_add(q_lo, -8)), f->a);
+        f->table_hi = lanes_mul(lanes_of_ints(ints_add(q_hi, -8)), f->a);
+    } else {
+        f->table_lo = lanes_mul_sub(f->a, lanes_of_ints(q_lo), f->b);
+        f->table_hi = lanes_mul_sub(f->a, lanes_of_ints(q_hi), f->b);
+    }
+}
+// The weights whose nibbles are q (eight 32-bit lanes, each 0..15): table[q]
+static inline Lanes lanes_by_nibble(const RunFactors *f, Ints q) {
+    return _mm256_permutex2var_ps(f->table_lo, q, f->table_hi);
+}
+#endif
+
 static inline __attribute__((always_inline)) RunFactors run_factors(const unsigned char *block, int k,
                                                                      WeightType type) {
     int sc, m;
+    RunFactors f;
     switch (type) {
     case WEIGHT_Q4_1:
-    case WEIGHT_Q5_1: return (RunFactors){lanes_set(scale_at(block)), lanes_set(scale_at(block + 2))};
+    case WEIGHT_Q5_1: f = (RunFactors){.a = lanes_set(scale_at(block)), .b = lanes_set(scale_at(block + 2))}; break;
     case WEIGHT_Q4_K:
     case WEIGHT_Q5_K:
         k_scale_min(block + 4, k / 32, &sc, &m);
-        return (RunFactors){lanes_set(scale_at(block) * (float)sc), lanes_set(scale_at(block + 2) * (float)m)};
+        f = (RunFactors){.a = lanes_set(scale_at(block) * (float)sc), .b = lanes_set(scale_at(block + 2) * (float)m)};
+        break;
     case WEIGHT_Q6_K: {
         const int8_t *scales = (const int8_t *)block + 192 + 8 * (k / 128) + 2 * (k % 128 / 32);
         float d = scale_at(block + 208);
-        return (RunFactors){lanes_set(d * (float)scales[0]), lanes_set(d * (float)scales[1])};
+        f = (RunFactors){.a = lanes_set(d * (float)scales[0]), .b = lanes_set(d * (float)scales[1])};
+        break;
     }
-    default: return (RunFactors){lanes_set(scale_at(block)), lanes_zero()}; // q8_0, q4_0, q5_0
+    default: f = (RunFactors){.a = lanes_set(scale_at(block)), .b = lanes_zero()}; break; // q8_0, q4_0, q5_0
     }
+#if defined(NIBBLE_TABLES)
+    if (type == WEIGHT_Q4_0 || type == WEIGHT_Q4_K) run_table(&f, type);
+#endif
+    return f;
 }
 
 // Eight weights of the block at `block`, from weight k on (a multiple of 8), given the
 // factors of the run of 32 they lie in: the equations of q8_0_weight ... q6_k_weight,
-// eight at a time.
+// eight at a time. d * q + m and (d*sc) * q - dmin*m are one fused multiply-add:
+// the product is exact, so rounding once after it or after the sum is the same.
 static inline __attribute__((always_inline)) Lanes lanes_block_values(const unsigned char *block, int k,
                                                                        WeightType type, RunFactors f) {
     switch (type) {
     case WEIGHT_Q4_0: // d * (q - 8)
+#if defined(NIBBLE_TABLES)
+        return lanes_by_nibble(&f, ints_low_nibbles_of_32(block + 2, k));
+#else
         return lanes_mul(lanes_of_ints(ints_add(ints_low_nibbles_of_32(block + 2, k), -8)), f.a);
+#endif
     case WEIGHT_Q4_1: // d * q + m
-        return lanes_add(lanes_mul(lanes_of_ints(ints_low_nibbles_of_32(block + 4, k)), f.a), f.b);
+        return lanes_fma(lanes_of_ints(ints_low_nibbles_of_32(block + 4, k)), f.a, f.b);
     case WEIGHT_Q5_0: { // d * (q - 16), the fifth bits from qh's byte k / 8
         Ints q = ints_or(ints_low_nibbles_of_32(block + 6, k), ints_shift_left(ints_bits_of_byte(block[2 + k / 8]), 4));
         return lanes_mul(lanes_of_ints(ints_add(q, -16)), f.a);
     }
     case WEIGHT_Q5_1: { // d * q + m
         Ints q = ints_or(ints_low_nibbles_of_32(block + 8, k), ints_shift_left(ints_bits_of_byte(block[4 + k / 8]), 4));
-        return lanes_add(lanes_mul(lanes_of_ints(q), f.a), f.b);
+        return lanes_fma(lanes_of_ints(q), f.a, f.b);
     }
     case WEIGHT_Q4_K: // (d * sc) * q - dmin * m
-        return lanes_sub(lanes_mul(f.a, lanes_of_ints(ints_k_nibbles(block + 16, k))), f.b);
+#if defined(NIBBLE_TABLES)
+        return lanes_by_nibble(&f, ints_k_nibbles(block + 16, k));
+#else
+        return lanes_mul_sub(f.a, lanes_of_ints(ints_k_nibbles(block + 16, k)), f.b);
+#endif
     case WEIGHT_Q5_K: { // as Q4_K, the fifth bit being bit k / 32 of qh[k % 32]
         Ints high = ints_shift_left(ints_and(ints_shift_right(ints_of_bytes(block + 16 + k % 32), k / 32), 1), 4);
-        return lanes_sub(lanes_mul(f.a, lanes_of_ints(ints_or(ints_k_nibbles(block + 48, k), high))), f.b);
+        return lanes_mul_sub(f.a, lanes_of_ints(ints_or(ints_k_nibbles(block + 48, k), high)), f.b);
     }
     case WEIGHT_Q6_K: { // (d * sc) * (q - 32)
         int half = k / 128, g = k % 128 / 32, l = k % 32;
@@ -5919,17 +5965,22 @@ static inline __attribute__((always_inline)) void dot_rows4_blocks(float *out, c
     const unsigned char *row[4];
     for (int r = 0; r < 4; r++) row[r] = (const unsigned char *)w + weight_bytes(type, r * gap * n);
     Lanes lanes[4] = {lanes_zero(), lanes_zero(), lanes_zero(), lanes_zero()};
-    for (int j = 0; j < n; j += 32) {
+    for (int j = 0; j < n; j += b.weights) {
         size_t at = (size_t)j / b.weights * b.bytes; // the block of weight j
-        int k = j % b.weights;
-        if (prefetch)
-            for (int r = 0; r < 4; r++) prefetch_ahead(row[r] + at + k * b.bytes / b.weights, PREFETCH_AHEAD_BYTES);
-        RunFactors f[4];
-        for (int r = 0; r < 4; r++) f[r] = run_factors(row[r] + at, k, type);
-        for (int h = 0; h < 32; h += DOT_LANES) {
-            Lanes xv = lanes_load(x + j + h);
-            for (int r = 0; r < 4; r++)
-                lanes[r] = lanes_fma(lanes_block_values(row[r] + at, k + h, type, f[r]), xv, lanes[r]);
+        // the block's runs and each run's vectors unrolled: their places in the block
+        // (which nibble, which bits of qh, which scale) become constants
+#pragma GCC unroll 8
+        for (int k = 0; k < b.weights; k += 32) {
+            if (prefetch)
+                for (int r = 0; r < 4; r++) prefetch_ahead(row[r] + at + k * b.bytes / b.weights, PREFETCH_AHEAD_BYTES);
+            RunFactors f[4];
+            for (int r = 0; r < 4; r++) f[r] = run_factors(row[r] + at, k, type);
+#pragma GCC unroll 4
+            for (int h = 0; h < 32; h += DOT_LANES) {
+                Lanes xv = lanes_load(x + j + k + h);
+                for (int r = 0; r < 4; r++)
+                    lanes[r] = lanes_fma(lanes_block_values(row[r] + at, k + h, type, f[r]), xv, lanes[r]);
+            }
         }
     }
     for (int r = 0; r < 4; r++) out[r * gap] = lanes_sum(lanes[r]);

@@ -19,7 +19,7 @@
    Output, one line per thread count and weight type:
        threads N TYPE Gweights/s X mean Y
    (X the best pass, Y all passes' weights over their time, 1e9 weights a second, all
-   threads together; TYPE f32, bf16, f16 or q8_0.) */
+   threads together; TYPE f32, bf16, f16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k or q6_k.) */
 #define RUN_TESTING
 #include "../run.c"
 
@@ -32,13 +32,14 @@ static void *random_matrix(WeightType type, unsigned seed) {
     unsigned char *m = malloc(bytes);
     if (!m) return NULL;
     srand(seed);
-    if (type == WEIGHT_Q8_0) {
-        for (size_t b = 0; b < n / Q8_0_BLOCK; b++) {
-            unsigned char *block = m + b * Q8_0_BLOCK_BYTES;
-            uint16_t d = (uint16_t)(0x1c00 + rand() % 0x400); // a scale near 0.004-0.008
-            memcpy(block, &d, sizeof(d));
-            for (int i = 0; i < Q8_0_BLOCK; i++) block[2 + i] = (unsigned char)(int8_t)(rand() % 255 - 127);
-        }
+    if (is_block_type(type)) { // random bytes, then each scale (d; m or dmin) near 0.004-0.008
+        BlockShape b = block_shapes[type];
+        for (size_t i = 0; i < bytes; i++) m[i] = (unsigned char)rand();
+        for (size_t i = 0; i < n / b.weights; i++)
+            for (int s = 0; s < 2 && scale_places[type][s] >= 0; s++) {
+                uint16_t d = (uint16_t)(0x1c00 + rand() % 0x400);
+                memcpy(m + i * b.bytes + scale_places[type][s], &d, sizeof(d));
+            }
         return m;
     }
     for (size_t i = 0; i < n; i++) {
@@ -95,10 +96,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-t") && i + 1 < argc) ms = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-w") && i + 1 < argc) {
             i++;
-            for (int t = 0; t < 4; t++)
-                if (!strcmp(argv[i], weight_type_names[t])) only = t;
+            for (int t = 0; t < N_WEIGHT_TYPES; t++)
+                if (t != WEIGHT_TYPE_PER_PIECE && !strcmp(argv[i], weight_type_names[t])) only = t;
             if (only < 0) {
-                fprintf(stderr, "in_cache: -w takes f32, bf16, f16 or q8_0, not %s\n", argv[i]);
+                fprintf(stderr, "in_cache: -w takes a weight type (f32, bf16, f16, q8_0, q4_0 ... q6_k), not %s\n",
+                        argv[i]);
                 return 1;
             }
         }
@@ -113,13 +115,14 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (n_counts == 0) counts[n_counts++] = 1, counts[n_counts++] = 2;
-    WeightType types[] = {WEIGHT_F32, WEIGHT_BF16, WEIGHT_F16, WEIGHT_Q8_0};
+    WeightType types[] = {WEIGHT_F32,  WEIGHT_BF16, WEIGHT_F16,  WEIGHT_Q8_0, WEIGHT_Q4_0, WEIGHT_Q4_1,
+                          WEIGHT_Q5_0, WEIGHT_Q5_1, WEIGHT_Q4_K, WEIGHT_Q5_K, WEIGHT_Q6_K};
     for (int ci = 0; ci < n_counts; ci++) {
         int threads = counts[ci];
 #ifndef _OPENMP
         threads = 1;
 #endif
-        for (int ti = 0; ti < 4; ti++) {
+        for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
             WeightType type = types[ti];
             if (only >= 0 && (int)type != only) continue;
             void **matrices = calloc(threads, sizeof(void *));
