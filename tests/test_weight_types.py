@@ -760,7 +760,7 @@ def table_place(data):
     ("table with weight_type 1", ["must be 0 with weight_type 1", "weight_type 1 with type_table_offset"]),
     ("bytes one short", ["type_table_bytes 15 is not 16", "type_table_bytes 15 is not 16"]),
     ("offset one block on", ["is not", "the type table is at"]),
-    ("unknown code", ["type table entry 5 is 9", "type table entry 5 is 9"]),
+    ("unknown code", ["type table entry 5 is 12", "type table entry 5 is 12"]),
     ("q8_0 rows not whole blocks", ["w2 of layer 0 is q8_0 with rows of 112 weights", "q8_0 rows of 112 weights"]),
     ("truncated", ["is not inside the file", "runs past the end"]),
 ])
@@ -779,7 +779,7 @@ def test_run_and_export_refuse_a_bad_type_table(typed_files, tmp_path, case, wor
             d.extend(bytes(64))
             d[at + 64:at + 64 + n] = d[at:at + n]
         elif case == "unknown code":
-            d[at + 5] = 9
+            d[at + 5] = 12  # 4 is no type; 0..3 and 5..11 are
         elif case == "truncated":
             del d[-5:]
     if case == "q8_0 rows not whole blocks":
