@@ -3412,8 +3412,8 @@ GGUF_SCALAR_FORMATS = {GGUF_UINT8: "<B", GGUF_INT8: "<b", GGUF_UINT16: "<H", GGU
 
 # ggml types (ggml.h's ggml_type; sizes as gguf-py's GGML_QUANT_SIZES, docs/gguf.md; 39..42 from
 # the 2026 tree): id -> (name, elements per block, bytes per block). A tensor's row (ne[0]) is
-# whole blocks; run.c computes F32, F16, BF16 and Q8_0, the others are here so that the steps
-# built on this reader can refuse them by name (or dequantize them).
+# whole blocks; the format holds F32, F16, BF16 and the blocks of BLOCK_KINDS (Q8_0, Q4_0, Q4_1,
+# Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), the others are here so that the reader can refuse them by name.
 GGMLType = collections.namedtuple("GGMLType", "name block block_bytes")
 GGML_TYPES = {
     0: GGMLType("F32", 1, 4), 1: GGMLType("F16", 1, 2), 2: GGMLType("Q4_0", 32, 18), 3: GGMLType("Q4_1", 32, 20),

@@ -387,6 +387,7 @@ GGUF_FILES = {
     "llama256-Q5_K_S.gguf": ("llama256", QUANTIZE, ("llama256-f32.gguf", "Q5_K_S")),
     "qwen2-bf16.gguf": ("qwen2", CONVERT, "bf16"),
     "qwen2-q8_0.gguf": ("qwen2", QUANTIZE, ("qwen2-bf16.gguf", "Q8_0")),
+    "qwen2-Q4_0.gguf": ("qwen2", QUANTIZE, ("qwen2-bf16.gguf", "Q4_0")),
     "qwen3-bf16.gguf": ("qwen3", CONVERT2026, "bf16"),
     "gemma-bf16.gguf": ("gemma", CONVERT, "bf16"),
     "gemma2-bf16.gguf": ("gemma2", CONVERT, "bf16"),

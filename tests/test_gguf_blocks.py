@@ -179,6 +179,30 @@ def test_dtype_q4_0_from_hugging_face_is_llama_quantizes_q4_0_byte_for_byte(tmp_
     assert compared == 14
 
 
+def test_dtype_q4_0_of_a_qwen2_gguf_is_what_its_hugging_face_directory_quantizes_to(tmp_path):
+    """qwen2-Q4_0.gguf keeps attn_q / attn_k rows in Hugging Face's halves: export.py permutes them
+    into adjacent pairs by whole rows of blocks (rows are independent), which is what quantizing the
+    directory's permuted rows gives, byte for byte. Its token_embd is Q8_0 (llama-quantize's
+    fallback), widened and quantized here, so it is left out."""
+    hf = GF.hf_dir("qwen2", tmp_path / "hf")
+    a, b = tmp_path / "gguf.bin", tmp_path / "hf.bin"
+    convert(DATA / "qwen2-Q4_0.gguf", a, "--dtype", "q4_0")
+    convert(hf, b, "--dtype", "q4_0")
+    _, from_gguf, weight_type, _ = ex().read_flat_checkpoint(str(a))
+    _, from_hf, _, _ = ex().read_flat_checkpoint(str(b))
+    assert weight_type == "q4_0"
+    for name in ("wq", "wk", "wv", "wo", "w1", "w2", "w3"):
+        assert from_gguf[name].kind == "q4_0"
+        assert bytes(from_gguf[name].data) == bytes(from_hf[name].data), name
+    assert bytes(from_gguf["token_embedding"].data) != bytes(from_hf["token_embedding"].data)
+    # without --dtype: a type table, the Q8_0 embedding and the Q4_0 pieces as stored
+    plain = tmp_path / "plain.bin"
+    convert(DATA / "qwen2-Q4_0.gguf", plain)
+    _, kept, weight_type, _ = ex().read_flat_checkpoint(str(plain))
+    assert weight_type is None and kept["token_embedding"].kind == "q8_0"
+    assert b"".join(bytes(p.data) for p in kept["wk"]) == bytes(from_hf["wk"].data)
+
+
 def quantize_row_q4_0_ref(x):
     """ggml-quants.c's quantize_row_q4_0_ref, line by line, for one block: float32 arithmetic as
     the C does it (numpy float32 scalars), (int8_t) as truncation toward zero."""
