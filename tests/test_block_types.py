@@ -5,8 +5,9 @@ file of its dequantized weights computes.
 The reference is tests/block_reference.py, a NumPy dequantization written from llama.cpp's block
 structs and dequantize_row_* (not from export.py or run.c). It is first checked against llama.cpp's
 own dequantization (llama-quantize ... F32, whose float32 bytes are recorded as sha256 digests in
-tests/data/gguf/dequantized_sha256.json): the Q4_0, Q4_K and Q6_K tensors of the two llama256 GGUF
-fixtures, and blocks of every kind drawn from SHAKE-256 with every kind of f16 scale.
+tests/data/gguf/block_reference_sha256.json and dequantized_sha256.json): every block tensor of the GGUF
+fixtures (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), and blocks of every kind drawn from SHAKE-256 with
+every kind of f16 scale.
 
 Then run: random blocks of each kind in every matrix piece and the embedding, written by export.py's
 write_rope (as Blocks, never requantized), against the float32 file of the reference's dequantized
@@ -32,7 +33,8 @@ from conftest import ROOT, TOK512, export, load_export, run
 from test_weight_types import build_or_skip, builds, stored_as  # noqa: F401  (builds: a fixture)
 
 DATA = ROOT / "tests" / "data" / "gguf"
-DIGESTS = json.loads((DATA / "dequantized_sha256.json").read_text())
+DIGESTS = json.loads((DATA / "block_reference_sha256.json").read_text())
+GGUF_DIGESTS = json.loads((DATA / "dequantized_sha256.json").read_text())  # every block fixture's
 EXPORT = load_export()
 
 
@@ -60,6 +62,25 @@ def test_reference_dequantizes_the_gguf_fixtures_as_llama_cpp_does(name):
         assert values.dtype == np.float32 and values.size == math.prod(t.shape)
         assert sha256(values.astype("<f4")) == recorded[tensor_name]["f32_sha256"], (tensor_name, t.type_name)
     assert {recorded[n]["type"] for n in quantized} == ({"Q4_0", "Q6_K"} if "Q4_0" in name else {"Q4_K", "Q6_K"})
+
+
+@pytest.mark.parametrize("name", sorted(GGUF_DIGESTS))
+def test_reference_dequantizes_every_block_fixture_as_llama_cpp_does(name):
+    """dequantized_sha256.json (the digests of llama-quantize's F32 output of every GGUF fixture with
+    blocks, recorded with export.py's GGUF tests): each tensor that is not F32."""
+    g = EXPORT.read_gguf_file(str(DATA / name))
+    recorded = GGUF_DIGESTS[name]
+    assert sorted(recorded) == sorted(n for n, t in g.tensors.items() if t.type_name != "F32")
+    for tensor_name, digest in recorded.items():
+        t = g.tensors[tensor_name]
+        values = R.dequantize_gguf(t.type_name, g.tensor_data(tensor_name), math.prod(t.shape))
+        assert sha256(values.astype("<f4")) == digest, (tensor_name, t.type_name)
+
+
+def test_the_block_fixtures_hold_every_kind():
+    """So that the digests check the reference on blocks of llama.cpp's quantizers of every kind."""
+    types = {t.type_name for name in GGUF_DIGESTS for t in EXPORT.read_gguf_file(str(DATA / name)).tensors.values()}
+    assert types >= set(R.GGML_NAMES.values()), types
 
 
 @pytest.mark.parametrize("kind", R.KINDS)
