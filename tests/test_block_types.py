@@ -13,9 +13,15 @@ Then run: random blocks of each kind in every matrix piece and the embedding, wr
 write_rope (as Blocks, never requantized), against the float32 file of the reference's dequantized
 weights written by tests/ropefile.py from the format's description; in every mode (generate greedy
 and seeded, ppl and its CSV, inspect's CSV, chat), in the build under test, an AVX2 and a plain C
-build, at 1 and 2 threads. Files mixing the kinds piece by piece (the type table); the llama256
+build, at 1 and 2 threads. Files mixing the kinds piece by piece (the type table), likewise and
+under every forced decode reading order; RUN_PLAIN=1 against the kernels; the layouts; the llama256
 GGUFs converted by export.py against the float32 GGUF of the reference's dequantization; and the
-files run must refuse (a scale that is not finite, a size one block short, an unknown type code).
+files run must refuse in one line (a d, m or dmin that is not finite, named; a size one block short
+or long; type codes 4, 12 and 255; K-quant rows that are not whole 256-weight blocks).
+
+What the comparisons can see: every printed digit of every mode (ppl's and inspect's CSVs carry 9),
+so a wrong formula, bit, scale or block is seen, but one weight off by one ulp is not (checked: no
+mode changes); the weights' exact bits are the reference's check against llama.cpp above.
 """
 import hashlib
 import io
