@@ -5696,18 +5696,11 @@ static inline Ints ints_of_bytes(const unsigned char *p) { // eight bytes, zero-
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
 }
 static inline Ints ints_and(Ints v, int mask) { return _mm256_and_si256(v, _mm256_set1_epi32(mask)); }
-static inline Ints ints_or(Ints a, Ints b) { return _mm256_or_si256(a, b); }
 static inline Ints ints_add(Ints v, int c) { return _mm256_add_epi32(v, _mm256_set1_epi32(c)); }
 static inline Ints ints_shift_right(Ints v, int n) { return _mm256_srl_epi32(v, _mm_cvtsi32_si128(n)); }
-static inline Ints ints_shift_left(Ints v, int n) { return _mm256_sll_epi32(v, _mm_cvtsi32_si128(n)); }
-static inline Ints ints_bits_of_byte(int byte) { // lane l: bit l of byte
-    Ints bits = _mm256_srlv_epi32(_mm256_set1_epi32(byte), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    return ints_and(bits, 1);
-}
 static inline Lanes lanes_of_ints(Ints v) { return _mm256_cvtepi32_ps(v); }
 static inline Lanes lanes_set(float f) { return _mm256_set1_ps(f); }
 static inline Lanes lanes_mul(Lanes a, Lanes b) { return _mm256_mul_ps(a, b); }
-static inline Lanes lanes_add(Lanes a, Lanes b) { return _mm256_add_ps(a, b); }
 static inline Lanes lanes_mul_sub(Lanes a, Lanes b, Lanes c) { return _mm256_fmsub_ps(a, b, c); } // a * b - c
 static inline float scale_at(const unsigned char *p) { // an f16 scale, by the conversion instruction
 #if defined(__F16C__)
@@ -5729,27 +5722,17 @@ static inline Ints ints_of_bytes(const unsigned char *p) {
 static inline Ints ints_and(Ints v, int mask) {
     return (Ints){vandq_u32(v.lo, vdupq_n_u32((uint32_t)mask)), vandq_u32(v.hi, vdupq_n_u32((uint32_t)mask))};
 }
-static inline Ints ints_or(Ints a, Ints b) { return (Ints){vorrq_u32(a.lo, b.lo), vorrq_u32(a.hi, b.hi)}; }
 static inline Ints ints_add(Ints v, int c) {
     return (Ints){vaddq_u32(v.lo, vdupq_n_u32((uint32_t)c)), vaddq_u32(v.hi, vdupq_n_u32((uint32_t)c))};
 }
 static inline Ints ints_shift_right(Ints v, int n) {
     return (Ints){vshlq_u32(v.lo, vdupq_n_s32(-n)), vshlq_u32(v.hi, vdupq_n_s32(-n))};
 }
-static inline Ints ints_shift_left(Ints v, int n) {
-    return (Ints){vshlq_u32(v.lo, vdupq_n_s32(n)), vshlq_u32(v.hi, vdupq_n_s32(n))};
-}
-static inline Ints ints_bits_of_byte(int byte) {
-    static const int32_t low[4] = {0, -1, -2, -3}, high[4] = {-4, -5, -6, -7};
-    uint32x4_t b = vdupq_n_u32((uint32_t)byte);
-    return ints_and((Ints){vshlq_u32(b, vld1q_s32(low)), vshlq_u32(b, vld1q_s32(high))}, 1);
-}
 static inline Lanes lanes_of_ints(Ints v) {
     return (Lanes){vcvtq_f32_s32(vreinterpretq_s32_u32(v.lo)), vcvtq_f32_s32(vreinterpretq_s32_u32(v.hi))};
 }
 static inline Lanes lanes_set(float f) { return (Lanes){vdupq_n_f32(f), vdupq_n_f32(f)}; }
 static inline Lanes lanes_mul(Lanes a, Lanes b) { return (Lanes){vmulq_f32(a.lo, b.lo), vmulq_f32(a.hi, b.hi)}; }
-static inline Lanes lanes_add(Lanes a, Lanes b) { return (Lanes){vaddq_f32(a.lo, b.lo), vaddq_f32(a.hi, b.hi)}; }
 static inline Lanes lanes_mul_sub(Lanes a, Lanes b, Lanes c) { // a * b - c, rounded once
     return (Lanes){vfmaq_f32(vnegq_f32(c.lo), a.lo, b.lo), vfmaq_f32(vnegq_f32(c.hi), a.hi, b.hi)};
 }
