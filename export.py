@@ -104,7 +104,6 @@ WEIGHT_TYPES = list(WEIGHT_TYPE_CODES)
 WEIGHT_TYPE_NAMES = {code: name for name, code in WEIGHT_TYPE_CODES.items()}
 WEIGHT_TYPE_PER_PIECE = 4  # the header's weight_type of a file whose type table gives each matrix piece's type
 WEIGHT_TYPES_LISTED = ", ".join(f"{code} {name}" for name, code in WEIGHT_TYPE_CODES.items())
-QUANTIZED_TYPES = ("q8_0", "q4_0")  # the block types --dtype quantizes to (the others are only copied)
 TENSOR_ALIGNMENT = 64  # version 2: every tensor starts at a multiple of this from the file's start
 # the tensors stored in the weight type (the norms are always float32)
 MATRIX_TENSORS = {"token_embedding", "wq", "wk", "wv", "wo", "w1", "w2", "w3", "wcls",
