@@ -25,11 +25,14 @@ Weight types. The matrices and the token embedding keep the type the source stor
 them in: a Hugging Face model in BF16 gives a bf16 file, one in F16 an f16 file (ROPE
 version 2: half the bytes, and run.c computes in float32 what the float32 file of the
 widened weights computes); F32 sources, llama2.c files and --legacy give float32
-(version 1, as before). --dtype f32|bf16|f16|q8_0 chooses: widening is exact; narrowing
+(version 1, as before). --dtype f32|bf16|f16|q8_0|q4_0 chooses: widening is exact; narrowing
 (f32 to bf16 or f16, or between the 16-bit types) rounds to nearest even, is said on
 stderr, and a value that would overflow the narrower type is refused. q8_0 is GGUF's
 8-bit block (32 weights: an f16 scale and 32 int8), quantized as llama.cpp's
-quantize_row_q8_0_ref does; every row length must be a multiple of 32. The norms are
+quantize_row_q8_0_ref does; q4_0 its 4-bit block (an f16 scale and 32 nibbles), as
+quantize_row_q4_0_ref does; every row length must be a multiple of 32. GGUF's other blocks
+(Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) are copied from a GGUF file as they are, never
+requantized, and widened exactly as llama.cpp's dequantize_row_* does. The norms are
 always float32. A ROPE file with a type per matrix piece (weight_type 4, its type table)
 keeps each piece's type and bytes unless --dtype asks for one type; write_rope with
 weight_type None writes such a file from pieces of several types (Blocks: a piece as stored,
@@ -94,8 +97,13 @@ except ImportError:
 ROPE_MAGIC = 0x45504F52  # the bytes "ROPE", read as a little-endian uint32
 ROPE_VERSION = 1  # float32 weights
 ROPE_VERSION_2 = 2  # a weight_type field, tensors at multiples of 64 bytes, the tokenizer section
-WEIGHT_TYPES = ["f32", "bf16", "f16", "q8_0"]  # the header's weight_type codes 0, 1, 2, 3
+# the header's weight_type codes (and the type table's entries); 4 is no type (below)
+WEIGHT_TYPE_CODES = {"f32": 0, "bf16": 1, "f16": 2, "q8_0": 3, "q4_0": 5, "q4_1": 6, "q5_0": 7, "q5_1": 8,
+                     "q4_k": 9, "q5_k": 10, "q6_k": 11}
+WEIGHT_TYPES = list(WEIGHT_TYPE_CODES)
+WEIGHT_TYPE_NAMES = {code: name for name, code in WEIGHT_TYPE_CODES.items()}
 WEIGHT_TYPE_PER_PIECE = 4  # the header's weight_type of a file whose type table gives each matrix piece's type
+WEIGHT_TYPES_LISTED = ", ".join(f"{code} {name}" for name, code in WEIGHT_TYPE_CODES.items())
 TENSOR_ALIGNMENT = 64  # version 2: every tensor starts at a multiple of this from the file's start
 # the tensors stored in the weight type (the norms are always float32)
 MATRIX_TENSORS = {"token_embedding", "wq", "wk", "wv", "wo", "w1", "w2", "w3", "wcls",
@@ -696,16 +704,17 @@ def gemma4_shapes(c):
     return shapes
 
 
-def check_q8_0_rows(c):
-    """Refuse q8_0 for a model with a matrix row that is not whole 32-weight blocks (as run does):
-    GGUF's Q8_0 has no partial block, and a file holds one weight type."""
+def check_block_rows(c, kind="q8_0"):
+    """Refuse q8_0 (or q4_0) for a model with a matrix row that is not whole 32-weight blocks (as run
+    does): GGUF's blocks have no partial block, and a file holds one weight type."""
     rows = {"dim": c.dim, "per_layer_input_dim": c.per_layer_dim or 0, "expert_hidden": c.expert_hidden or 0}
     for l, s in enumerate(layer_shapes(c)):
         rows[f"layer {l}'s q_dim"] = c.n_heads * s.head_size
         rows[f"layer {l}'s hidden_dim"] = s.hidden_dim
     for what, n in rows.items():
-        if n % Q8_0_BLOCK:
-            raise ExportError(f"--dtype q8_0 needs every row a multiple of {Q8_0_BLOCK} weights, and {what} is {n} "
+        if not_whole_blocks(kind, n):
+            raise ExportError(f"--dtype {kind} needs every row a multiple of {BLOCK_KINDS[kind].weights} weights, "
+                              f"and {what} is {n} "
                               "(export it as --dtype bf16 or f32)")
 
 
@@ -859,12 +868,14 @@ def map_aligned(path, c, weight_type, piece_types=None):
             pieces = tensors.setdefault(name, [])
             try:
                 pieces.append(Blocks(kind, shape, data[at:at + nbytes], f"{path}: {name} piece {len(pieces)}"))
-            except ExportError as e:  # a q8_0 piece whose rows are not whole blocks
-                raise ExportError(f"{e} (the type table gives it q8_0)")
+            except ExportError as e:  # a block piece whose rows are not whole blocks
+                raise ExportError(f"{e} (the type table gives it {kind})")
             if name in WHOLE_MATRICES:
                 tensors[name] = pieces[0]
         elif kind == "q8_0":  # read back as its dequantized weights (exact in float32)
             tensors[name] = dequantize_q8_0(data[at:at + nbytes]).reshape(shape)
+        elif kind in BLOCK_KINDS:  # kept as stored (widened exactly when another type is asked for)
+            tensors[name] = Blocks(kind, shape, data[at:at + nbytes], f"{path}: {name}")
         else:
             tensors[name] = data[at:at + nbytes].view(np.dtype(NUMPY_STORAGE[kind])).reshape(shape)
     return tensors, end
@@ -879,8 +890,8 @@ def read_rope_v2_fields(path, data, c):
     head_size, type_code, reserved, tok_offset, tok_bytes = ROPE_V2_FIELDS.unpack_from(data, ROPE_HEADER.size)
     if reserved != 0:
         raise ExportError(f"{path}: the reserved field at byte 92 is {reserved}, not 0")
-    if not 0 <= type_code <= WEIGHT_TYPE_PER_PIECE:
-        raise ExportError(f"{path}: weight_type {type_code} is not one of 0 f32, 1 bf16, 2 f16, 3 q8_0, 4 per piece")
+    if type_code not in WEIGHT_TYPE_NAMES and type_code != WEIGHT_TYPE_PER_PIECE:
+        raise ExportError(f"{path}: weight_type {type_code} is not one of {WEIGHT_TYPES_LISTED}, 4 per piece")
     type_table = ROPE_V2_TYPE_TABLE.unpack_from(data, TYPE_TABLE_BYTES_AT)
     table_as_it_must_be = all(type_table) if type_code == WEIGHT_TYPE_PER_PIECE else not any(type_table)
     if not table_as_it_must_be:
@@ -912,7 +923,7 @@ def read_rope_v2_fields(path, data, c):
         raise ExportError(f"{path}: block_flags {flags:#x}, but per_layer_input_dim is {c.per_layer_dim} and "
                           f"n_experts {c.n_experts} (each must be >= 1 with its bit, 32 and 64)")
     check_padding(path, data, TYPE_TABLE_BYTES_AT + ROPE_V2_TYPE_TABLE.size)
-    weight_type = None if type_code == WEIGHT_TYPE_PER_PIECE else WEIGHT_TYPES[type_code]
+    weight_type = None if type_code == WEIGHT_TYPE_PER_PIECE else WEIGHT_TYPE_NAMES[type_code]
     return weight_type, (tok_offset, tok_bytes), (table_offset, table_bytes), type_table
 
 
@@ -926,12 +937,12 @@ def read_type_table(path, c, offset, count):
     table = file_bytes(path, offset, count)
     if table is None:
         raise ExportError(f"{path}: the type table ({count} bytes at {offset}) runs past the end of the file")
-    if max(table) >= len(WEIGHT_TYPES):
-        i = next(i for i, code in enumerate(table) if code >= len(WEIGHT_TYPES))
-        raise ExportError(f"{path}: type table entry {i} is {table[i]}, not one of 0 f32, 1 bf16, 2 f16, 3 q8_0")
+    if any(code not in WEIGHT_TYPE_NAMES for code in table):
+        i = next(i for i, code in enumerate(table) if code not in WEIGHT_TYPE_NAMES)
+        raise ExportError(f"{path}: type table entry {i} is {table[i]}, not one of {WEIGHT_TYPES_LISTED}")
     kinds, at = {}, 0
     for name, piece_shapes in shapes.items():
-        kinds[name] = [WEIGHT_TYPES[code] for code in table[at:at + len(piece_shapes)]]
+        kinds[name] = [WEIGHT_TYPE_NAMES[code] for code in table[at:at + len(piece_shapes)]]
         at += len(piece_shapes)
     return kinds
 
@@ -1199,25 +1210,132 @@ SAFETENSORS_TYPES = {"F32": "f32", "BF16": "bf16", "F16": "f16"}
 NUMPY_STORAGE = {"f32": "<f4", "bf16": "<u2", "f16": "<f2"}
 LARGEST_FINITE = {"bf16": 3.3895313892515355e38, "f16": 65504.0}
 
-# Q8_0 (GGUF's block, byte for byte): each run of 32 weights along a row is 34 bytes, a
-# scale d stored as f16, then 32 int8 q; the weight is d * q (exact in float32).
+# Block types (GGUF's blocks, byte for byte; ggml-common.h's block_* structs, docs/format.md):
+# each run of `weights` weights along a row is one block of `storage.itemsize` bytes holding f16
+# scales and packed integers; the weight is a product of them, exactly as llama.cpp's
+# dequantize_row_* computes it in float32. `scales` names the f16 fields that must be finite.
+# Only q8_0 and q4_0 are ever quantized here (quantize_row_*_ref); the others are copied as stored.
 Q8_0_BLOCK = 32
 Q8_0_STORAGE = np.dtype([("d", "<f2"), ("qs", "i1", (Q8_0_BLOCK,))])  # 34 bytes, unpadded
+QK_K = 256  # the K-quants' super-block
+BlockKind = collections.namedtuple("BlockKind", "ggml weights storage scales dequantize")
+
+
+def block_dtype(*fields):
+    """A packed (unaligned) structured dtype: numpy's default for a list of fields."""
+    return np.dtype(list(fields))
+
+
+def _nibbles(qs):
+    """(low nibbles, high nibbles) of uint8 bytes, as int32."""
+    qs = qs.astype(np.int32)
+    return qs & 0xF, qs >> 4
+
+
+def dequantize_q8_0(data):
+    """Q8_0 blocks (bytes or a structured array) as their float32 weights d * q, exactly."""
+    blocks = np.asarray(data).view(Q8_0_STORAGE)
+    return (blocks["d"].astype(np.float32)[:, None] * blocks["qs"].astype(np.float32)).reshape(-1)
+
+
+def _legacy_blocks(b, offset, with_min, fifth_bit):
+    """dequantize_row_q4_0 / q4_1 / q5_0 / q5_1: the low nibbles are weights 0..15, the high ones
+    16..31; Q5's fifth bit of weight j is bit j of qh (a little-endian uint32). x*d (Q4_0, Q5_0:
+    x - 8 or x - 16 first) or x*d + m, in float32 (x*d is exact: one rounding at most)."""
+    lo, hi = _nibbles(b["qs"])
+    x = np.concatenate([lo, hi], axis=1)
+    if fifth_bit:
+        x |= ((b["qh"].astype(np.int64)[:, None] >> np.arange(32)) & 1).astype(np.int32) << 4
+    y = (x - offset).astype(np.float32) * b["d"].astype(np.float32)[:, None]
+    if with_min:
+        y = y + b["m"].astype(np.float32)[:, None]
+    return y.reshape(-1)
+
+
+def scale_min_k4(scales):
+    """get_scale_min_k4 for j = 0..7 of each block: (sc, m), each (blocks, 8) int32, 6 bits."""
+    q = scales.astype(np.int32)
+    sc = np.concatenate([q[:, 0:4] & 63, (q[:, 8:12] & 0xF) | ((q[:, 0:4] >> 6) << 4)], axis=1)
+    m = np.concatenate([q[:, 4:8] & 63, (q[:, 8:12] >> 4) | ((q[:, 4:8] >> 6) << 4)], axis=1)
+    return sc, m
+
+
+def _k_blocks(b, fifth_bit):
+    """dequantize_row_q4_K / q5_K: sub-block j (32 weights, j = 0..7) is the low (j even) or high
+    (j odd) nibbles of qs[32 (j // 2) ..][:32], plus 16 where bit j of qh[l] is set (Q5_K); its
+    weight is (d * sc_j) * q - dmin * m_j in float32 (the products are exact: one rounding)."""
+    sc, m = scale_min_k4(b["scales"])
+    lo, hi = _nibbles(b["qs"].reshape(-1, 4, 32))
+    q = np.stack([lo, hi], axis=2).reshape(-1, 8, 32)  # sub-block 2p: lo of group p, 2p + 1: hi
+    if fifth_bit:
+        q = q + ((b["qh"].astype(np.int32)[:, None, :] >> np.arange(8)[None, :, None]) & 1) * 16
+    d1 = b["d"].astype(np.float32)[:, None] * sc.astype(np.float32)
+    m1 = b["dmin"].astype(np.float32)[:, None] * m.astype(np.float32)
+    return (d1[:, :, None] * q.astype(np.float32) - m1[:, :, None]).reshape(-1)
+
+
+def _q6_k_blocks(b):
+    """dequantize_row_q6_K: in each half h (128 weights), weight 32 k + l (k = 0..3, l = 0..31)
+    is the low (k 0, 1) or high (k 2, 3) nibble of ql[64 h + l + 32 (k % 2)] with bits 2k, 2k + 1
+    of qh[32 h + l] above it, minus 32; its weight is (d * scales[8 h + l // 16 + 2 k]) * q in
+    float32 (exact)."""
+    ql = b["ql"].astype(np.int32).reshape(-1, 2, 2, 32)  # (block, half, l // 32, l % 32)
+    qh = b["qh"].astype(np.int32).reshape(-1, 2, 1, 32)
+    low = np.stack([ql[:, :, 0] & 0xF, ql[:, :, 1] & 0xF, ql[:, :, 0] >> 4, ql[:, :, 1] >> 4], axis=2)
+    high = (qh >> (2 * np.arange(4))[None, None, :, None]) & 3
+    q = (low | high << 4) - 32  # (block, half, k, l)
+    sc = b["scales"].astype(np.float32).reshape(-1, 2, 4, 2)  # (block, half, k, l // 16), entry l//16 + 2k
+    d = b["d"].astype(np.float32)[:, None, None, None]
+    ds = np.repeat(d * sc, 16, axis=3)  # (d * sc) per weight
+    return (ds * q.astype(np.float32)).reshape(-1)
+
+
+BLOCK_KINDS = {
+    "q8_0": BlockKind("Q8_0", Q8_0_BLOCK, Q8_0_STORAGE, ("d",), dequantize_q8_0),
+    "q4_0": BlockKind("Q4_0", 32, block_dtype(("d", "<f2"), ("qs", "u1", (16,))), ("d",),
+                      lambda b: _legacy_blocks(b, 8, False, False)),
+    "q4_1": BlockKind("Q4_1", 32, block_dtype(("d", "<f2"), ("m", "<f2"), ("qs", "u1", (16,))), ("d", "m"),
+                      lambda b: _legacy_blocks(b, 0, True, False)),
+    "q5_0": BlockKind("Q5_0", 32, block_dtype(("d", "<f2"), ("qh", "<u4"), ("qs", "u1", (16,))), ("d",),
+                      lambda b: _legacy_blocks(b, 16, False, True)),
+    "q5_1": BlockKind("Q5_1", 32, block_dtype(("d", "<f2"), ("m", "<f2"), ("qh", "<u4"), ("qs", "u1", (16,))),
+                      ("d", "m"), lambda b: _legacy_blocks(b, 0, True, True)),
+    "q4_k": BlockKind("Q4_K", QK_K, block_dtype(("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", (12,)),
+                                                ("qs", "u1", (128,))), ("d", "dmin"), lambda b: _k_blocks(b, False)),
+    "q5_k": BlockKind("Q5_K", QK_K, block_dtype(("d", "<f2"), ("dmin", "<f2"), ("scales", "u1", (12,)),
+                                                ("qh", "u1", (32,)), ("qs", "u1", (128,))), ("d", "dmin"),
+                      lambda b: _k_blocks(b, True)),
+    "q6_k": BlockKind("Q6_K", QK_K, block_dtype(("ql", "u1", (128,)), ("qh", "u1", (64,)), ("scales", "i1", (16,)),
+                                                ("d", "<f2")), ("d",), _q6_k_blocks),
+}
+assert [k.storage.itemsize for k in BLOCK_KINDS.values()] == [34, 18, 20, 22, 24, 144, 176, 210]
+GGUF_BLOCK_KINDS = {k.ggml: name for name, k in BLOCK_KINDS.items()}  # "Q4_K" -> "q4_k"
+
+
+def dequantize(kind, data):
+    """Blocks of a block kind (bytes or its structured array) as their float32 weights, flat, as
+    llama.cpp's dequantize_row_* computes them."""
+    return BLOCK_KINDS[kind].dequantize(np.asarray(data).view(BLOCK_KINDS[kind].storage).reshape(-1))
 
 
 def tensor_bytes(kind, elements):
-    """The bytes of `elements` weights stored as kind (a Q8_0 tensor: whole blocks)."""
-    if kind == "q8_0":
-        return elements // Q8_0_BLOCK * Q8_0_STORAGE.itemsize
+    """The bytes of `elements` weights stored as kind (a block kind: whole blocks)."""
+    if kind in BLOCK_KINDS:
+        return elements // BLOCK_KINDS[kind].weights * BLOCK_KINDS[kind].storage.itemsize
     return elements * np.dtype(NUMPY_STORAGE[kind]).itemsize
+
+
+def not_whole_blocks(kind, row):
+    """True when rows of `row` weights are not whole blocks of kind (never for f32, bf16, f16)."""
+    return kind in BLOCK_KINDS and row % BLOCK_KINDS[kind].weights != 0
 
 
 class Blocks:
     """One matrix piece as a file stores it, of any weight type: kind (a WEIGHT_TYPES name), shape,
     data (a uint8 array of exactly tensor_bytes(kind, prod(shape)) bytes: little-endian float32,
-    bf16 or f16 values, or Q8_0 blocks along the rows) and source (what a message names). write_rope
-    writes it as it is, never rounded again; asked for another type, it widens it (widened: the
-    float32 weights, exactly) and converts that."""
+    bf16 or f16 values, or blocks (BLOCK_KINDS: q8_0, q4_0, ..., q6_k) along the rows) and source
+    (what a message names). write_rope writes it as it is, never rounded again; asked for another
+    type, it widens it (widened: the float32 weights, exactly) and converts that."""
 
     def __init__(self, kind, shape, data, source=""):
         if kind not in WEIGHT_TYPES:
@@ -1225,8 +1343,9 @@ class Blocks:
         self.kind, self.shape, self.source = kind, tuple(int(n) for n in shape), source
         self.data = np.asarray(data, dtype=np.uint8).reshape(-1)
         elements = math.prod(self.shape)
-        if kind == "q8_0" and elements and self.shape[-1] % Q8_0_BLOCK:
-            raise ExportError(f"{source}: q8_0 rows of {self.shape[-1]} weights are not whole 32-weight blocks")
+        if elements and not_whole_blocks(kind, self.shape[-1]):
+            raise ExportError(f"{source}: {kind} rows of {self.shape[-1]} weights are not whole "
+                              f"{BLOCK_KINDS[kind].weights}-weight blocks")
         if len(self.data) != tensor_bytes(kind, elements):
             raise ExportError(f"{source}: {len(self.data)} bytes for {elements} {kind} weights; they take "
                               f"{tensor_bytes(kind, elements)}")
@@ -1236,33 +1355,37 @@ class Blocks:
         return math.prod(self.shape)
 
     def stored(self):
-        """The values in their stored type (float32, uint16 bf16 bits, float16); Q8_0: the blocks."""
-        dtype = Q8_0_STORAGE if self.kind == "q8_0" else np.dtype(NUMPY_STORAGE[self.kind])
+        """The values in their stored type (float32, uint16 bf16 bits, float16); a block kind: the blocks."""
+        dtype = BLOCK_KINDS[self.kind].storage if self.kind in BLOCK_KINDS else np.dtype(NUMPY_STORAGE[self.kind])
         return self.data.view(dtype)
 
     def widened(self):
-        """The float32 weights, exactly (Q8_0: d * q), in the piece's shape."""
-        if self.kind == "q8_0":
-            return dequantize_q8_0(self.data).reshape(self.shape)
+        """The float32 weights, exactly (Q8_0: d * q; the others as llama.cpp dequantizes), in the piece's shape."""
+        if self.kind in BLOCK_KINDS:
+            return dequantize(self.kind, self.data).reshape(self.shape)
         return widen(self.stored()).reshape(self.shape)
 
     def part(self, start, end):
-        """Weights start..end (flat) as a Blocks of one row (a Q8_0 cut: at whole blocks)."""
-        if self.kind == "q8_0" and (start % Q8_0_BLOCK or end % Q8_0_BLOCK):
-            raise ExportError(f"{self.source}: a q8_0 piece cannot be cut inside a block (weights {start}..{end})")
+        """Weights start..end (flat) as a Blocks of one row (a block kind's cut: at whole blocks)."""
+        if not_whole_blocks(self.kind, start) or not_whole_blocks(self.kind, end):
+            raise ExportError(f"{self.source}: a {self.kind} piece cannot be cut inside a block (weights {start}..{end})")
         data = self.data[tensor_bytes(self.kind, start):tensor_bytes(self.kind, end)]
         return Blocks(self.kind, (end - start,), data, self.source)
 
 
 def check_piece_finite(piece, source):
-    """Refuse a NaN or infinite weight (check_finite), or a Q8_0 scale that is not finite (run refuses
-    the file)."""
+    """Refuse a NaN or infinite weight (check_finite), or a block scale (d, and m or dmin) that is not
+    finite (run refuses the file)."""
     if not isinstance(piece, Blocks):
         check_finite(piece, source)
-    elif piece.kind != "q8_0":
+    elif piece.kind not in BLOCK_KINDS:
         check_finite(piece.stored(), source)
-    elif piece.size and not np.isfinite(piece.stored()["d"]).all():
-        raise ExportError(f"tensor {source}: a q8_0 scale is not finite; run refuses such a file")
+    elif piece.size:
+        blocks = piece.stored()
+        for field in BLOCK_KINDS[piece.kind].scales:
+            if not np.isfinite(blocks[field]).all():
+                what = "scale" if field == "d" else f"{field} scale"
+                raise ExportError(f"tensor {source}: a {piece.kind} {what} is not finite; run refuses such a file")
 
 
 def piece_kind(piece):
@@ -1333,21 +1456,49 @@ def quantize_q8_0(wide):
     return blocks
 
 
-def dequantize_q8_0(data):
-    """Q8_0 blocks (bytes or a structured array) as their float32 weights d * q, exactly."""
-    blocks = np.asarray(data).view(Q8_0_STORAGE)
-    return (blocks["d"].astype(np.float32)[:, None] * blocks["qs"].astype(np.float32)).reshape(-1)
+def quantize_q4_0(wide):
+    """float32 weights (a whole number of blocks) as Q4_0 blocks, as llama.cpp's
+    quantize_row_q4_0_ref computes them: max = the block's first weight of the largest magnitude
+    (0.0 in a block of zeros), d = max / -8 and id = 1 / d (0 when d is 0) in float32, d stored as
+    f16 (nearest even); each weight's q = MIN(15, (int8_t)(w * id + 8.5f)): the float32 product
+    (with the unrounded d), the float32 sum, truncated toward zero. Weights 0..15 of a block are
+    the low nibbles of its 16 bytes, 16..31 the high ones. (A product past int8, which only an id
+    of inf gives, a max under ~2.4e-38, is C's undefined behaviour: here x86-64's cvttss2si, 0.)"""
+    x = np.ascontiguousarray(wide, dtype=np.float32).reshape(-1, 32)
+    first = np.argmax(np.abs(x), axis=1)  # the C keeps the first: amax < fabsf(v)
+    largest = x[np.arange(len(x)), first]
+    largest = np.where(np.abs(largest) > 0, largest, np.float32(0)).astype(np.float32)  # never -0.0
+    d = (largest / np.float32(-8)).astype(np.float32)
+    with np.errstate(divide="ignore", over="ignore"):
+        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        v = x * inv[:, None] + np.float32(8.5)  # two float32 roundings, as the C
+        whole = np.isfinite(v) & (np.abs(v) < 2.0 ** 31)
+        t = np.where(whole, np.trunc(np.where(whole, v, 0)), -2.0 ** 31).astype(np.int64)
+    xi = np.minimum(15, ((t & 0xFF) ^ 0x80) - 0x80) & 0xFF  # (int8_t), MIN(15, ...), as uint8_t
+    blocks = np.empty(len(x), BLOCK_KINDS["q4_0"].storage)
+    with np.errstate(over="ignore"):
+        blocks["d"] = d.astype(np.float16)
+    blocks["qs"] = (xi[:, :16] | (xi[:, 16:] << 4)) & 0xFF
+    return blocks
+
+
+QUANTIZERS = {"q8_0": quantize_q8_0, "q4_0": quantize_q4_0}
+# the f16 scale's divisor: d = largest / 127 (q8_0), largest / -8 (q4_0)
+QUANTIZER_DIVISOR = {"q8_0": 127, "q4_0": 8}
+QUANTIZER_SOURCE = {"q8_0": "quantize_row_q8_0_ref", "q4_0": "quantize_row_q4_0_ref"}
 
 
 class Q8Stats:
-    """What a Q8_0 export says on stderr: the largest change of a weight relative to its
+    """What a Q8_0 (or Q4_0) export says on stderr: the largest change of a weight relative to its
     block's largest magnitude, and where."""
     def __init__(self):
         self.worst, self.where = 0.0, ""
 
-    def add(self, wide, blocks, name):
-        x = np.asarray(wide, dtype=np.float32).reshape(-1, Q8_0_BLOCK)
-        change = np.abs(dequantize_q8_0(blocks).reshape(-1, Q8_0_BLOCK) - x)
+    def add(self, wide, blocks, name, kind="q8_0"):
+        n = BLOCK_KINDS[kind].weights
+        x = np.asarray(wide, dtype=np.float32).reshape(-1, n)
+        change = np.abs(dequantize(kind, blocks).reshape(-1, n) - x)
         amax = np.abs(x).max(axis=1, keepdims=True)
         with np.errstate(invalid="ignore", divide="ignore"):
             rel = np.where(amax > 0, change / amax, 0.0)
@@ -1388,16 +1539,19 @@ def convert_weights(array, target, name):
     wide = widen(np.asarray(array))
     if target == "f32":
         return wide
-    if target == "q8_0":
-        if wide.size % Q8_0_BLOCK:  # check_q8_0_rows refuses such a model before writing
-            raise ExportError(f"tensor {name}: {wide.size} weights are not whole 32-weight q8_0 blocks")
+    if target in QUANTIZERS:
+        if wide.size % BLOCK_KINDS[target].weights:  # check_block_rows refuses such a model before writing
+            raise ExportError(f"tensor {name}: {wide.size} weights are not whole 32-weight {target} blocks")
         largest = np.abs(wide).max() if wide.size else 0
-        if largest / 127 > LARGEST_FINITE["f16"]:
-            raise ExportError(f"tensor {name}: the weight {largest:g} needs a q8_0 scale past f16's largest "
+        if largest / QUANTIZER_DIVISOR[target] > LARGEST_FINITE["f16"]:
+            raise ExportError(f"tensor {name}: the weight {largest:g} needs a {target} scale past f16's largest "
                               f"{LARGEST_FINITE['f16']:g}; export it as --dtype f32 or bf16")
-        blocks = quantize_q8_0(wide)
-        Q8_STATS.add(wide, blocks, name)
+        blocks = QUANTIZERS[target](wide)
+        Q8_STATS.add(wide, blocks, name, target)
         return blocks
+    if target in BLOCK_KINDS:  # a type only ever copied (write_tensor writes its Blocks as they are)
+        raise ExportError(f"tensor {name}: export.py does not quantize to {target} (only to "
+                          f"{' and '.join(QUANTIZERS)}); its source holds it in {weight_type_of(array)}")
     out = narrow(wide, target)
     overflow = np.isinf(widen(out)) & np.isfinite(wide)
     if overflow.any():
@@ -2646,7 +2800,7 @@ GGUF_FUSED = {"wq": ("blk.{i}.attn_qkv.weight", 0), "wk": ("blk.{i}.attn_qkv.wei
 # LLAMA_ROPE_TYPE_NORM models): this format's order; the others keep Hugging Face's halves
 GGUF_ADJACENT_PAIRS = {"llama", "smollm3"}
 # the GGUF tensor types this format holds as they are, by their ggml names
-GGUF_KINDS = {"F32": "f32", "BF16": "bf16", "F16": "f16", "Q8_0": "q8_0"}
+GGUF_KINDS = {"F32": "f32", "BF16": "bf16", "F16": "f16", **{k.ggml: name for name, k in BLOCK_KINDS.items()}}
 GGUF_NUMPY = {"F32": "<f4", "BF16": "<u2", "F16": "<f2"}
 
 
@@ -3036,26 +3190,30 @@ def read_gguf_gemma4(g, config):
 
 def gguf_stored(g, name):
     """(kind, array) of a tensor as this format holds it, unwidened: float32, bf16 as uint16
-    bits, f16 as float16, with the tensor's shape; q8_0 as (rows..., bytes per row) uint8.
-    Any other type: one line naming the tensor and its type."""
+    bits, f16 as float16, with the tensor's shape; a block type (Q8_0, Q4_0, ..., Q6_K) as its
+    structured blocks (BLOCK_KINDS' storage), (rows..., blocks per row): rows stay whole, so they can
+    be cut into bands or permuted. Any other type: one line naming the tensor and its type."""
     t = gguf_tensor(g, name)
     kind = GGUF_KINDS.get(t.type_name)
     if kind is None:
-        raise ExportError(f"{g.path}: tensor {name} is {t.type_name}; this format holds "
-                          f"{', '.join(GGUF_KINDS)} (the next issue's 4-bit and K-quant blocks are not read yet)")
+        raise ExportError(f"{g.path}: tensor {name} is {t.type_name}; this format holds {', '.join(GGUF_KINDS)}")
     data = g.tensor_data(name)
-    if kind == "q8_0":  # structured blocks (Q8_0_STORAGE), a row's blocks along the last axis
-        return kind, data.view(Q8_0_STORAGE).reshape(tuple(t.shape[:-1]) + (t.shape[-1] // Q8_0_BLOCK,))
+    if kind in BLOCK_KINDS:  # a row's blocks along the last axis (the container checked rows are whole blocks)
+        block = BLOCK_KINDS[kind]
+        return kind, data.view(block.storage).reshape(tuple(t.shape[:-1]) + (t.shape[-1] // block.weights,))
     return kind, data.view(GGUF_NUMPY[t.type_name]).reshape(t.shape)
 
 
-def check_block_scales(g, name, blocks):
-    """Refuse a Q8_0 tensor with a non-finite scale d (its weights d * q would not be numbers),
-    naming the tensor and the block."""
-    bad = ~np.isfinite(blocks["d"].reshape(-1))
-    if bad.any():
-        raise ExportError(f"{g.path}: tensor {name}: the scale of Q8_0 block {int(np.argmax(bad))} is "
-                          f"{blocks['d'].reshape(-1)[np.argmax(bad)]}; scales must be finite")
+def check_block_scales(g, name, kind, blocks):
+    """Refuse a block tensor with a non-finite f16 scale (d; Q4_1's and Q5_1's m, Q4_K's and Q5_K's
+    dmin: its weights would not be numbers), naming the tensor, the scale and the block."""
+    for field in BLOCK_KINDS[kind].scales:
+        values = blocks[field].reshape(-1)
+        bad = ~np.isfinite(values)
+        if bad.any():
+            what = "scale" if field == "d" else f"{field} scale"
+            raise ExportError(f"{g.path}: tensor {name}: the {what} of {BLOCK_KINDS[kind].ggml} block "
+                              f"{int(np.argmax(bad))} is {values[np.argmax(bad)]}; scales must be finite")
 
 
 def gguf_piece(g, name, expected, rows=None, heads=None, order=None, column_order=None):
@@ -3074,12 +3232,12 @@ def gguf_piece(g, name, expected, rows=None, heads=None, order=None, column_orde
     if order is not None:
         array = permute_heads(array, heads, order)
     if column_order is not None:  # Gemma 4 31B's wo: whole columns, not within a block
-        if kind == "q8_0":
+        if kind in BLOCK_KINDS:
             raise ExportError(f"{g.path}: tensor {name}: its columns must be permuted (attention_k_eq_v), which "
-                              "Q8_0 blocks cannot be; convert an F16, BF16 or F32 file")
+                              f"{BLOCK_KINDS[kind].ggml} blocks cannot be; convert an F16, BF16 or F32 file")
         array = permute_head_columns(array, *column_order)
-    if kind == "q8_0":
-        check_block_scales(g, name, array)
+    if kind in BLOCK_KINDS:
+        check_block_scales(g, name, kind, array)
         return Blocks(kind, tuple(expected), np.ascontiguousarray(array).view(np.uint8).reshape(-1), name)
     return array
 
@@ -3118,7 +3276,7 @@ def read_gguf(path, template_name=None, with_tokenizer=True):
 
     Its metadata becomes the config.json it stands for (gguf_config), read by config_from_json as
     a Hugging Face directory's is; its tensors are copied as they are stored (F32, F16, BF16,
-    Q8_0), never widened or requantized."""
+    and the blocks Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), never widened or requantized."""
     g = read_gguf_file(reading(path))
     config = gguf_config(g)
     model_type = config["model_type"]
@@ -3253,8 +3411,8 @@ GGUF_SCALAR_FORMATS = {GGUF_UINT8: "<B", GGUF_INT8: "<b", GGUF_UINT16: "<H", GGU
 
 # ggml types (ggml.h's ggml_type; sizes as gguf-py's GGML_QUANT_SIZES, docs/gguf.md; 39..42 from
 # the 2026 tree): id -> (name, elements per block, bytes per block). A tensor's row (ne[0]) is
-# whole blocks; run.c computes F32, F16, BF16 and Q8_0, the others are here so that the steps
-# built on this reader can refuse them by name (or dequantize them).
+# whole blocks; the format holds F32, F16, BF16 and the blocks of BLOCK_KINDS (Q8_0, Q4_0, Q4_1,
+# Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), the others are here so that the reader can refuse them by name.
 GGMLType = collections.namedtuple("GGMLType", "name block block_bytes")
 GGML_TYPES = {
     0: GGMLType("F32", 1, 4), 1: GGMLType("F16", 1, 2), 2: GGMLType("Q4_0", 32, 18), 3: GGMLType("Q4_1", 32, 20),
@@ -3597,7 +3755,7 @@ def check_finite(array, name):
 
 
 def write_tensor(f, pieces, progress, weight_type="f32", name=""):
-    """Write a tensor, little-endian, as weight_type (f32, bf16, f16 or q8_0): an array, a Blocks,
+    """Write a tensor, little-endian, as weight_type (f32, bf16, f16 or a block type): an array, a Blocks,
     or a list of arrays / Blocks / loaders, in any weight type (see weight_type_of; other float
     arrays as float32). A Blocks of weight_type is written as it is; of another type, widened to
     float32 (exactly) and converted as an array. A NaN or infinite weight is refused, naming the
@@ -3618,7 +3776,7 @@ def write_tensor(f, pieces, progress, weight_type="f32", name=""):
             array = np.asarray(array, dtype=np.float32)
         check_finite(array, getattr(piece, "source", name))
         array = convert_weights(array, weight_type, name)
-        storage = Q8_0_STORAGE if weight_type == "q8_0" else NUMPY_STORAGE[weight_type]
+        storage = BLOCK_KINDS[weight_type].storage if weight_type in BLOCK_KINDS else NUMPY_STORAGE[weight_type]
         data = memoryview(np.ascontiguousarray(array, dtype=storage).view(np.uint8).reshape(-1)).cast("B")
         f.write(data)
         progress.add(len(data), tensor_done=i == len(pieces) - 1)
@@ -3659,7 +3817,7 @@ def rope_header(c, weight_type="f32", version=ROPE_VERSION, tensors_end=0, token
                               c.norm_eps, c.rope_theta, c.rope_fraction, c.rope_factor,
                               c.rope_scaling, c.rope_original_len, *(getattr(c, name) for name, _, _ in RULE_FIELDS))
     if version == ROPE_VERSION_2:
-        code = WEIGHT_TYPE_PER_PIECE if weight_type is None else WEIGHT_TYPES.index(weight_type)
+        code = WEIGHT_TYPE_PER_PIECE if weight_type is None else WEIGHT_TYPE_CODES[weight_type]
         fields += ROPE_V2_FIELDS.pack(c.head_size, code, 0, tokenizer_offset, tokenizer_bytes)
         fields += ROPE_V2_BLOCK.pack(c.block_flags, c.activation, c.embedding_multiplier, c.attention_scale,
                                      c.attention_softcap, c.final_softcap, *layer_table_place(c, tensors_end))
@@ -3702,11 +3860,11 @@ def typed_pieces(c, tensors):
     its pieces' parts). A piece of no weights given in no type is float32."""
     shapes = matrix_piece_shapes(c)
     cuts = {name: cut_into_pieces(name, tensors[name], shapes[name]) for name in shapes}
-    for name, cut in cuts.items():  # run's rule, per piece: a q8_0 piece's rows are whole blocks
+    for name, cut in cuts.items():  # run's rule, per piece: a block piece's rows are whole blocks
         for i, ((kind, _), shape) in enumerate(zip(cut, shapes[name])):
-            if kind == "q8_0" and math.prod(shape) and shape[-1] % Q8_0_BLOCK:
-                raise ExportError(f"tensor {name}: piece {i} is q8_0, but its rows of {shape[-1]} weights are not "
-                                  f"whole {Q8_0_BLOCK}-weight blocks (run refuses such a file)")
+            if math.prod(shape) and not_whole_blocks(kind, shape[-1]):
+                raise ExportError(f"tensor {name}: piece {i} is {kind}, but its rows of {shape[-1]} weights are not "
+                                  f"whole {BLOCK_KINDS[kind].weights}-weight blocks (run refuses such a file)")
     kinds = {kind for cut in cuts.values() for kind, _ in cut if kind is not None}
     parts = {name: [part for _, piece_parts in cut for part in piece_parts] for name, cut in cuts.items()}
     piece_types = {name: [kind or "f32" for kind, _ in cut] for name, cut in cuts.items()}
@@ -3761,7 +3919,7 @@ def write_rope(f, c, tensors, path="-", weight_type="f32", tokenizer=None):
         if piece_types is not None:  # the type table: each matrix piece's type code, in file order
             offset, table_bytes = type_table_place(c, tensors_end)
             f.write(bytes(offset - written))
-            f.write(bytes(WEIGHT_TYPES.index(kind) for name, _, kind, _ in layout if name in MATRIX_TENSORS))
+            f.write(bytes(WEIGHT_TYPE_CODES[kind] for name, _, kind, _ in layout if name in MATRIX_TENSORS))
             written = offset + table_bytes
         if tokenizer is not None:
             f.write(bytes(tok_at - written))  # zero padding to the section's 64-byte boundary
@@ -3890,9 +4048,9 @@ def export_checkpoint(args):
     else:
         raise ExportError(f"{args.input}: no such file or directory")
     weight_type = "f32" if args.legacy else args.dtype or source_type  # llama2.c's formats are float32
-    if weight_type == "q8_0":
-        check_q8_0_rows(c)
-    elif weight_type not in ("f32", None) and weight_type != source_type:
+    if weight_type in QUANTIZERS:
+        check_block_rows(c, weight_type)
+    elif weight_type not in ("f32", None, *BLOCK_KINDS) and weight_type != source_type:
         say_later(f"narrowing the matrices and the embedding from {source_type or 'their types'} to {weight_type} "
                   f"(rounded to nearest even)")
     if args.rope_theta is not None:
@@ -3921,9 +4079,10 @@ def export_checkpoint(args):
     else:
         Q8_STATS.__init__()
         write_atomically(args.output, lambda f: write_rope(f, c, tensors, args.output, weight_type, tokenizer))
-        if weight_type == "q8_0":
+        if weight_type in QUANTIZERS and (weight_type == "q8_0" or Q8_STATS.where):
             bf16_size = rope_layout(c, "bf16", ROPE_VERSION_2)[2]
-            say_later(f"quantized the matrices and the embedding to q8_0 (llama.cpp's quantize_row_q8_0_ref): "
+            say_later(f"quantized the matrices and the embedding to {weight_type} (llama.cpp's "
+                      f"{QUANTIZER_SOURCE[weight_type]}): "
                       f"{os.path.getsize(args.output)} bytes, {os.path.getsize(args.output) / bf16_size:.3f} of "
                       f"bf16's {bf16_size}; the largest change of a weight is {Q8_STATS.worst:.3g} of its block's "
                       f"largest magnitude (in {Q8_STATS.where})")
@@ -5188,8 +5347,8 @@ def parse_args(argv):
     p.add_argument("--rope-theta", type=rope_theta_arg, metavar="F", help="store this theta (> 0)")
     p.add_argument("--rope-fraction", type=rope_fraction_arg, metavar="F", help="store this p, in [0, 1]")
     p.add_argument("--legacy", action="store_true", help="write llama2.c's legacy format instead")
-    p.add_argument("--dtype", choices=WEIGHT_TYPES,
-                   help="store the matrices and the embedding as f32, bf16, f16 or q8_0 (default: as the source "
+    p.add_argument("--dtype", choices=["f32", "bf16", "f16", *QUANTIZERS],
+                   help="store the matrices and the embedding as f32, bf16, f16, q8_0 or q4_0 (default: as the source "
                    "does; a ROPE file with a type per piece keeps each piece's)")
     p.add_argument("--tokenizer", metavar="PATH", help="a tokenizer.model (to llama2.c's tokenizer.bin), or a "
                    "tokenizer.json or model directory (to a TOKN file) to convert")

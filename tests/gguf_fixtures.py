@@ -378,11 +378,16 @@ GGUF_FILES = {
     "llama2-f16.gguf": ("llama2-f16", CONVERT, "f16"),
     "llama2-bf16.gguf": ("llama2-bf16", CONVERT, "bf16"),
     "llama2-q8_0.gguf": ("llama2-f32", QUANTIZE, ("llama2-f32.gguf", "Q8_0")),
+    "llama2-Q4_1.gguf": ("llama2-f32", QUANTIZE, ("llama2-f32.gguf", "Q4_1")),
+    "llama2-Q5_0.gguf": ("llama2-f32", QUANTIZE, ("llama2-f32.gguf", "Q5_0")),
+    "llama2-Q5_1.gguf": ("llama2-f32", QUANTIZE, ("llama2-f32.gguf", "Q5_1")),
     "llama3-bf16.gguf": ("llama3", CONVERT, "bf16"),
     "llama256-Q4_0.gguf": ("llama256", QUANTIZE, ("llama256-f32.gguf", "Q4_0")),
     "llama256-Q4_K_M.gguf": ("llama256", QUANTIZE, ("llama256-f32.gguf", "Q4_K_M")),
+    "llama256-Q5_K_S.gguf": ("llama256", QUANTIZE, ("llama256-f32.gguf", "Q5_K_S")),
     "qwen2-bf16.gguf": ("qwen2", CONVERT, "bf16"),
     "qwen2-q8_0.gguf": ("qwen2", QUANTIZE, ("qwen2-bf16.gguf", "Q8_0")),
+    "qwen2-Q4_0.gguf": ("qwen2", QUANTIZE, ("qwen2-bf16.gguf", "Q4_0")),
     "qwen3-bf16.gguf": ("qwen3", CONVERT2026, "bf16"),
     "gemma-bf16.gguf": ("gemma", CONVERT, "bf16"),
     "gemma2-bf16.gguf": ("gemma2", CONVERT, "bf16"),
@@ -441,5 +446,38 @@ def make(out_dir, files=None, hf_root=None):
             subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
 
 
+# ---------------------------------------------------------------------------
+# llama.cpp's own dequantization of the block fixtures (dequantized_sha256.json)
+# ---------------------------------------------------------------------------
+
+# the fixtures with 4-bit, 5-bit and K-quant blocks: tests/test_gguf_blocks.py compares what export.py
+# widens them to with llama.cpp's dequantization, recorded as a sha256 per tensor
+DEQUANTIZED = ["llama2-Q4_1.gguf", "llama2-Q5_0.gguf", "llama2-Q5_1.gguf", "llama256-Q4_0.gguf",
+               "llama256-Q4_K_M.gguf", "llama256-Q5_K_S.gguf"]
+GGUF_PY = os.environ.get("GGUF_PY", "/work/peers/llama.cpp/gguf-py")  # llama.cpp's own GGUF reader
+
+
+def dequantized_sha256(out_dir, data_dir=GGUF_DATA):
+    """{file: {tensor: sha256 of its float32 bytes}} of each DEQUANTIZED file's non-F32 tensors, as
+    `llama-quantize --allow-requantize FILE OUT_DIR/FILE-F32.gguf F32` (its dequantize_row_*) writes
+    them, read with llama.cpp's gguf-py (GGUFReader)."""
+    sys.path.insert(0, GGUF_PY)
+    from gguf import GGUFReader
+    out = {}
+    for f in DEQUANTIZED:
+        wide = Path(out_dir) / f.replace(".gguf", "-F32.gguf")
+        cmd = [TOOLS[QUANTIZE], "--allow-requantize", str(Path(data_dir) / f), str(wide), "F32"]
+        print("+", " ".join(cmd), file=sys.stderr, flush=True)
+        with open(str(wide) + ".log", "w") as log:
+            subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
+        blocks = {t.name for t in GGUFReader(Path(data_dir) / f).tensors if t.tensor_type != 0}
+        out[f] = {t.name: hashlib.sha256(t.data.astype("<f4").tobytes()).hexdigest()
+                  for t in GGUFReader(wide).tensors if t.name in blocks}
+    return out
+
+
 if __name__ == "__main__":
-    make(sys.argv[1], sys.argv[2:] or None)
+    if sys.argv[1:2] == ["--dequantized"]:  # gguf_fixtures.py --dequantized OUT_DIR: the JSON on stdout
+        print(json.dumps(dequantized_sha256(sys.argv[2]), indent=1, sort_keys=True))
+    else:
+        make(sys.argv[1], sys.argv[2:] or None)

@@ -24,7 +24,9 @@ SCALAR_FORMATS = {UINT8: "<B", INT8: "<b", UINT16: "<H", INT16: "<h", UINT32: "<
 
 # ggml types (docs/gguf.md): id and (elements, bytes) per block, for the few the tests write
 F32, F16, Q4_0, Q8_0, Q4_K, Q6_K, BF16 = 0, 1, 2, 8, 12, 14, 30
+Q4_1, Q5_0, Q5_1, Q5_K = 3, 6, 7, 13
 BLOCKS = {F32: (1, 4), F16: (1, 2), Q4_0: (32, 18), Q8_0: (32, 34), Q4_K: (256, 144), Q6_K: (256, 210),
+          Q4_1: (32, 20), Q5_0: (32, 22), Q5_1: (32, 24), Q5_K: (256, 176),
           BF16: (1, 2)}
 
 

@@ -1053,7 +1053,7 @@ def table_moved(data):
     (lambda d: struct.pack_into("<i", d, 216, 1), ["with type_table_offset 1 and type_table_bytes 0",
                                                    "a type table: weight_type 4 and both not 0; else both 0"]),
     (lambda d: struct.pack_into("<i", d, 88, 4), ["weight_type 4 with type_table_offset 0 and type_table_bytes 0"]),
-    (lambda d: struct.pack_into("<i", d, 88, 5), ["weight_type 5 is not one of", "4 per piece"]),
+    (lambda d: struct.pack_into("<i", d, 88, 12), ["weight_type 12 is not one of", "4 per piece"]),
     (lambda d: struct.pack_into("<i", d, 232, 1), ["header bytes 232..255 are not all zero"]),
 ])
 def test_a_version_2_field_that_run_refuses_is_refused_when_read_back(gemma4_file, tmp_path, export_run, edit,

@@ -779,7 +779,7 @@ def test_run_and_export_refuse_a_bad_type_table(typed_files, tmp_path, case, wor
             d.extend(bytes(64))
             d[at + 64:at + 64 + n] = d[at:at + n]
         elif case == "unknown code":
-            d[at + 5] = 12
+            d[at + 5] = 12  # 4 is no type; 0..3 and 5..11 are
         elif case == "truncated":
             del d[-5:]
     if case == "q8_0 rows not whole blocks":
