@@ -2377,7 +2377,7 @@ static int check_block_scales(const unsigned char *blocks, uint64_t elements, We
             memcpy(&h, blocks + scale_places[type][s], sizeof(h));
             if ((h & 0x7c00) == 0x7c00)
                 return fail("%s: the %s of %s block %llu is %g; scales must be finite", name,
-                            s == 0 ? "scale" : type == WEIGHT_Q4_1 || type == WEIGHT_Q5_1 ? "min m" : "min dmin",
+                            s == 0 ? "scale" : type == WEIGHT_Q4_1 || type == WEIGHT_Q5_1 ? "min m" : "dmin",
                             weight_type_names[type], (unsigned long long)i, f16_to_f32(h));
         }
     return 0;
