@@ -104,7 +104,6 @@ WEIGHT_TYPES = list(WEIGHT_TYPE_CODES)
 WEIGHT_TYPE_NAMES = {code: name for name, code in WEIGHT_TYPE_CODES.items()}
 WEIGHT_TYPE_PER_PIECE = 4  # the header's weight_type of a file whose type table gives each matrix piece's type
 WEIGHT_TYPES_LISTED = ", ".join(f"{code} {name}" for name, code in WEIGHT_TYPE_CODES.items())
-QUANTIZED_TYPES = ("q8_0", "q4_0")  # the block types --dtype quantizes to (the others are only copied)
 TENSOR_ALIGNMENT = 64  # version 2: every tensor starts at a multiple of this from the file's start
 # the tensors stored in the weight type (the norms are always float32)
 MATRIX_TENSORS = {"token_embedding", "wq", "wk", "wv", "wo", "w1", "w2", "w3", "wcls",
@@ -1494,9 +1493,10 @@ class Q8Stats:
     """What a Q8_0 (or Q4_0) export says on stderr: the largest change of a weight relative to its
     block's largest magnitude, and where."""
     def __init__(self):
-        self.worst, self.where = 0.0, ""
+        self.worst, self.where, self.quantized = 0.0, "", 0  # quantized: the tensors quantized (0: all copied)
 
     def add(self, wide, blocks, name, kind="q8_0"):
+        self.quantized += 1
         n = BLOCK_KINDS[kind].weights
         x = np.asarray(wide, dtype=np.float32).reshape(-1, n)
         change = np.abs(dequantize(kind, blocks).reshape(-1, n) - x)
@@ -4080,13 +4080,13 @@ def export_checkpoint(args):
     else:
         Q8_STATS.__init__()
         write_atomically(args.output, lambda f: write_rope(f, c, tensors, args.output, weight_type, tokenizer))
-        if weight_type in QUANTIZERS and (weight_type == "q8_0" or Q8_STATS.where):
+        if weight_type in QUANTIZERS and Q8_STATS.quantized:  # not when a GGUF's blocks were copied as they are
             bf16_size = rope_layout(c, "bf16", ROPE_VERSION_2)[2]
             say_later(f"quantized the matrices and the embedding to {weight_type} (llama.cpp's "
                       f"{QUANTIZER_SOURCE[weight_type]}): "
                       f"{os.path.getsize(args.output)} bytes, {os.path.getsize(args.output) / bf16_size:.3f} of "
                       f"bf16's {bf16_size}; the largest change of a weight is {Q8_STATS.worst:.3g} of its block's "
-                      f"largest magnitude (in {Q8_STATS.where})")
+                      f"largest magnitude" + (f" (in {Q8_STATS.where})" if Q8_STATS.where else ""))
     kind = ("llama2.c legacy" if args.legacy else "ROPE" if rope_version(weight_type, c, tokenizer) == ROPE_VERSION
             else f"ROPE v2, {weight_type or 'per-piece'} weights" + (", with its tokenizer" if tokenizer is not None
                                                                      else ""))

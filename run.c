@@ -2377,7 +2377,7 @@ static int check_block_scales(const unsigned char *blocks, uint64_t elements, We
             memcpy(&h, blocks + scale_places[type][s], sizeof(h));
             if ((h & 0x7c00) == 0x7c00)
                 return fail("%s: the %s of %s block %llu is %g; scales must be finite", name,
-                            s == 0 ? "scale" : type == WEIGHT_Q4_1 || type == WEIGHT_Q5_1 ? "min m" : "min dmin",
+                            s == 0 ? "scale" : type == WEIGHT_Q4_1 || type == WEIGHT_Q5_1 ? "min m" : "dmin",
                             weight_type_names[type], (unsigned long long)i, f16_to_f32(h));
         }
     return 0;
@@ -5696,18 +5696,11 @@ static inline Ints ints_of_bytes(const unsigned char *p) { // eight bytes, zero-
     return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
 }
 static inline Ints ints_and(Ints v, int mask) { return _mm256_and_si256(v, _mm256_set1_epi32(mask)); }
-static inline Ints ints_or(Ints a, Ints b) { return _mm256_or_si256(a, b); }
 static inline Ints ints_add(Ints v, int c) { return _mm256_add_epi32(v, _mm256_set1_epi32(c)); }
 static inline Ints ints_shift_right(Ints v, int n) { return _mm256_srl_epi32(v, _mm_cvtsi32_si128(n)); }
-static inline Ints ints_shift_left(Ints v, int n) { return _mm256_sll_epi32(v, _mm_cvtsi32_si128(n)); }
-static inline Ints ints_bits_of_byte(int byte) { // lane l: bit l of byte
-    Ints bits = _mm256_srlv_epi32(_mm256_set1_epi32(byte), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    return ints_and(bits, 1);
-}
 static inline Lanes lanes_of_ints(Ints v) { return _mm256_cvtepi32_ps(v); }
 static inline Lanes lanes_set(float f) { return _mm256_set1_ps(f); }
 static inline Lanes lanes_mul(Lanes a, Lanes b) { return _mm256_mul_ps(a, b); }
-static inline Lanes lanes_add(Lanes a, Lanes b) { return _mm256_add_ps(a, b); }
 static inline Lanes lanes_mul_sub(Lanes a, Lanes b, Lanes c) { return _mm256_fmsub_ps(a, b, c); } // a * b - c
 static inline float scale_at(const unsigned char *p) { // an f16 scale, by the conversion instruction
 #if defined(__F16C__)
@@ -5729,27 +5722,17 @@ static inline Ints ints_of_bytes(const unsigned char *p) {
 static inline Ints ints_and(Ints v, int mask) {
     return (Ints){vandq_u32(v.lo, vdupq_n_u32((uint32_t)mask)), vandq_u32(v.hi, vdupq_n_u32((uint32_t)mask))};
 }
-static inline Ints ints_or(Ints a, Ints b) { return (Ints){vorrq_u32(a.lo, b.lo), vorrq_u32(a.hi, b.hi)}; }
 static inline Ints ints_add(Ints v, int c) {
     return (Ints){vaddq_u32(v.lo, vdupq_n_u32((uint32_t)c)), vaddq_u32(v.hi, vdupq_n_u32((uint32_t)c))};
 }
 static inline Ints ints_shift_right(Ints v, int n) {
     return (Ints){vshlq_u32(v.lo, vdupq_n_s32(-n)), vshlq_u32(v.hi, vdupq_n_s32(-n))};
 }
-static inline Ints ints_shift_left(Ints v, int n) {
-    return (Ints){vshlq_u32(v.lo, vdupq_n_s32(n)), vshlq_u32(v.hi, vdupq_n_s32(n))};
-}
-static inline Ints ints_bits_of_byte(int byte) {
-    static const int32_t low[4] = {0, -1, -2, -3}, high[4] = {-4, -5, -6, -7};
-    uint32x4_t b = vdupq_n_u32((uint32_t)byte);
-    return ints_and((Ints){vshlq_u32(b, vld1q_s32(low)), vshlq_u32(b, vld1q_s32(high))}, 1);
-}
 static inline Lanes lanes_of_ints(Ints v) {
     return (Lanes){vcvtq_f32_s32(vreinterpretq_s32_u32(v.lo)), vcvtq_f32_s32(vreinterpretq_s32_u32(v.hi))};
 }
 static inline Lanes lanes_set(float f) { return (Lanes){vdupq_n_f32(f), vdupq_n_f32(f)}; }
 static inline Lanes lanes_mul(Lanes a, Lanes b) { return (Lanes){vmulq_f32(a.lo, b.lo), vmulq_f32(a.hi, b.hi)}; }
-static inline Lanes lanes_add(Lanes a, Lanes b) { return (Lanes){vaddq_f32(a.lo, b.lo), vaddq_f32(a.hi, b.hi)}; }
 static inline Lanes lanes_mul_sub(Lanes a, Lanes b, Lanes c) { // a * b - c, rounded once
     return (Lanes){vfmaq_f32(vnegq_f32(c.lo), a.lo, b.lo), vfmaq_f32(vnegq_f32(c.hi), a.hi, b.hi)};
 }
@@ -5757,6 +5740,84 @@ static inline float scale_at(const unsigned char *p) {
     uint16_t h;
     memcpy(&h, p, sizeof(h));
     return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0);
+}
+#endif
+
+// Runs of 32 small integers assembled a byte each (Bytes: one AVX register, two NEON
+// registers), for the 5- and 6-bit types: their bits come from two or three places, and
+// assembling a run's 32 at once costs a handful of byte operations where eight at a
+// time in 32-bit lanes costs as many per eight. ints_of_run_bytes then widens eight of
+// them (signed) into Ints.
+#if defined(USE_AVX2)
+typedef __m256i Bytes;
+static inline Bytes bytes_load(const unsigned char *p) { return _mm256_loadu_si256((const __m256i *)p); }
+static inline Bytes bytes_load16_twice(const unsigned char *p) { // p[0..15], then p[0..15] again
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+}
+static inline Bytes bytes_and(Bytes v, int mask) { return _mm256_and_si256(v, _mm256_set1_epi8((char)mask)); }
+static inline Bytes bytes_or(Bytes a, Bytes b) { return _mm256_or_si256(a, b); }
+static inline Bytes bytes_add(Bytes v, int c) { return _mm256_add_epi8(v, _mm256_set1_epi8((char)c)); }
+static inline Bytes bytes_shift_right(Bytes v, int n) { // each byte >> n (16-bit shifts, then the bits
+    return bytes_and(_mm256_srl_epi16(v, _mm_cvtsi32_si128(n)), 0xff >> n); // from the next byte cleared)
+}
+static inline Bytes bytes_shift_left(Bytes v, int n) {
+    return bytes_and(_mm256_sll_epi16(v, _mm_cvtsi32_si128(n)), (0xff << n) & 0xff);
+}
+static inline Bytes bytes_first_half_low_nibbles(Bytes v) { // bytes 0..15: v's & 15; 16..31: v's >> 4
+    return _mm256_blend_epi32(bytes_and(v, 15), bytes_shift_right(v, 4), 0xf0);
+}
+static inline Bytes bytes_of_bits(uint32_t bits) { // byte k: 1 if bit k of bits is set, else 0
+    const Bytes byte_of_bit = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2,
+                                               2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const Bytes bit_of_byte = _mm256_set1_epi64x(0x8040201008040201ll);
+    Bytes spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)bits), byte_of_bit);
+    return bytes_and(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit_of_byte), bit_of_byte), 1);
+}
+static inline Ints ints_of_run_bytes(Bytes v, int h) { // bytes h .. h+7, sign-extended
+    __m128i half = h < 16 ? _mm256_castsi256_si128(v) : _mm256_extracti128_si256(v, 1);
+    return _mm256_cvtepi8_epi32(h % 16 ? _mm_srli_si128(half, 8) : half);
+}
+#elif defined(USE_NEON)
+typedef struct {
+    uint8x16_t lo, hi;
+} Bytes;
+static inline Bytes bytes_load(const unsigned char *p) { return (Bytes){vld1q_u8(p), vld1q_u8(p + 16)}; }
+static inline Bytes bytes_load16_twice(const unsigned char *p) {
+    uint8x16_t v = vld1q_u8(p);
+    return (Bytes){v, v};
+}
+static inline Bytes bytes_and(Bytes v, int mask) {
+    uint8x16_t m = vdupq_n_u8((uint8_t)mask);
+    return (Bytes){vandq_u8(v.lo, m), vandq_u8(v.hi, m)};
+}
+static inline Bytes bytes_or(Bytes a, Bytes b) { return (Bytes){vorrq_u8(a.lo, b.lo), vorrq_u8(a.hi, b.hi)}; }
+static inline Bytes bytes_add(Bytes v, int c) {
+    uint8x16_t k = vdupq_n_u8((uint8_t)c);
+    return (Bytes){vaddq_u8(v.lo, k), vaddq_u8(v.hi, k)};
+}
+static inline Bytes bytes_shift_right(Bytes v, int n) {
+    int8x16_t by = vdupq_n_s8((int8_t)-n);
+    return (Bytes){vshlq_u8(v.lo, by), vshlq_u8(v.hi, by)};
+}
+static inline Bytes bytes_shift_left(Bytes v, int n) {
+    int8x16_t by = vdupq_n_s8((int8_t)n);
+    return (Bytes){vshlq_u8(v.lo, by), vshlq_u8(v.hi, by)};
+}
+static inline Bytes bytes_first_half_low_nibbles(Bytes v) {
+    return (Bytes){vandq_u8(v.lo, vdupq_n_u8(15)), vshrq_n_u8(v.hi, 4)};
+}
+static inline Bytes bytes_of_bits(uint32_t bits) {
+    static const uint8_t bit_of_byte[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    uint8x16_t mask = vld1q_u8(bit_of_byte);
+    uint8x16_t lo = vcombine_u8(vdup_n_u8((uint8_t)bits), vdup_n_u8((uint8_t)(bits >> 8)));
+    uint8x16_t hi = vcombine_u8(vdup_n_u8((uint8_t)(bits >> 16)), vdup_n_u8((uint8_t)(bits >> 24)));
+    return (Bytes){vminq_u8(vandq_u8(lo, mask), vdupq_n_u8(1)), vminq_u8(vandq_u8(hi, mask), vdupq_n_u8(1))};
+}
+static inline Ints ints_of_run_bytes(Bytes v, int h) {
+    uint8x16_t half = h < 16 ? v.lo : v.hi;
+    int16x8_t wide = vmovl_s8(h % 16 ? vget_high_s8(vreinterpretq_s8_u8(half)) : vget_low_s8(vreinterpretq_s8_u8(half)));
+    return (Ints){vreinterpretq_u32_s32(vmovl_s16(vget_low_s16(wide))),
+                  vreinterpretq_u32_s32(vmovl_high_s16(wide))};
 }
 #endif
 
@@ -5784,6 +5845,7 @@ static inline Ints ints_k_nibbles(const unsigned char *qs, int k) {
 #endif
 typedef struct {
     Lanes a, b;
+    Bytes q; // q5_0, q5_1, q5_k, q6_k: the run's 32 integers, assembled (run_bytes)
 #if defined(NIBBLE_TABLES)
     Lanes table_lo, table_hi;
 #endif
@@ -5806,6 +5868,34 @@ static inline Lanes lanes_by_nibble(const RunFactors *f, Ints q) {
     return _mm256_permutex2var_ps(f->table_lo, q, f->table_hi);
 }
 #endif
+
+// The integers of a 5- or 6-bit run (weights k .. k+31), a byte each, offsets applied:
+//   q5_0: q - 16, q5_1: q, q5_k: q (sub-block k / 32), q6_k: q - 32, each -32..31
+static inline __attribute__((always_inline)) Bytes run_bytes(const unsigned char *block, int k, WeightType type) {
+    uint32_t qh;
+    switch (type) {
+    case WEIGHT_Q5_0:
+    case WEIGHT_Q5_1: {
+        const unsigned char *bits = block + (type == WEIGHT_Q5_0 ? 2 : 4);
+        qh = (uint32_t)bits[0] | (uint32_t)bits[1] << 8 | (uint32_t)bits[2] << 16 | (uint32_t)bits[3] << 24;
+        Bytes q = bytes_or(bytes_first_half_low_nibbles(bytes_load16_twice(bits + 4)),
+                           bytes_shift_left(bytes_of_bits(qh), 4));
+        return type == WEIGHT_Q5_0 ? bytes_add(q, -16) : q;
+    }
+    case WEIGHT_Q5_K: {
+        Bytes qs = bytes_load(block + 48 + k / 64 * 32);
+        Bytes low = k / 32 % 2 ? bytes_shift_right(qs, 4) : bytes_and(qs, 15);
+        return bytes_or(low, bytes_shift_left(bytes_and(bytes_shift_right(bytes_load(block + 16), k / 32), 1), 4));
+    }
+    default: { // Q6_K
+        int half = k / 128, g = k % 128 / 32;
+        const unsigned char *ql = block + 64 * half + 32 * (g % 2), *qh6 = block + 128 + 32 * half;
+        Bytes low = g / 2 ? bytes_shift_right(bytes_load(ql), 4) : bytes_and(bytes_load(ql), 15);
+        Bytes high = bytes_shift_left(bytes_and(bytes_shift_right(bytes_load(qh6), 2 * g), 3), 4);
+        return bytes_add(bytes_or(low, high), -32);
+    }
+    }
+}
 
 static inline __attribute__((always_inline)) RunFactors run_factors(const unsigned char *block, int k,
                                                                      WeightType type) {
@@ -5830,6 +5920,8 @@ static inline __attribute__((always_inline)) RunFactors run_factors(const unsign
 #if defined(NIBBLE_TABLES)
     if (type == WEIGHT_Q4_0 || type == WEIGHT_Q4_K) run_table(&f, type);
 #endif
+    if (type == WEIGHT_Q5_0 || type == WEIGHT_Q5_1 || type == WEIGHT_Q5_K || type == WEIGHT_Q6_K)
+        f.q = run_bytes(block, k, type);
     return f;
 }
 
@@ -5848,31 +5940,20 @@ static inline __attribute__((always_inline)) Lanes lanes_block_values(const unsi
 #endif
     case WEIGHT_Q4_1: // d * q + m
         return lanes_fma(lanes_of_ints(ints_low_nibbles_of_32(block + 4, k)), f.a, f.b);
-    case WEIGHT_Q5_0: { // d * (q - 16), the fifth bits from qh's byte k / 8
-        Ints q = ints_or(ints_low_nibbles_of_32(block + 6, k), ints_shift_left(ints_bits_of_byte(block[2 + k / 8]), 4));
-        return lanes_mul(lanes_of_ints(ints_add(q, -16)), f.a);
-    }
-    case WEIGHT_Q5_1: { // d * q + m
-        Ints q = ints_or(ints_low_nibbles_of_32(block + 8, k), ints_shift_left(ints_bits_of_byte(block[4 + k / 8]), 4));
-        return lanes_fma(lanes_of_ints(q), f.a, f.b);
-    }
+    case WEIGHT_Q5_0: // d * (q - 16), q - 16 from the run's bytes
+        return lanes_mul(lanes_of_ints(ints_of_run_bytes(f.q, k % 32)), f.a);
+    case WEIGHT_Q5_1: // d * q + m
+        return lanes_fma(lanes_of_ints(ints_of_run_bytes(f.q, k % 32)), f.a, f.b);
     case WEIGHT_Q4_K: // (d * sc) * q - dmin * m
 #if defined(NIBBLE_TABLES)
         return lanes_by_nibble(&f, ints_k_nibbles(block + 16, k));
 #else
         return lanes_mul_sub(f.a, lanes_of_ints(ints_k_nibbles(block + 16, k)), f.b);
 #endif
-    case WEIGHT_Q5_K: { // as Q4_K, the fifth bit being bit k / 32 of qh[k % 32]
-        Ints high = ints_shift_left(ints_and(ints_shift_right(ints_of_bytes(block + 16 + k % 32), k / 32), 1), 4);
-        return lanes_mul_sub(f.a, lanes_of_ints(ints_or(ints_k_nibbles(block + 48, k), high)), f.b);
-    }
-    case WEIGHT_Q6_K: { // (d * sc) * (q - 32)
-        int half = k / 128, g = k % 128 / 32, l = k % 32;
-        const unsigned char *ql = block + 64 * half, *qh = block + 128 + 32 * half;
-        Ints low = ints_and(ints_shift_right(ints_of_bytes(ql + l + 32 * (g % 2)), 4 * (g / 2)), 15);
-        Ints q = ints_or(low, ints_shift_left(ints_and(ints_shift_right(ints_of_bytes(qh + l), 2 * g), 3), 4));
-        return lanes_mul(l < 16 ? f.a : f.b, lanes_of_ints(ints_add(q, -32)));
-    }
+    case WEIGHT_Q5_K: // as Q4_K, q from the run's bytes
+        return lanes_mul_sub(f.a, lanes_of_ints(ints_of_run_bytes(f.q, k % 32)), f.b);
+    case WEIGHT_Q6_K: // (d * sc) * (q - 32), q - 32 from the run's bytes
+        return lanes_mul(k % 32 < 16 ? f.a : f.b, lanes_of_ints(ints_of_run_bytes(f.q, k % 32)));
     default: // Q8_0: d * q
         return lanes_q8_0_values(block + 2 + k, f.a);
     }

@@ -23,14 +23,15 @@ static void check_inside(const void *p, uint64_t n, size_t element_bytes, const 
     CHECK((uintptr_t)p % element_bytes == 0 && (uintptr_t)p % alignment == 0);
 }
 
-// a matrix of n weights of its type (a Q8_0 one: n / 32 blocks of 34 bytes) lies inside [lo, hi),
-// on the tensors' alignment
+// a matrix of n weights of its type (a block type's: whole blocks, as Q8_0's n / 32 blocks of 34
+// bytes) lies inside [lo, hi), on the tensors' alignment
 static void matrix_inside(Matrix m, uint64_t n, const char *lo, const char *hi, size_t alignment) {
     CHECK(m.data != NULL);
     CHECK((const char *)m.data >= lo);
-    CHECK(m.type != WEIGHT_Q8_0 || n % Q8_0_BLOCK == 0);
+    CHECK(m.type >= 0 && m.type < N_WEIGHT_TYPES && m.type != WEIGHT_TYPE_PER_PIECE);
+    CHECK(n % (uint64_t)block_shapes[m.type].weights == 0);
     CHECK(weight_bytes(m.type, n) <= (uint64_t)(hi - (const char *)m.data));
-    CHECK((uintptr_t)m.data % alignment == 0 && (m.type == WEIGHT_Q8_0 || (uintptr_t)m.data % weight_bytes(m.type, 1) == 0));
+    CHECK((uintptr_t)m.data % alignment == 0 && (is_block_type(m.type) || (uintptr_t)m.data % weight_bytes(m.type, 1) == 0));
 }
 
 static int logits_finite(const float *logits, int n) {
@@ -53,10 +54,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     CHECK(validate_config(&c) == 0);
     CHECK(offset == (format == FORMAT_LLAMA2C_LEGACY ? LEGACY_HEADER_BYTES : HEADER_BYTES));
     CHECK(c.version == 2 || c.weight_type == WEIGHT_F32); // only version 2 has 16-bit and Q8_0 weights
-    CHECK(c.weight_type >= 0 && c.weight_type < N_WEIGHT_TYPES);
+    CHECK(c.weight_type >= 0 && c.weight_type < N_WEIGHT_TYPES && c.weight_type != WEIGHT_TYPE_PER_PIECE);
     CHECK(expected > offset);
     if (section.bytes == 0 && c.type_table_bytes == 0) // (a type table's bytes make any size)
-        CHECK(section.offset == 0 && (expected - offset) % (c.weight_type == WEIGHT_F32 ? 4 : 2) == 0); // Q8_0 blocks: 34 bytes
+        CHECK(section.offset == 0 && (expected - offset) % (c.weight_type == WEIGHT_F32 ? 4 : 2) == 0); // every block's bytes are even
     else if (section.bytes == 0) CHECK(section.offset == 0 && c.type_table_offset + c.type_table_bytes == expected);
     else CHECK(c.version == 2 && section.offset % 64 == 0 && section.offset + section.bytes == expected);
     // the bound that keeps the products from overflowing: far below 2^63

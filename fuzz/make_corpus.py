@@ -81,6 +81,30 @@ def q8_0_blocks(n, seed):
     return out
 
 
+# The 4-, 5- and 6-bit blocks (weight_type 5..11, docs/format.md): weights and bytes per block, and
+# where their f16 scales lie (d; m or dmin)
+BLOCKS = {5: (32, 18, (0,)), 6: (32, 20, (0, 2)), 7: (32, 22, (0,)), 8: (32, 24, (0, 2)), 9: (256, 144, (0, 2)),
+          10: (256, 176, (0, 2)), 11: (256, 210, (208,))}
+
+
+def small_blocks(n, seed, code):
+    """n deterministic weights as blocks of type code 5..11: bytes from a sine, each scale an f16 of
+    1/64 or -1/64 (finite, as run requires)."""
+    weights, size, scales = BLOCKS[code]
+    out = bytearray()
+    for b in range(n // weights):
+        block = bytearray(int(128 + 127 * math.sin(seed * 3.7 + (size * b + j) * 1.9)) for j in range(size))
+        for at in scales:
+            struct.pack_into("<e", block, at, (1 if (b + at) % 3 else -1) / 64)
+        out += block
+    return bytes(out)
+
+
+def matrix_bytes(n, seed, code):
+    """n weights of the type code (1 bf16, 2 f16, 3 q8_0, 5..11 the blocks)."""
+    return q8_0_blocks(n, seed) if code == 3 else small_blocks(n, seed, code) if code in BLOCKS else halves(n, seed, code)
+
+
 def rope_v2_model(dim, hidden, layers, heads, kv_heads, vocab, seq, shared=1, weight_type=1, seed=4, aligned=True):
     """ROPE version 2: weight_type at byte 88 (1 bf16, 2 f16, 3 q8_0) for the embedding and the matrices,
     float32 norms, every tensor at a multiple of 64 bytes (unless not aligned: a bad file)."""
@@ -100,13 +124,13 @@ def rope_v2_model(dim, hidden, layers, heads, kv_heads, vocab, seq, shared=1, we
         if not matrix:
             out += floats(n, seed + i)
         else:
-            out += q8_0_blocks(n, seed + i) if weight_type == 3 else halves(n, seed + i, weight_type)
+            out += matrix_bytes(n, seed + i, weight_type)
     return out
 
 
-def rope_v2_typed(dim=32, hidden=32, layers=1, heads=2, kv_heads=1, vocab=3, seq=4, seed=8):
+def rope_v2_typed(dim=32, hidden=32, layers=1, heads=2, kv_heads=1, vocab=3, seq=4, seed=8, turns=(3, 1, 2, 0)):
     """ROPE version 2 with a type table (weight_type 4): each matrix piece (the embedding, then each
-    layer's wq, wk, wv, wo, w1, w2, w3) of its own type, by turns q8_0, bf16, f16, f32, each at a
+    layer's wq, wk, wv, wo, w1, w2, w3) of its own type, by turns (q8_0, bf16, f16, f32), each at a
     multiple of 64 bytes; float32 norms; the table at the first multiple of 64 after them."""
     head = bytearray(rope_header(dim, hidden, layers, heads, kv_heads, vocab, seq))
     struct.pack_into("<i", head, 4, 2)
@@ -121,10 +145,9 @@ def rope_v2_typed(dim=32, hidden=32, layers=1, heads=2, kv_heads=1, vocab=3, seq
         if kind == "norm":
             out += floats(n, seed + i)
             continue
-        code = [3, 1, 2, 0][len(codes) % 4]
+        code = turns[len(codes) % len(turns)]
         codes.append(code)
-        out += (q8_0_blocks(n, seed + i) if code == 3 else floats(n, seed + i) if code == 0
-                else halves(n, seed + i, code))
+        out += floats(n, seed + i) if code == 0 else matrix_bytes(n, seed + i, code)
     out += b"\0" * (-len(out) % 64)
     out = bytearray(out)
     struct.pack_into("<2Q", out, 216, len(out), len(codes))
@@ -257,6 +280,15 @@ def headers():
     inf_scale = bytearray(rope_v2_model(32, 32, 1, 2, 1, 3, 4, weight_type=3))
     struct.pack_into("<H", inf_scale, 256 + 34, 0x7C00)  # the embedding's second block
     write("header", "bad-rope-v2-q8_0-inf-scale", inf_scale)
+    # the blocks: one type a file with rows of 32 (dim 32) for q4_0 .. q5_1; the K-quants need rows
+    # of 256, and one file (every type by turns, the embedding q4_k) holds them all
+    for code, name in zip(range(5, 9), ["q4_0", "q4_1", "q5_0", "q5_1"]):
+        write("header", f"tiny-rope-v2-{name}", rope_v2_model(32, 32, 1, 2, 1, 3, 4, weight_type=code))
+    typed = rope_v2_typed(dim=256, hidden=256, heads=4, turns=(9, 11, 10, 5, 6, 7, 8, 3))
+    write("header", "tiny-rope-v2-typed-blocks", typed)
+    inf_dmin = bytearray(typed)
+    struct.pack_into("<H", inf_dmin, 256 + 2, 0x7C00)  # the embedding's first q4_k block's dmin
+    write("header", "bad-rope-v2-q4_k-inf-dmin", inf_dmin)
     write("header", "bad-rope-v2-unaligned", rope_v2_model(4, 4, 1, 2, 1, 6, 16, weight_type=2, aligned=False))
 
 
