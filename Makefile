@@ -119,7 +119,7 @@ test-py: run
 # the whole suite again with AddressSanitizer + UndefinedBehaviorSanitizer, less the files
 # that never start run (export.py's own checks, the NumPy references' self-checks, the
 # shipped data's checksums): repeated with run-asan they would check nothing new
-PYTHON_ONLY_PYTESTS = tests/test_export_tokenizer.py tests/test_gemma4_reference.py tests/test_gguf_container.py \
+PYTHON_ONLY_PYTESTS = tests/test_export_tokenizer.py tests/test_gemma4_reference.py tests/test_gguf_blocks.py tests/test_gguf_container.py \
     tests/test_gguf_fixtures.py tests/test_moe_reference.py tests/test_reference_selfcheck.py tests/test_shipped_data.py
 test-asan: run-asan tests/test_rope-asan
 	ASAN_OPTIONS=detect_leaks=1 tests/test_rope-asan $(MODELS)/stories260K.bin

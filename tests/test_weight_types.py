@@ -174,7 +174,7 @@ def assert_refused(path, *words):
         assert w in lines[0], lines[0]
 
 
-@pytest.mark.parametrize("code, words", [(5, "weight_type 5 is not a type"), (-1, "weight_type -1 is not a type"),
+@pytest.mark.parametrize("code, words", [(12, "weight_type 12 is not a type"), (-1, "weight_type -1 is not a type"),
                                           (0, "weight_type f32) implies"),
                                           (4, "weight_type 4 (per piece) needs a type table")])
 def test_weight_type_unknown_or_disagreeing_with_the_size_is_refused(files, tmp_path, code, words):
@@ -435,8 +435,8 @@ def test_q8_0_size_that_disagrees_with_the_shapes_is_refused(q8_files, tmp_path,
 
 
 def test_q8_0_unknown_type_after_it_is_refused(q8_files, tmp_path):
-    assert_refused(q8_bad_file(q8_files, tmp_path, lambda d: struct.pack_into("<i", d, 88, 5)),
-                   "weight_type 5 is not a type", "3 q8_0", "4 per piece")
+    assert_refused(q8_bad_file(q8_files, tmp_path, lambda d: struct.pack_into("<i", d, 88, 12)),
+                   "weight_type 12 is not a type", "3 q8_0", "11 q6_k", "4 per piece")
 
 
 @pytest.mark.parametrize("dims, words", [
