@@ -59,7 +59,10 @@ ARM_OPENMP = $(shell echo 'int main(void){return 0;}' | $(ARM_CC) -static -fopen
     && echo -fopenmp || echo -Wno-unknown-pragmas)
 ARM_FLAGS = -static -ffp-contract=off $(WARN)
 ARM_PYTESTS = tests/test_golden.py tests/test_tokenizer.py tests/test_prope_reference.py tests/test_inspect.py \
-    tests/test_weight_types.py
+    tests/test_weight_types.py \
+    'tests/test_block_types.py::test_mixed_block_file_equals_float32_file_of_dequantized_weights_bitwise[all-under-test-2]'
+# (of the block types' run-level tests, the file with every type at two threads: each file of one
+# type takes qemu half a minute, and test_rope-aarch64 checks every type's kernels)
 ARM_DESELECT = tests/test_tokenizer.py::test_run_from_repo_root_finds_the_shipped_tokenizer
 ifeq ($(ARM_MISSING),)
 TEST_ARM = test-arm
