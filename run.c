@@ -5897,25 +5897,39 @@ static inline __attribute__((always_inline)) Bytes run_bytes(const unsigned char
     }
 }
 
+// A block's scale factors, widened once a block: a[s] = d * sc and b[s] = dmin * m of each
+// K-quant sub-block s (q6_k: a[s] = d * sc of its sixteen), or a[0] = d, b[0] = m (0 for
+// the types without one). Each product is exact, as in the plain widening.
+typedef struct {
+    float a[16], b[8];
+} BlockFactors;
+static inline __attribute__((always_inline)) void block_factors(BlockFactors *bf, const unsigned char *block,
+                                                                 WeightType type) {
+    if (type == WEIGHT_Q4_K || type == WEIGHT_Q5_K) {
+        float d = scale_at(block), dmin = scale_at(block + 2);
+        for (int sb = 0; sb < 8; sb++) {
+            int sc, m;
+            k_scale_min(block + 4, sb, &sc, &m);
+            bf->a[sb] = d * (float)sc, bf->b[sb] = dmin * (float)m;
+        }
+    } else if (type == WEIGHT_Q6_K) {
+        float d = scale_at(block + 208);
+        for (int sb = 0; sb < 16; sb++) bf->a[sb] = d * (float)(int8_t)block[192 + sb];
+    } else {
+        bf->a[0] = scale_at(block);
+        bf->b[0] = type == WEIGHT_Q4_1 || type == WEIGHT_Q5_1 ? scale_at(block + 2) : 0.0f;
+    }
+}
+
+// The factors of run k / 32 of a block whose factors are bf
 static inline __attribute__((always_inline)) RunFactors run_factors(const unsigned char *block, int k,
-                                                                     WeightType type) {
-    int sc, m;
+                                                                     WeightType type, const BlockFactors *bf) {
     RunFactors f;
     switch (type) {
-    case WEIGHT_Q4_1:
-    case WEIGHT_Q5_1: f = (RunFactors){.a = lanes_set(scale_at(block)), .b = lanes_set(scale_at(block + 2))}; break;
     case WEIGHT_Q4_K:
-    case WEIGHT_Q5_K:
-        k_scale_min(block + 4, k / 32, &sc, &m);
-        f = (RunFactors){.a = lanes_set(scale_at(block) * (float)sc), .b = lanes_set(scale_at(block + 2) * (float)m)};
-        break;
-    case WEIGHT_Q6_K: {
-        const int8_t *scales = (const int8_t *)block + 192 + 8 * (k / 128) + 2 * (k % 128 / 32);
-        float d = scale_at(block + 208);
-        f = (RunFactors){.a = lanes_set(d * (float)scales[0]), .b = lanes_set(d * (float)scales[1])};
-        break;
-    }
-    default: f = (RunFactors){.a = lanes_set(scale_at(block)), .b = lanes_zero()}; break; // q8_0, q4_0, q5_0
+    case WEIGHT_Q5_K: f = (RunFactors){.a = lanes_set(bf->a[k / 32]), .b = lanes_set(bf->b[k / 32])}; break;
+    case WEIGHT_Q6_K: f = (RunFactors){.a = lanes_set(bf->a[k / 16]), .b = lanes_set(bf->a[k / 16 + 1])}; break;
+    default: f = (RunFactors){.a = lanes_set(bf->a[0]), .b = lanes_set(bf->b[0])}; break;
     }
 #if defined(NIBBLE_TABLES)
     if (type == WEIGHT_Q4_0 || type == WEIGHT_Q4_K) run_table(&f, type);
@@ -5968,7 +5982,9 @@ static inline __attribute__((always_inline)) Lanes lanes_load_weights(const void
     BlockShape b = block_shapes[type];
     const unsigned char *block = (const unsigned char *)data + i / b.weights * b.bytes;
     int k = (int)(i % b.weights);
-    return lanes_block_values(block, k, type, run_factors(block, k / 32 * 32, type));
+    BlockFactors bf;
+    block_factors(&bf, block, type);
+    return lanes_block_values(block, k, type, run_factors(block, k / 32 * 32, type, &bf));
 }
 
 // The kernels below that read weights are written once for a weight type given as
@@ -6048,6 +6064,8 @@ static inline __attribute__((always_inline)) void dot_rows4_blocks(float *out, c
     Lanes lanes[4] = {lanes_zero(), lanes_zero(), lanes_zero(), lanes_zero()};
     for (int j = 0; j < n; j += b.weights) {
         size_t at = (size_t)j / b.weights * b.bytes; // the block of weight j
+        BlockFactors bf[4];
+        for (int r = 0; r < 4; r++) block_factors(&bf[r], row[r] + at, type);
         // the block's runs and each run's vectors unrolled: their places in the block
         // (which nibble, which bits of qh, which scale) become constants
 #pragma GCC unroll 8
@@ -6055,7 +6073,7 @@ static inline __attribute__((always_inline)) void dot_rows4_blocks(float *out, c
             if (prefetch)
                 for (int r = 0; r < 4; r++) prefetch_ahead(row[r] + at + k * b.bytes / b.weights, PREFETCH_AHEAD_BYTES);
             RunFactors f[4];
-            for (int r = 0; r < 4; r++) f[r] = run_factors(row[r] + at, k, type);
+            for (int r = 0; r < 4; r++) f[r] = run_factors(row[r] + at, k, type, &bf[r]);
 #pragma GCC unroll 4
             for (int h = 0; h < 32; h += DOT_LANES) {
                 Lanes xv = lanes_load(x + j + k + h);
@@ -6522,15 +6540,19 @@ static inline __attribute__((always_inline)) void widen_lanes(float *out, const 
     for (; i + DOT_LANES <= count; i += DOT_LANES) lanes_store(out + i, lanes_load_weights(w, i, type));
     for (; i < count; i++) out[i] = widen(w, i, type);
 }
-// out = count weights of a block type (whole runs of 32) widened, a run's factors once
+// out = count weights of a block type (whole blocks) widened, a block's factors once
 static inline __attribute__((always_inline)) void widen_blocks(float *out, const void *w, WeightType type,
                                                                 size_t count) {
     BlockShape b = block_shapes[type];
-    for (size_t i = 0; i < count; i += 32) {
+    for (size_t i = 0; i < count; i += b.weights) {
         const unsigned char *block = (const unsigned char *)w + i / b.weights * b.bytes;
-        int k = (int)(i % b.weights);
-        RunFactors f = run_factors(block, k, type);
-        for (int h = 0; h < 32; h += DOT_LANES) lanes_store(out + i + h, lanes_block_values(block, k + h, type, f));
+        BlockFactors bf;
+        block_factors(&bf, block, type);
+        for (int k = 0; k < b.weights; k += 32) {
+            RunFactors f = run_factors(block, k, type, &bf);
+            for (int h = 0; h < 32; h += DOT_LANES)
+                lanes_store(out + i + k + h, lanes_block_values(block, k + h, type, f));
+        }
     }
 }
 #endif
