@@ -3,7 +3,8 @@
 against this machine's read bandwidth, and prefill's arithmetic against its peak.
 
     make bench                     (builds ./run, bench/stream, bench/peak and bench/in_cache, then runs this)
-    python3 bench/bench.py [--quick] [--models 15M,110M] [--threads 1,2] [--runs N] [--dtypes bf16,f16,q8_0|none]
+    python3 bench/bench.py [--quick] [--models 15M,110M] [--threads 1,2] [--runs N]
+                           [--dtypes bf16,f16,q8_0,q4_0,q4_k_m|none]
 
 Models are random-weight checkpoints in the ROPE format, written into bench/ on
 first use (bench/*.bin is gitignored): the shapes of llama2.c's stories15M and
@@ -60,7 +61,7 @@ Side by side with the programs users would otherwise run, on the same weights:
                              tokens) next to ours; the ratios are of tok/s.
 Each ratio printed is the median over rounds of that round's own ratio.
 
-16-bit weights (--dtypes, default bf16; "none" leaves them out): the same random
+16-bit weights (--dtypes, default bf16,q8_0,q4_0,q4_k_m; "none" leaves them out): the same random
 weights rounded to bf16 (export.py --dtype bf16, round to nearest even) in a ROPE
 version 2 file, against the float32 file of the same widened weights (export.py
 --dtype f32 of that file: the outputs are the same, bit for bit, which each model's
@@ -74,7 +75,7 @@ too: the same weights again. Decode's traffic is counted in the bytes actually r
 per token: 2 a weight for the streamed matrices and the classifier, 4 for the norms
 and the KV cache.
 
-Q8_0 weights (--dtypes q8_0, in the default with bf16): the same random weights
+Q8_0 weights (--dtypes q8_0, in the default): the same random weights
 quantized by export.py --dtype q8_0 (llama.cpp's quantize_row_q8_0_ref), against the
 float32 file of its dequantized weights and against the bf16 file of the same source
 weights: each round decodes the three in a balanced order (q8_0, float32, bf16, bf16,
@@ -82,11 +83,40 @@ float32, q8_0, or the reverse). Decode's bytes: 34 a block of 32 weights. llama-
 runs on the F32 GGUF quantized by llama-quantize ... Q8_0 (the same blocks, byte for
 byte: llama.cpp's quantizer is the one export.py transcribes).
 
-Each 16-bit and Q8_0 round also reads bench/in_cache for its weight type and thread
+Q4_0 and Q4_K_M weights (--dtypes q4_0,q4_k_m, in the default; they need llama.cpp's
+converter and llama-quantize: LLAMA_BENCH, beside which they are found, or LLAMA_CONVERT
+and LLAMA_QUANTIZE; without them the rows are left out with a log line): llama.cpp's own
+4-bit files of the same random weights. The F32 GGUF above (llama.context_length set to
+the checkpoint's seq_len: the converter writes 128 whatever the file says, and export.py
+would carry 128 into the ROPE file, where decode stops at the context's end) quantized by
+llama-quantize ... Q4_0 (or Q4_K_M), converted by export.py (bench/model*_gguf_q4_0.bin:
+the blocks copied as they are, and a type per matrix piece, weight_type 4, since
+llama-quantize mixes types: the classifier in q6_k, or q8_0 where a row is not whole
+256-weight blocks; Q4_K_M's wv and w2 in q6_k in some layers, and q5_0 where a row is not
+whole 256-weight blocks), against the float32 file of its dequantized weights (export.py
+--dtype f32 of that file; the same output, checked) and against the Q8_0 and bf16 files
+of the same GGUF route: the F32 GGUF quantized by llama-quantize ... Q8_0 and ... BF16,
+each converted by export.py. The route matters for fairness: the converter writes the
+classifier apart from the embedding (output.weight), so a GGUF-derived file streams a
+separate classifier that bench/model*.bin shares with the embedding; the q8_0 and bf16
+rows' files (export.py's, of bench/model*.bin) would read 24.6M (110M shape) fewer
+weights a token than a Q4 file. Every file in a Q4 row has the same tensors. Each round
+decodes the four in a balanced order (q4, float32, q8_0, bf16, bf16, q8_0, float32, q4,
+or the reverse), and llama-bench runs on the Q4_0 or Q4_K_M GGUF itself. Decode's bytes
+are those the file holds: each streamed matrix piece (every layer's wq..w3 and the
+classifier) at its own type's block size, read from the header and the type table
+(streamed_by_type; the layout so computed must end where the file's next section
+starts), the norms and KV cache float32.
+
+Each 16-bit, Q8_0 and Q4 round also reads bench/in_cache for its weight type and thread
 count: run.c's decode kernel on matrices small enough to stay in cache, the rate at
 which the arithmetic alone can use weights. Decode's weights a second over that rate
 says which bound a decode runs into: near 100%, the widening of the weights (a Q8_0
-weight costs three vector operations before its multiply-add), not memory.
+weight costs three vector operations before its multiply-add), not memory. A file whose
+matrices mix types (every Q4 file here) has each type's rate read, and its rate is the
+weights read per token over the time each type's weights would take at its own rate,
+sum(w) / sum(w_t / rate_t): the harmonic mean of the types' rates weighted by their
+shares of the weights read per token (in_cache_mix).
 
 Only numpy and the standard library.
 """
@@ -353,8 +383,8 @@ def ensure_gguf_quantized(gguf, weight_type, llama_bench):
 
 def ensure_gguf_checkpoints(gguf, weight_type, llama_bench, wide=True):
     """(the ROPE file export.py makes of the F32 GGUF quantized by llama-quantize to weight_type,
-    its blocks copied as they are; the float32 file of its dequantized weights (export.py
-    --dtype f32 of it); the quantized GGUF), written on first use."""
+    its blocks copied as they are; with wide, the float32 file of its dequantized weights
+    (export.py --dtype f32 of it), else None; the quantized GGUF), written on first use."""
     quantized = ensure_gguf_quantized(gguf, weight_type, llama_bench)
     narrow = gguf[:-len(".gguf")] + f"_gguf_{weight_type}.bin"
     wide_path = narrow[:-len(".bin")] + "_f32.bin" if wide else None
