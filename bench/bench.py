@@ -96,11 +96,14 @@ llama-quantize mixes types: the classifier in q6_k, or q8_0 where a row is not w
 whole 256-weight blocks), against the float32 file of its dequantized weights (export.py
 --dtype f32 of that file; the same output, checked) and against the Q8_0 and bf16 files
 of the same GGUF route: the F32 GGUF quantized by llama-quantize ... Q8_0 and ... BF16,
-each converted by export.py. The route matters for fairness: the converter writes the
-classifier apart from the embedding (output.weight), so a GGUF-derived file streams a
-separate classifier that bench/model*.bin shares with the embedding; the q8_0 and bf16
-rows' files (export.py's, of bench/model*.bin) would read 24.6M (110M shape) fewer
-weights a token than a Q4 file. Every file in a Q4 row has the same tensors. Each round
+each converted by export.py. Why that route rather than the q8_0 and bf16 rows' files
+(export.py's, of bench/model*.bin): the converter writes the classifier apart from the
+embedding (output.weight, a copy of it), so a GGUF-derived file holds a separate
+classifier where bench/model*.bin shares the embedding. Decode streams the same weights a
+token either way (a shared classifier is streamed once, as the classifier), but the
+files differ in size (24.6M weights more for the 110M shape, not read a token), in the
+tensors they hold and in the program that made their blocks; through one route, every
+file in a Q4 row has the same tensors, made by llama.cpp's tools. Each round
 decodes the four in a balanced order (q4, float32, q8_0, bf16, bf16, q8_0, float32, q4,
 or the reverse), and llama-bench runs on the Q4_0 or Q4_K_M GGUF itself. Decode's bytes
 are those the file holds: each streamed matrix piece (every layer's wq..w3 and the
@@ -1413,8 +1416,8 @@ def main():
                        "file (its dequantized weights, the same output); q8_0 and bf16: the same F32 GGUF quantized "
                        "by llama-quantize to Q8_0 and BF16 and converted by export.py. Every file in such a row has "
                        "the same tensors (the converter writes the classifier apart from the embedding, so these "
-                       "files stream a separate classifier where bench/model*.bin shares it, and their rows are not "
-                       "the q8_0 and bf16 rows' files); llama-bench runs on the Q4_0 or Q4_K_M GGUF itself. MB read: "
+                       "files hold a separate classifier where bench/model*.bin shares the embedding: the same "
+                       "weights are streamed a token, but they are not the q8_0 and bf16 rows' files); llama-bench runs on the Q4_0 or Q4_K_M GGUF itself. MB read: "
                        "each matrix piece at its own type's bytes (from the file's type table), the norms and the KV "
                        "cache float32.")
         out.append("")
