@@ -10,11 +10,16 @@
 #   make bench PEER=/path/to/llama2.c/run LLAMA_BENCH=/path/to/llama-bench
 #                                       side by side with llama2.c and llama.cpp on the same
 #                                       weights (see bench/bench.py); either may be left out
+#   LLAMA_BENCH (or LLAMA_QUANTIZE and LLAMA_CONVERT, llama.cpp's llama-quantize and
+#   llama-convert-llama2c-to-ggml, else found beside llama-bench) also gives the Q4_0 and
+#   Q4_K_M rows: llama-quantize's GGUFs of the same weights, converted by export.py
 BENCH_ARGS ?=
 BENCH_MOE ?= 1
 BENCH_MOE_ARGS ?=
 PEER ?=
 LLAMA_BENCH ?=
+LLAMA_QUANTIZE ?=
+LLAMA_CONVERT ?=
 
 bench/stream: bench/stream.c
 	$(CC) -O3 $(NATIVE) $(OPENMP) -Wall -Wextra -o $@ bench/stream.c
@@ -33,7 +38,8 @@ bench/in_cache: bench/in_cache.c run.c
 
 .PHONY: bench bench-moe
 bench: run bench/stream bench/peak bench/in_cache bench/read_order
-	MODELS=$(MODELS) PEER=$(PEER) LLAMA_BENCH=$(LLAMA_BENCH) $(PYTHON) bench/bench.py $(BENCH_ARGS)
+	MODELS=$(MODELS) PEER=$(PEER) LLAMA_BENCH=$(LLAMA_BENCH) LLAMA_QUANTIZE=$(LLAMA_QUANTIZE) \
+	    LLAMA_CONVERT=$(LLAMA_CONVERT) $(PYTHON) bench/bench.py $(BENCH_ARGS)
 	$(if $(filter 0,$(BENCH_MOE))$(findstring --quick,$(BENCH_ARGS)),,$(MAKE) --no-print-directory bench-moe)
 
 # a mixture of experts against a dense model reading the same bytes a token, and with

@@ -3,7 +3,8 @@
 against this machine's read bandwidth, and prefill's arithmetic against its peak.
 
     make bench                     (builds ./run, bench/stream, bench/peak and bench/in_cache, then runs this)
-    python3 bench/bench.py [--quick] [--models 15M,110M] [--threads 1,2] [--runs N] [--dtypes bf16,f16,q8_0|none]
+    python3 bench/bench.py [--quick] [--models 15M,110M] [--threads 1,2] [--runs N]
+                           [--dtypes bf16,f16,q8_0,q4_0,q4_k_m|none]
 
 Models are random-weight checkpoints in the ROPE format, written into bench/ on
 first use (bench/*.bin is gitignored): the shapes of llama2.c's stories15M and
@@ -60,7 +61,7 @@ Side by side with the programs users would otherwise run, on the same weights:
                              tokens) next to ours; the ratios are of tok/s.
 Each ratio printed is the median over rounds of that round's own ratio.
 
-16-bit weights (--dtypes, default bf16; "none" leaves them out): the same random
+16-bit weights (--dtypes, default bf16,q8_0,q4_0,q4_k_m; "none" leaves them out): the same random
 weights rounded to bf16 (export.py --dtype bf16, round to nearest even) in a ROPE
 version 2 file, against the float32 file of the same widened weights (export.py
 --dtype f32 of that file: the outputs are the same, bit for bit, which each model's
@@ -74,7 +75,7 @@ too: the same weights again. Decode's traffic is counted in the bytes actually r
 per token: 2 a weight for the streamed matrices and the classifier, 4 for the norms
 and the KV cache.
 
-Q8_0 weights (--dtypes q8_0, in the default with bf16): the same random weights
+Q8_0 weights (--dtypes q8_0, in the default): the same random weights
 quantized by export.py --dtype q8_0 (llama.cpp's quantize_row_q8_0_ref), against the
 float32 file of its dequantized weights and against the bf16 file of the same source
 weights: each round decodes the three in a balanced order (q8_0, float32, bf16, bf16,
@@ -82,11 +83,43 @@ float32, q8_0, or the reverse). Decode's bytes: 34 a block of 32 weights. llama-
 runs on the F32 GGUF quantized by llama-quantize ... Q8_0 (the same blocks, byte for
 byte: llama.cpp's quantizer is the one export.py transcribes).
 
-Each 16-bit and Q8_0 round also reads bench/in_cache for its weight type and thread
+Q4_0 and Q4_K_M weights (--dtypes q4_0,q4_k_m, in the default; they need llama.cpp's
+converter and llama-quantize: LLAMA_BENCH, beside which they are found, or LLAMA_CONVERT
+and LLAMA_QUANTIZE; without them the rows are left out with a log line): llama.cpp's own
+4-bit files of the same random weights. The F32 GGUF above (llama.context_length set to
+the checkpoint's seq_len: the converter writes 128 whatever the file says, and export.py
+would carry 128 into the ROPE file, where decode stops at the context's end) quantized by
+llama-quantize ... Q4_0 (or Q4_K_M), converted by export.py (bench/model*_gguf_q4_0.bin:
+the blocks copied as they are, and a type per matrix piece, weight_type 4, since
+llama-quantize mixes types: the classifier in q6_k, or q8_0 where a row is not whole
+256-weight blocks; Q4_K_M's wv and w2 in q6_k in some layers, and q5_0 where a row is not
+whole 256-weight blocks), against the float32 file of its dequantized weights (export.py
+--dtype f32 of that file; the same output, checked) and against the Q8_0 and bf16 files
+of the same GGUF route: the F32 GGUF quantized by llama-quantize ... Q8_0 and ... BF16,
+each converted by export.py. Why that route rather than the q8_0 and bf16 rows' files
+(export.py's, of bench/model*.bin): the converter writes the classifier apart from the
+embedding (output.weight, a copy of it), so a GGUF-derived file holds a separate
+classifier where bench/model*.bin shares the embedding. Decode streams the same weights a
+token either way (a shared classifier is streamed once, as the classifier), but the
+files differ in size (24.6M weights more for the 110M shape, not read a token), in the
+tensors they hold and in the program that made their blocks; through one route, every
+file in a Q4 row has the same tensors, made by llama.cpp's tools. Each round
+decodes the four in a balanced order (q4, float32, q8_0, bf16, bf16, q8_0, float32, q4,
+or the reverse), and llama-bench runs on the Q4_0 or Q4_K_M GGUF itself. Decode's bytes
+are those the file holds: each streamed matrix piece (every layer's wq..w3 and the
+classifier) at its own type's block size, read from the header and the type table
+(streamed_by_type; the layout so computed must end where the file's next section
+starts), the norms and KV cache float32.
+
+Each 16-bit, Q8_0 and Q4 round also reads bench/in_cache for its weight type and thread
 count: run.c's decode kernel on matrices small enough to stay in cache, the rate at
 which the arithmetic alone can use weights. Decode's weights a second over that rate
 says which bound a decode runs into: near 100%, the widening of the weights (a Q8_0
-weight costs three vector operations before its multiply-add), not memory.
+weight costs three vector operations before its multiply-add), not memory. A file whose
+matrices mix types (every Q4 file here) has each type's rate read, and its rate is the
+weights read per token over the time each type's weights would take at its own rate,
+sum(w) / sum(w_t / rate_t): the harmonic mean of the types' rates weighted by their
+shares of the weights read per token (in_cache_mix).
 
 Only numpy and the standard library.
 """
@@ -247,23 +280,6 @@ def ensure_llama2c_checkpoint(path):
     return out
 
 
-def ensure_gguf(llama2c_path, tokenizer, llama_bench):
-    """The same weights as an F32 GGUF for llama.cpp, converted from the llama2.c file."""
-    out = llama2c_path[:-len("_llama2c.bin")] + ".gguf"
-    if os.path.exists(out) and os.path.getmtime(out) >= os.path.getmtime(llama2c_path):
-        return out
-    convert = os.environ.get("LLAMA_CONVERT") or os.path.join(os.path.dirname(llama_bench),
-                                                              "llama-convert-llama2c-to-ggml")
-    if not os.path.exists(convert):
-        raise SystemExit(f"bench: no {os.path.relpath(out, ROOT)} and no converter at {convert} "
-                         "(set LLAMA_CONVERT to llama.cpp's llama-convert-llama2c-to-ggml)")
-    log(f"bench: writing {os.path.relpath(out, ROOT)} for llama.cpp ({os.path.basename(convert)}) ...")
-    subprocess.run([convert, "--copy-vocab-from-model", tokenizer, "--llama2c-model", llama2c_path,
-                    "--llama2c-output-model", out], check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
-    return out
-
-
 def ensure_16bit_checkpoints(path, weight_type):
     """(the weights of path rounded to weight_type, ROPE version 2; the float32 file of the
     same widened weights), written with export.py on first use."""
@@ -277,19 +293,185 @@ def ensure_16bit_checkpoints(path, weight_type):
     return narrow, wide
 
 
-def ensure_gguf_16bit(gguf, weight_type, llama_bench):
-    """The F32 GGUF converted by llama.cpp's llama-quantize to BF16 (or F16)."""
+def llama_tool(name, env_var, llama_bench):
+    """The path of one of llama.cpp's programs: $env_var, else beside llama-bench; None when neither."""
+    if os.environ.get(env_var):
+        return os.environ[env_var]
+    return os.path.join(os.path.dirname(llama_bench), name) if llama_bench else None
+
+
+# GGUF's metadata value types (gguf.md): the sizes of the scalar ones; 8 a string, 9 an array
+GGUF_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def gguf_uint32_field(path, key):
+    """(offset, value) of the uint32 metadata value `key` in a GGUF file, or (None, None)."""
+    with open(path, "rb") as f:
+        magic, _, _, n_kv = struct.unpack("<4sIQQ", f.read(24))
+        if magic != b"GGUF":
+            raise SystemExit(f"bench: {path} is not a GGUF file")
+
+        def skip(value_type):
+            if value_type in GGUF_SCALAR_BYTES:
+                f.seek(GGUF_SCALAR_BYTES[value_type], 1)
+            elif value_type == 8:
+                f.seek(struct.unpack("<Q", f.read(8))[0], 1)
+            elif value_type == 9:
+                item_type, n = struct.unpack("<IQ", f.read(12))
+                if item_type in GGUF_SCALAR_BYTES:
+                    f.seek(GGUF_SCALAR_BYTES[item_type] * n, 1)
+                else:
+                    for _ in range(n):
+                        skip(item_type)
+            else:
+                raise SystemExit(f"bench: {path}: unknown GGUF value type {value_type}")
+
+        for _ in range(n_kv):
+            name = f.read(struct.unpack("<Q", f.read(8))[0]).decode("utf-8", "replace")
+            value_type = struct.unpack("<I", f.read(4))[0]
+            if name == key:
+                return (f.tell(), struct.unpack("<I", f.read(4))[0]) if value_type == 4 else (None, None)
+            skip(value_type)
+    return None, None
+
+
+def ensure_gguf(llama2c_path, tokenizer, llama_bench):
+    """The same weights as an F32 GGUF for llama.cpp, converted from the llama2.c file by
+    llama-convert-llama2c-to-ggml (beside llama-bench, or $LLAMA_CONVERT). The converter
+    writes llama.context_length 128 whatever the llama2.c file's seq_len (its n_ctx is fixed
+    in its source); this puts the file's seq_len there, so that a ROPE file export.py makes
+    from the GGUF (or from one quantized from it) has the context of the bench's own file and
+    decodes as many tokens. llama-bench sets its own context and does not read it."""
+    out = llama2c_path[:-len("_llama2c.bin")] + ".gguf"
+    with open(llama2c_path, "rb") as f:
+        seq_len = struct.unpack("<7i", f.read(28))[6]
+    if not os.path.exists(out) or os.path.getmtime(out) < os.path.getmtime(llama2c_path):
+        convert = llama_tool("llama-convert-llama2c-to-ggml", "LLAMA_CONVERT", llama_bench)
+        if not convert or not os.path.exists(convert):
+            raise SystemExit(f"bench: no {os.path.relpath(out, ROOT)} and no converter at {convert} "
+                             "(set LLAMA_CONVERT to llama.cpp's llama-convert-llama2c-to-ggml)")
+        log(f"bench: writing {os.path.relpath(out, ROOT)} for llama.cpp ({os.path.basename(convert)}) ...")
+        subprocess.run([convert, "--copy-vocab-from-model", tokenizer, "--llama2c-model", llama2c_path,
+                        "--llama2c-output-model", out], check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+    offset, context = gguf_uint32_field(out, "llama.context_length")
+    if offset is None:
+        raise SystemExit(f"bench: {out} has no uint32 llama.context_length")
+    if context != seq_len:
+        log(f"bench: {os.path.relpath(out, ROOT)}: llama.context_length {context} -> {seq_len} (the llama2.c "
+            "file's seq_len; the converter writes 128)")
+        with open(out, "r+b") as f:
+            f.seek(offset)
+            f.write(struct.pack("<I", seq_len))
+    return out
+
+
+def ensure_gguf_quantized(gguf, weight_type, llama_bench):
+    """The F32 GGUF converted by llama.cpp's llama-quantize (beside llama-bench, or $LLAMA_QUANTIZE)
+    to weight_type: bf16, f16, q8_0, q4_0 or q4_k_m (its BF16, F16, Q8_0, Q4_0, Q4_K_M)."""
     out = gguf[:-len(".gguf")] + f"-{weight_type}.gguf"
     if os.path.exists(out) and os.path.getmtime(out) >= os.path.getmtime(gguf):
         return out
-    quantize = os.environ.get("LLAMA_QUANTIZE") or os.path.join(os.path.dirname(llama_bench), "llama-quantize")
-    if not os.path.exists(quantize):
+    quantize = llama_tool("llama-quantize", "LLAMA_QUANTIZE", llama_bench)
+    if not quantize or not os.path.exists(quantize):
         raise SystemExit(f"bench: no {os.path.relpath(out, ROOT)} and no llama-quantize at {quantize} "
                          "(set LLAMA_QUANTIZE)")
-    log(f"bench: writing {os.path.relpath(out, ROOT)} for llama.cpp (llama-quantize ... {weight_type.upper()}) ...")
-    subprocess.run([quantize, gguf, out, weight_type.upper()], check=True, stdout=subprocess.DEVNULL,
+    log(f"bench: writing {os.path.relpath(out, ROOT)} (llama-quantize ... {weight_type.upper()}) ...")
+    tmp = out[:-len(".gguf")] + ".tmp.gguf"  # an interrupted write must not look finished
+    subprocess.run([quantize, gguf, tmp, weight_type.upper()], check=True, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
+    os.replace(tmp, out)
     return out
+
+
+def ensure_gguf_checkpoints(gguf, weight_type, llama_bench, wide=True):
+    """(the ROPE file export.py makes of the F32 GGUF quantized by llama-quantize to weight_type,
+    its blocks copied as they are; with wide, the float32 file of its dequantized weights
+    (export.py --dtype f32 of it), else None; the quantized GGUF), written on first use."""
+    quantized = ensure_gguf_quantized(gguf, weight_type, llama_bench)
+    narrow = gguf[:-len(".gguf")] + f"_gguf_{weight_type}.bin"
+    wide_path = narrow[:-len(".bin")] + "_f32.bin" if wide else None
+    for src, out, args in ((quantized, narrow, []), (narrow, wide_path, ["--dtype", "f32"])):
+        if out is None:
+            continue
+        if not os.path.exists(out) or os.path.getmtime(out) < os.path.getmtime(src):
+            log(f"bench: writing {os.path.relpath(out, ROOT)} (export.py {os.path.basename(src)}"
+                f"{' ' + ' '.join(args) if args else ''}) ...")
+            subprocess.run([sys.executable, os.path.join(ROOT, "export.py"), src, out, *args],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return narrow, wide_path, quantized
+
+
+# ROPE weight_type codes (docs/format.md; 4 is a type per piece) and each type's block:
+# (weights, bytes)
+TYPE_NAMES = {0: "f32", 1: "bf16", 2: "f16", 3: "q8_0", 5: "q4_0", 6: "q4_1", 7: "q5_0", 8: "q5_1", 9: "q4_k",
+              10: "q5_k", 11: "q6_k"}
+BLOCKS = {"f32": (1, 4), "bf16": (1, 2), "f16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20),
+          "q5_0": (32, 22), "q5_1": (32, 24), "q4_k": (256, 144), "q5_k": (256, 176), "q6_k": (256, 210)}
+
+
+def streamed_by_type(path):
+    """({type: [weights, bytes]} of the matrix pieces decode streams per token, the norms' bytes):
+    a Llama-block ROPE file of any weight type, a type per piece (weight_type 4) included, read
+    from its header and its type table. Streamed: every layer's wq, wk, wv, wo, w1, w2, w3 and the
+    classifier (the embedding when shared); not the embedding otherwise (one row a token). The
+    layout walked through (docs/format.md: each tensor, and under a type table each matrix piece,
+    at the next multiple of 64 bytes) must end where the file's next section or the file does."""
+    with open(path, "rb") as f:
+        head = f.read(256)
+        magic, version, dim, hidden, layers, heads, kv_heads, vocab, seq_len, shared = struct.unpack_from("<Ii7ii", head)
+        code, head_size, flags, layer_table = 0, 0, 0, 0
+        tok_offset = table_offset = table_bytes = 0
+        if version == 2:
+            head_size, code = struct.unpack_from("<ii", head, 84)
+            tok_offset, = struct.unpack_from("<Q", head, 96)
+            flags, = struct.unpack_from("<I", head, 112)
+            layer_table, = struct.unpack_from("<Q", head, 144)
+            table_offset, table_bytes = struct.unpack_from("<QQ", head, 216)
+        if magic != ropefile.MAGIC or version not in (1, 2) or flags or layer_table:
+            raise SystemExit(f"bench: {path}: not a plain Llama-block ROPE file (version 1 or 2, no block flags, "
+                             "no per-layer table)")
+        head_size = head_size or dim // heads
+        q_dim, kv_dim = heads * head_size, kv_heads * head_size
+        # the matrix pieces in file order (docs/format.md's type table)
+        sizes = ([vocab * dim] + [q_dim * dim] * layers + [kv_dim * dim] * (2 * layers) + [dim * q_dim] * layers
+                 + [hidden * dim] * (3 * layers) + ([] if shared else [vocab * dim]))
+        if code == 4:
+            f.seek(table_offset)
+            types = [TYPE_NAMES.get(c) for c in f.read(table_bytes)]
+            if len(types) != len(sizes) or None in types:
+                raise SystemExit(f"bench: {path}: a type table of {table_bytes} entries, expected {len(sizes)} types")
+        else:
+            types = [TYPE_NAMES[code]] * len(sizes)
+    piece_bytes = [w // BLOCKS[t][0] * BLOCKS[t][1] for w, t in zip(sizes, types)]
+    # walk the layout: embedding, rms_att, wq..wo, rms_ffn, w1..w3, rms_final, wcls
+    pos, k = ropefile.HEADER_BYTES, 0
+
+    def place(n):
+        nonlocal pos
+        pos = -(-pos // 64) * 64 + n
+
+    place(piece_bytes[0])
+    place(4 * layers * dim)
+    for k in range(1, 1 + 4 * layers):
+        place(piece_bytes[k])
+    place(4 * layers * dim)
+    for k in range(1 + 4 * layers, 1 + 7 * layers):
+        place(piece_bytes[k])
+    place(4 * dim)
+    if not shared:
+        place(piece_bytes[-1])
+    end = table_offset or tok_offset or os.path.getsize(path)
+    if -(-pos // 64) * 64 != end and pos != end:
+        raise SystemExit(f"bench: {path}: its tensors end at byte {pos} by its header, but the next section "
+                         f"(or the file) is at {end}")
+    streamed = list(range(1, 1 + 7 * layers)) + [len(sizes) - 1 if not shared else 0]
+    by_type = {}
+    for k in streamed:
+        entry = by_type.setdefault(types[k], [0, 0])
+        entry[0] += sizes[k]
+        entry[1] += piece_bytes[k]
+    return by_type, 4 * (2 * layers * dim + dim)
 
 
 # ----------------------------------------------------------------------------
@@ -751,91 +933,152 @@ def rates_and_runs(rates, runs):
                      for v, each in zip(rates, runs))
 
 
+GGUF_ROUTE = ("q4_0", "q4_k_m")  # the types whose files are llama-quantize's GGUF, converted by export.py
+
+
+def ensure_gguf_checkpoints_for(gguf, weight_type, llama_bench):
+    """ensure_gguf_checkpoints without the float32 file, for the files a row compares with."""
+    return ensure_gguf_checkpoints(gguf, weight_type, llama_bench, wide=False)[0]
+
+
+def in_cache_mix(by_type, rates):
+    """The in-cache rate of a file whose matrices mix types: the weights streamed per token over the
+    time each type's weights take at that type's in-cache rate, sum(w_t) / sum(w_t / rate_t) (the
+    harmonic mean of the types' rates weighted by their shares of the weights read per token)."""
+    return sum(w for w, _ in by_type.values()) / sum(by_type[t][0] / rates[t] for t in by_type)
+
+
 def bench_16bit(runner, name, path, weight_type, threads, runs, stream_reps, cpus, prompt, n_prompt,
                 decode_steps, decode_positions, lbench, gguf):
-    """Rounds of (bandwidth, the 16-bit and float32 decodes twice each, bandwidth, the two prefills,
-    llama-bench on the 16-bit GGUF) for each thread count: (table rows, raw lines, any run disturbed)."""
-    narrow, wide = ensure_16bit_checkpoints(path, weight_type)
+    """Rounds of (bandwidth, the narrow, float32 and reference decodes twice each in a balanced order,
+    bandwidth, in-cache rates, the two prefills, llama-bench on the same-type GGUF) for each thread
+    count: (table rows, raw lines, any run disturbed). The narrow file is export.py's (bf16, f16,
+    q8_0 from the bench's file) or, for GGUF_ROUTE, llama-quantize's GGUF converted by export.py;
+    the references: bf16 for q8_0; the Q8_0 and BF16 GGUFs of the same route for GGUF_ROUTE."""
+    if weight_type in GGUF_ROUTE:
+        narrow, wide, gguf_narrow = ensure_gguf_checkpoints(gguf, weight_type, lbench)
+        refs = {t: ensure_gguf_checkpoints_for(gguf, t, lbench) for t in ("q8_0", "bf16")}
+        if not lbench:
+            gguf_narrow = None
+    else:
+        narrow, wide = ensure_16bit_checkpoints(path, weight_type)
+        refs = {"bf16": ensure_16bit_checkpoints(path, "bf16")[0]} if weight_type == "q8_0" else {}
+        gguf_narrow = ensure_gguf_quantized(gguf, weight_type, lbench) if lbench else None
     check_same_output(runner, narrow, wide)
-    bf16 = ensure_16bit_checkpoints(path, "bf16")[0] if weight_type == "q8_0" else None  # q8_0 against bf16 too
-    bytes_bf16 = streamed_bytes(*read_header(narrow), "bf16") if bf16 else 0
-    header = read_header(narrow)
-    kv = kv_cache_bytes(*header, decode_positions)
-    bytes16, bytes32 = streamed_bytes(*header, weight_type) + kv, streamed_bytes(*header) + kv
-    weights = matrix_weights(*header)
-    gguf16 = ensure_gguf_16bit(gguf, weight_type, lbench) if lbench else None
-    for f in (narrow, wide, bf16, gguf16):
+    for f in (narrow, wide, *refs.values()):
+        if read_header(f)[6] < decode_steps:
+            raise SystemExit(f"bench: {f} has a context of {read_header(f)[6]}, under the {decode_steps} "
+                             "positions decode runs to")
+    kv = kv_cache_bytes(*read_header(narrow), decode_positions)
+
+    def bytes_read(f):  # per decoded token: the streamed matrices, the norms and the KV cache
+        by, norms = streamed_by_type(f)
+        return sum(b for _, b in by.values()) + norms + kv
+
+    by_type, _ = streamed_by_type(narrow)
+    weights = sum(w for w, _ in by_type.values())
+    bytes16, bytes32 = bytes_read(narrow), bytes_read(wide)
+    ref_bytes = {t: bytes_read(f) for t, f in refs.items()}
+    types = sorted(by_type, key=lambda t: -by_type[t][0])  # the types the matrices use, most weights first
+    label = f"{weight_type} (GGUF)" if weight_type in GGUF_ROUTE else weight_type
+    if len(types) > 1 or types[0] != weight_type:
+        label += ": " + ", ".join(f"{t} {100 * by_type[t][0] / weights:.0f}%" for t in types)
+    for f in (narrow, wide, *refs.values(), gguf_narrow):
         if f:
             drop_from_page_cache(f)
-    for f in (narrow, wide, bf16):
-        if f:
-            runner.timed(f, threads[0], SHORT_PROMPT, decode_steps // 8)  # faults the files in
+    for f in (narrow, wide, *refs.values()):
+        runner.timed(f, threads[0], SHORT_PROMPT, decode_steps // 8)  # faults the files in
+    files = {narrow: "narrow", wide: "f32", **{f: t for t, f in refs.items()}}
     rows, raw, any_disturbed = [], [], False
     for t in threads:
         log(f"bench: {name} {weight_type}, {t} thread(s): {runs} round(s) of bandwidth, prefill and decode ...")
-        r = {k: [] for k in ("runs16", "runs32", "runsbf", "pre16", "pre32", "peak", "pp", "tg", "cache")}
+        r = {k: [] for k in ("pre16", "pre32", "peak", "pp", "tg", "cache")}
+        runs_of = {k: [] for k in files.values()}  # each round's two decode rates of each file
+        cache_of = {k: [] for k in types}
         retries, disturbed = [runs], 0
         for k in range(runs):
             runner.cpu = cpus[k % len(cpus)] if t == 1 and len(cpus) > 1 else None
             peak1, _, d1 = stream_bandwidth(runner.contention, t, stream_reps, runner.cpu)
-            rates = {narrow: [], wide: [], bf16: []}
-            for f in balanced_order(k, narrow, wide, *([bf16] if bf16 else [])):
-                (_, _, _, rate, _, _), d = runner.timed_quiet(f, t, SHORT_PROMPT, decode_steps, retries)
+            rates, decoded = {f: [] for f in files}, set()
+            for f in balanced_order(k, narrow, wide, *refs.values()):
+                (_, _, m, rate, _, _), d = runner.timed_quiet(f, t, SHORT_PROMPT, decode_steps, retries)
                 rates[f].append(rate)
+                decoded.add(m)
                 disturbed += d
-            r["runs16"].append(rates[narrow])
-            r["runs32"].append(rates[wide])
-            if bf16:
-                r["runsbf"].append(rates[bf16])
+            if len(decoded) > 1:
+                raise SystemExit(f"bench: {name} {weight_type}: the files decoded different numbers of tokens "
+                                 f"({sorted(decoded)})")
+            for f, key in files.items():
+                runs_of[key].append(rates[f])
             peak2, _, d2 = stream_bandwidth(runner.contention, t, stream_reps, runner.cpu)
             r["peak"].append((peak1 + peak2) / 2)
-            cache, _, d3 = in_cache_rate(runner.contention, t, weight_type, runner.cpu)
-            r["cache"].append(cache)
-            disturbed += d1 + d2 + d3
+            disturbed += d1 + d2
+            for wt in types:
+                cache, _, d3 = in_cache_rate(runner.contention, t, wt, runner.cpu)
+                cache_of[wt].append(cache)
+                disturbed += d3
+            r["cache"].append(in_cache_mix(by_type, {wt: cache_of[wt][-1] for wt in types}))
             for f in (narrow, wide):
                 (_, rate, _, _, _, _), d = runner.timed_quiet(f, t, prompt, n_prompt, retries)
                 r["pre16" if f == narrow else "pre32"].append(rate)
                 disturbed += d
-            if lbench:
+            if gguf_narrow:
                 (pp, tg, _, _), d = runner.timed_quiet(
                     None, t, None, None, retries,
-                    run=lambda stoppable: llama_bench(runner, lbench, gguf16, t, n_prompt, DECODE_TOKENS, stoppable))
+                    run=lambda stoppable: llama_bench(runner, lbench, gguf_narrow, t, n_prompt, DECODE_TOKENS,
+                                                      stoppable))
                 r["pp"].append(pp)
                 r["tg"].append(tg)
                 disturbed += d
         runner.cpu = None
         # each round's rate of a file: its two runs together (the same tokens in each: the harmonic mean)
-        r["dec16"] = [statistics.harmonic_mean(pair) for pair in r["runs16"]]
-        r["dec32"] = [statistics.harmonic_mean(pair) for pair in r["runs32"]]
-        r["decbf"] = [statistics.harmonic_mean(pair) for pair in r["runsbf"]]
+        for key, pairs in runs_of.items():
+            r["dec_" + key] = [statistics.harmonic_mean(pair) for pair in pairs]
 
         def med(key, scale=1.0):
             return statistics.median(scale * v for v in r[key])
 
         def ratio(a, b, scale_a=1.0):
-            return statistics.median(scale_a * x / y for x, y in zip(r[a], r[b])) if r[a] and r[b] else None
+            return statistics.median(scale_a * x / y for x, y in zip(r[a], r[b])) if r.get(a) and r.get(b) else None
+
+        def ref_cells(ref):
+            return ([f"{med('dec_' + ref):.1f}", f"**{ratio('dec_narrow', 'dec_' + ref):.2f}x**"] if ref in refs
+                    else ["-", "-"])
 
         mark = " (!)" if disturbed else ""
-        of_peak = statistics.median(bytes16 * d / 1e9 / p for d, p in zip(r["dec16"], r["peak"]))
-        of_cache = statistics.median(weights * d / 1e9 / c for d, c in zip(r["dec16"], r["cache"]))
-        vs_pp, vs_tg = ratio("pre16", "pp"), ratio("dec16", "tg")
-        rows.append([name, str(t), weight_type, f"{bytes16 / 1e6:.1f} (f32 {bytes32 / 1e6:.1f})",
-                     f"{med('pre16'):.1f}{mark}", f"{med('dec16'):.1f}{mark}", f"{bytes16 * med('dec16') / 1e9:.2f}",
-                     f"{med('peak'):.2f}", f"{100 * of_peak:.0f}%", f"{med('cache'):.1f}", f"{100 * of_cache:.0f}%",
-                     f"{med('pre32'):.1f}", f"{med('dec32'):.1f}",
-                     f"**{ratio('dec16', 'dec32'):.2f}x**", f"{ratio('pre16', 'pre32'):.2f}x",
-                     f"{med('decbf'):.1f}" if bf16 else "-", f"**{ratio('dec16', 'decbf'):.2f}x**" if bf16 else "-",
+        of_peak = statistics.median(bytes16 * d / 1e9 / p for d, p in zip(r["dec_narrow"], r["peak"]))
+        of_cache = statistics.median(weights * d / 1e9 / c for d, c in zip(r["dec_narrow"], r["cache"]))
+        vs_pp, vs_tg = ratio("pre16", "pp"), ratio("dec_narrow", "tg")
+        cache_cell = f"{med('cache'):.1f}"
+        if len(types) > 1:
+            cache_cell = (", ".join(f"{wt} {statistics.median(cache_of[wt]):.1f}" for wt in types)
+                          + f"; mix {cache_cell}")
+        mb_cell = (f"{bytes16 / 1e6:.1f} (f32 {bytes32 / 1e6:.1f}"
+                   + "".join(f", {ref} {b / 1e6:.1f}" for ref, b in ref_bytes.items()) + ")")
+        rows.append([name, str(t), label, mb_cell,
+                     f"{med('pre16'):.1f}{mark}", f"{med('dec_narrow'):.1f}{mark}",
+                     f"{bytes16 * med('dec_narrow') / 1e9:.2f}",
+                     f"{med('peak'):.2f}", f"{100 * of_peak:.0f}%", cache_cell, f"{100 * of_cache:.0f}%",
+                     f"{med('pre32'):.1f}", f"{med('dec_f32'):.1f}",
+                     f"**{ratio('dec_narrow', 'dec_f32'):.2f}x**", f"{ratio('pre16', 'pre32'):.2f}x",
+                     *ref_cells("bf16"), *ref_cells("q8_0"),
                      f"{med('pp'):.1f}" if r["pp"] else "-", f"{med('tg'):.1f}" if r["tg"] else "-",
                      f"{vs_pp:.2f}x" if vs_pp else "-", f"{vs_tg:.2f}x" if vs_tg else "-"])
         raw.append(f"{name} {weight_type}, {t} thread(s), by round: decode (both runs, then each) {weight_type} "
-                   f"{rates_and_runs(r['dec16'], r['runs16'])}, f32 {rates_and_runs(r['dec32'], r['runs32'])}; "
-                   + (f"bf16 {rates_and_runs(r['decbf'], r['runsbf'])} ({bytes_bf16 / 1e6:.1f} MB a token); " if bf16 else "")
+                   f"{rates_and_runs(r['dec_narrow'], runs_of['narrow'])}, f32 "
+                   f"{rates_and_runs(r['dec_f32'], runs_of['f32'])}; "
+                   + "".join(f"{ref} {rates_and_runs(r['dec_' + ref], runs_of[ref])} "
+                             f"({ref_bytes[ref] / 1e6:.1f} MB a token); " for ref in refs)
                    + f"prefill {weight_type} {', '.join(f'{v:.1f}' for v in r['pre16'])}, f32 "
                    f"{', '.join(f'{v:.1f}' for v in r['pre32'])} tok/s; read bandwidth (best pass) "
                    f"{', '.join(f'{v:.2f}' for v in r['peak'])} GB/s; in cache "
-                   f"{', '.join(f'{v:.1f}' for v in r['cache'])} Gweights/s"
+                   + "; ".join(f"{wt} {', '.join(f'{v:.2f}' for v in cache_of[wt])}" for wt in types)
+                   + (f" (mix {', '.join(f'{v:.2f}' for v in r['cache'])})" if len(types) > 1 else "")
+                   + " Gweights/s"
                    + (f"; llama-bench {weight_type.upper()} pp {', '.join(f'{v:.1f}' for v in r['pp'])}, tg "
-                      f"{', '.join(f'{v:.1f}' for v in r['tg'])} tok/s" if lbench else "")
+                      f"{', '.join(f'{v:.1f}' for v in r['tg'])} tok/s" if r["pp"] else "")
+                   + f"; files: {', '.join(os.path.relpath(f, ROOT) for f in files)}"
+                   + (f", llama-bench on {os.path.relpath(gguf_narrow, ROOT)}" if gguf_narrow else "")
                    + (f"; **{disturbed} run(s) or reading(s) disturbed**" if disturbed else ""))
         any_disturbed = any_disturbed or disturbed > 0
     return rows, raw, any_disturbed
@@ -897,13 +1140,15 @@ def main():
     ap.add_argument("--models", default=None, help="comma-separated, from 15M,110M (default: both)")
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
     ap.add_argument("--runs", type=int, default=None, help="runs per figure (default 5 for 15M, 3 for 110M)")
-    ap.add_argument("--dtypes", default="bf16,q8_0",
+    ap.add_argument("--dtypes", default="bf16,q8_0,q4_0,q4_k_m",
                     help="weight types to compare with float32 on the same weights: bf16, f16, q8_0 (also against "
-                         "bf16), comma-separated, or none (default bf16,q8_0)")
+                         "bf16), q4_0, q4_k_m (llama-quantize's GGUF; also against Q8_0 and BF16 GGUFs of the same "
+                         "weights; they need LLAMA_BENCH, or LLAMA_QUANTIZE and LLAMA_CONVERT), comma-separated, "
+                         "or none (default bf16,q8_0,q4_0,q4_k_m)")
     args = ap.parse_args()
     dtypes = [] if args.dtypes == "none" else args.dtypes.split(",")
-    if any(d not in ("bf16", "f16", "q8_0") for d in dtypes):
-        ap.error("--dtypes: bf16, f16, q8_0, comma-separated, or none")
+    if any(d not in ("bf16", "f16", "q8_0", *GGUF_ROUTE) for d in dtypes):
+        ap.error(f"--dtypes: bf16, f16, q8_0, {', '.join(GGUF_ROUTE)}, comma-separated, or none")
 
     models = (args.models or ("15M" if args.quick else "15M,110M")).split(",")
     for m in models:
@@ -930,6 +1175,13 @@ def main():
     for what, exe in (("PEER", peer), ("LLAMA_BENCH", lbench)):
         if exe and not os.access(exe, os.X_OK):
             raise SystemExit(f"bench: {what}={exe} is not an executable file")
+
+    gguf_route = [d for d in dtypes if d in GGUF_ROUTE]
+    if gguf_route and not (lbench or (os.environ.get("LLAMA_QUANTIZE") and os.environ.get("LLAMA_CONVERT"))):
+        log(f"bench: no {', '.join(gguf_route)} rows: their files are GGUFs made by llama.cpp's converter and "
+            "llama-quantize; set LLAMA_BENCH (they are found beside it), or LLAMA_QUANTIZE and LLAMA_CONVERT")
+        dtypes = [d for d in dtypes if d not in GGUF_ROUTE]
+        gguf_route = []
 
     for probe in (STREAM, PEAK):
         if not os.path.exists(probe):
@@ -972,8 +1224,8 @@ def main():
                      + f"; decode prompt {n_short} tokens, -n {decode_steps}; median of {runs} round(s)")
 
         runs16 = (path, prompt, n_prompt, decode_steps, positions)  # for the 16-bit rounds, after the float32 ones
-        peer_path = ensure_llama2c_checkpoint(path) if peer or lbench else None
-        gguf = ensure_gguf(peer_path, tokenizer, lbench) if lbench else None
+        peer_path = ensure_llama2c_checkpoint(path) if peer or lbench or gguf_route else None
+        gguf = ensure_gguf(peer_path, tokenizer, lbench) if lbench or gguf_route else None
         log(f"bench: {name}: warm-up run (page cache) ...")
         for f in (path, peer_path, gguf):
             if f:
@@ -1131,15 +1383,16 @@ def main():
     out += ["| " + " | ".join(r) + " |" for r in rows]
     out.append("")
     if rows16:
-        out.append("16-bit and Q8_0 weights against float32 on the same weights (the float32 file holds the "
-                   "16-bit values widened, or the Q8_0 blocks' d * q; Q8_0 also against the bf16 file of the same "
-                   "source weights; each ratio the median over rounds of that round's own ratio):")
+        out.append("16-bit, Q8_0 and 4-bit weights against float32 on the same weights (the float32 file holds "
+                   "the 16-bit values widened, or the blocks' weights dequantized; Q8_0 also against the bf16 file "
+                   "of the same source weights, Q4_0 and Q4_K_M against Q8_0 and bf16; each ratio the median over "
+                   "rounds of that round's own ratio):")
         out.append("")
         head3 = ["model", "threads", "weights", "MB read per decoded token", "prefill tok/s", "decode tok/s",
                  "decode GB/s (bytes read)", "read GB/s, best pass", "% of best pass",
                  "in-cache Gweights/s (bench/in_cache)", "decode, % of in-cache rate", "f32 prefill tok/s",
                  "f32 decode tok/s", "decode / f32", "prefill / f32", "bf16 decode tok/s", "decode / bf16",
-                 "llama.cpp pp tok/s (same-type GGUF)", "llama.cpp tg tok/s (same-type GGUF)",
+                 "q8_0 decode tok/s", "decode / q8_0", "llama.cpp pp tok/s (same-type GGUF)", "llama.cpp tg tok/s (same-type GGUF)",
                  "run / llama.cpp prefill", "run / llama.cpp decode"]
         out.append("| " + " | ".join(head3) + " |")
         out.append("|" + "|".join("---" if i < 3 else "---:" for i in range(len(head3))) + "|")
@@ -1148,7 +1401,25 @@ def main():
         out.append("In-cache Gweights/s: bench/in_cache, run.c's decode kernel with the same threads on matrices "
                    "held in cache (each thread 64 rows of 768), read in each round; decode, % of in-cache rate: "
                    "decode's weights a second (tok/s x the matrices' weights) over it. Near 100%, decode is bound "
-                   "by the arithmetic of widening the weights, not by memory, and more bandwidth would not help.")
+                   "by the arithmetic of widening the weights, not by memory, and more bandwidth would not help. "
+                   "A file whose matrices mix types (a Q4_K_M file: q4_k and q6_k; the weights column gives each "
+                   "type's share of the weights read per token) has each type's rate read, and its own: the "
+                   "weights over the time each type's weights take at its type's rate, sum(w) / sum(w_t / rate_t), "
+                   "the harmonic mean weighted by the shares (mix).")
+        if any(r[2].startswith(GGUF_ROUTE) for r in rows16):
+            out.append("")
+            out.append("q4_0 (GGUF) and q4_k_m (GGUF): the bench's F32 GGUF (llama-convert-llama2c-to-ggml of the "
+                       "llama2.c copy of bench/model*.bin, llama.context_length set to its seq_len) quantized by "
+                       "llama-quantize to Q4_0 or Q4_K_M and converted by export.py (the blocks copied as they are, "
+                       "a type per piece: llama-quantize keeps the classifier in q6_k, q8_0 where rows are not whole "
+                       "256-weight blocks, and Q4_K_M gives some wv and w2 q6_k); f32: export.py --dtype f32 of that "
+                       "file (its dequantized weights, the same output); q8_0 and bf16: the same F32 GGUF quantized "
+                       "by llama-quantize to Q8_0 and BF16 and converted by export.py. Every file in such a row has "
+                       "the same tensors (the converter writes the classifier apart from the embedding, so these "
+                       "files hold a separate classifier where bench/model*.bin shares the embedding: the same "
+                       "weights are streamed a token, but they are not the q8_0 and bf16 rows' files); llama-bench runs on the Q4_0 or Q4_K_M GGUF itself. MB read: "
+                       "each matrix piece at its own type's bytes (from the file's type table), the norms and the KV "
+                       "cache float32.")
         out.append("")
     if side:
         out.append("Side by side on the same weights (each ratio: the median over rounds of that round's ratio; "
