@@ -5903,22 +5903,23 @@ static inline __attribute__((always_inline)) Bytes run_bytes(const unsigned char
 typedef struct {
     float a[16], b[8];
 } BlockFactors;
-static inline __attribute__((always_inline)) void block_factors(BlockFactors *bf, const unsigned char *block,
-                                                                 WeightType type) {
+// (run_scale_factors: the entries run k / 32 reads; block_factors: all of them)
+static inline __attribute__((always_inline)) void run_scale_factors(BlockFactors *bf, const unsigned char *block,
+                                                                     int k, WeightType type) {
     if (type == WEIGHT_Q4_K || type == WEIGHT_Q5_K) {
-        float d = scale_at(block), dmin = scale_at(block + 2);
-        for (int sb = 0; sb < 8; sb++) {
-            int sc, m;
-            k_scale_min(block + 4, sb, &sc, &m);
-            bf->a[sb] = d * (float)sc, bf->b[sb] = dmin * (float)m;
-        }
+        int sc, m;
+        k_scale_min(block + 4, k / 32, &sc, &m);
+        bf->a[k / 32] = scale_at(block) * (float)sc, bf->b[k / 32] = scale_at(block + 2) * (float)m;
     } else if (type == WEIGHT_Q6_K) {
-        float d = scale_at(block + 208);
-        for (int sb = 0; sb < 16; sb++) bf->a[sb] = d * (float)(int8_t)block[192 + sb];
+        for (int sb = k / 16; sb < k / 16 + 2; sb++) bf->a[sb] = scale_at(block + 208) * (float)(int8_t)block[192 + sb];
     } else {
         bf->a[0] = scale_at(block);
         bf->b[0] = type == WEIGHT_Q4_1 || type == WEIGHT_Q5_1 ? scale_at(block + 2) : 0.0f;
     }
+}
+static inline __attribute__((always_inline)) void block_factors(BlockFactors *bf, const unsigned char *block,
+                                                                 WeightType type) {
+    for (int k = 0; k < block_shapes[type].weights; k += 32) run_scale_factors(bf, block, k, type);
 }
 
 // The factors of run k / 32 of a block whose factors are bf
@@ -5983,7 +5984,7 @@ static inline __attribute__((always_inline)) Lanes lanes_load_weights(const void
     const unsigned char *block = (const unsigned char *)data + i / b.weights * b.bytes;
     int k = (int)(i % b.weights);
     BlockFactors bf;
-    block_factors(&bf, block, type);
+    run_scale_factors(&bf, block, k / 32 * 32, type); // only this run's
     return lanes_block_values(block, k, type, run_factors(block, k / 32 * 32, type, &bf));
 }
 
