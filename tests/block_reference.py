@@ -279,12 +279,7 @@ def write_shake_gguf(path):
     import conftest
     import gguf_writer as W
     g = conftest.load_export().read_gguf_file(str(here / "data" / "gguf" / "llama256-Q4_0.gguf"))
-    metadata = []
-    for key, value in g.metadata.items():
-        value_type = g.value_types[key]
-        if isinstance(value_type, tuple):
-            value = value.tolist() if isinstance(value, np.ndarray) else list(value)
-        metadata.append((key, value_type, value))
+    metadata = W.metadata_entries(g)
     W.BLOCKS.update({GGML_TYPE_IDS[GGML_NAMES[k]]: BLOCK[k] for k in KINDS})
     tensors = []
     for kind in KINDS:

@@ -80,6 +80,28 @@ def export(model_dir, out, *flags, check=True):
     return r
 
 
+def assert_run_refused(r, *words):
+    """run's result r: exit 1 and one line on stderr, "run: error: ...", holding each of words.
+    Returns the line."""
+    lines = r.stderr.decode(errors="replace").splitlines()
+    assert r.returncode == 1, lines
+    assert len(lines) == 1 and lines[0].startswith("run: error:"), lines
+    for w in words:
+        assert w in lines[0], (w, lines[0])
+    return lines[0]
+
+
+def assert_export_refused(r, out, *words):
+    """export.py's result r (text): exit 1, one line on stderr holding each of words, no traceback,
+    and no file written at out."""
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    assert not out.exists()
+
+
 def greedy_ids(model, prompt, steps):
     """The ids run generates greedily after prompt (-z tok512, -t 0 -n steps, the -v line)."""
     r = run(model, "-z", TOK512, "-t", 0, "-n", steps, "-p", prompt, "-v")

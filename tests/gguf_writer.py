@@ -122,3 +122,15 @@ def float_tensor(name, values, ggml_type=F32):
     else:
         data = (a.view(np.uint32) >> 16).astype("<u2").tobytes()  # truncated: the tests pick exact values
     return (name, ggml_type, tuple(reversed(a.shape)), data)
+
+
+def metadata_entries(g):
+    """A GGUF file's metadata (export.py's read_gguf_file) as write_gguf's entries, with their
+    stored value types: what rewriting a real file with one thing changed starts from."""
+    out = []
+    for key, value in g.metadata.items():
+        value_type = g.value_types[key]
+        if isinstance(value_type, tuple):  # a numeric array's values as Python numbers
+            value = value.tolist() if isinstance(value, np.ndarray) else list(value)
+        out.append((key, value_type, value))
+    return out

@@ -35,7 +35,7 @@ import pytest
 import block_reference as R
 import gguf_writer as W
 import ropefile
-from conftest import ROOT, TOK512, export, load_export, run
+from conftest import ROOT, TOK512, assert_run_refused, export, load_export, run
 from test_weight_types import build_or_skip, builds, stored_as  # noqa: F401  (builds: a fixture)
 
 DATA = ROOT / "tests" / "data" / "gguf"
@@ -412,24 +412,13 @@ def test_mixed_files_type_tables_name_each_kind(mixed_files):
 # the conversion of the float32 GGUF of the reference's dequantization (same metadata) computes
 
 
-def metadata_entries(g):
-    """The file's metadata as tests/gguf_writer.py entries, with their stored value types."""
-    out = []
-    for key, value in g.metadata.items():
-        value_type = g.value_types[key]
-        if isinstance(value_type, tuple):
-            value = value.tolist() if isinstance(value, np.ndarray) else list(value)
-        out.append((key, value_type, value))
-    return out
-
-
 def write_dequantized_gguf(src, out):
     """src's float32 GGUF: the same metadata, every tensor the reference's float32 weights."""
     g = EXPORT.read_gguf_file(str(src))
     tensors = [(t.name, W.F32, t.ne, R.dequantize_gguf(t.type_name, g.tensor_data(t.name),
                                                       math.prod(t.shape)).astype("<f4").tobytes())
                for t in g.tensors.values()]
-    W.write_gguf(out, metadata_entries(g), tensors)
+    W.write_gguf(out, W.metadata_entries(g), tensors)
     return out
 
 
@@ -462,13 +451,7 @@ def edited(path, tmp_path, edit):
 
 
 def assert_refused(path, *words):
-    r = run(path, "-z", TOK512, "-n", 4, "-p", "hi")
-    lines = r.stderr.decode(errors="replace").splitlines()
-    assert r.returncode == 1, lines
-    assert len(lines) == 1 and lines[0].startswith("run: error:"), lines
-    for w in words:
-        assert w in lines[0], (w, lines[0])
-    return lines[0]
+    return assert_run_refused(run(path, "-z", TOK512, "-n", 4, "-p", "hi"), *words)
 
 
 SCALE_CASES = [(kind, name) for kind in R.KINDS for _, name in R.scale_fields(kind)]

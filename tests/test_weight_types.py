@@ -20,7 +20,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from conftest import LLAMA_TOKENIZER, ROOT, RUN_BIN, RUN_PREFIX, TOK512, export, run
+from conftest import LLAMA_TOKENIZER, ROOT, RUN_BIN, RUN_PREFIX, TOK512, assert_run_refused, export, run
 import hf_fixture
 import ropefile
 
@@ -166,12 +166,7 @@ def bad_file(files, tmp_path, edit):
 
 
 def assert_refused(path, *words):
-    r = run(path, "-z", LLAMA_TOKENIZER, "-n", 4, "-p", "hi")
-    lines = r.stderr.decode(errors="replace").splitlines()
-    assert r.returncode == 1, lines
-    assert len(lines) == 1 and lines[0].startswith("run: error:"), lines
-    for w in words:
-        assert w in lines[0], lines[0]
+    assert_run_refused(run(path, "-z", LLAMA_TOKENIZER, "-n", 4, "-p", "hi"), *words)
 
 
 @pytest.mark.parametrize("code, words", [(12, "weight_type 12 is not a type"), (-1, "weight_type -1 is not a type"),
