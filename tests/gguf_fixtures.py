@@ -414,6 +414,27 @@ GGUF_FILES = {
     "gemma4-moe-bf16.gguf": ("gemma4-moe", CONVERT2026, "bf16"),
     "gemma4-31b-Q4_0.gguf": ("gemma4-31b", QUANTIZE2026, ("gemma4-31b-bf16.gguf", "Q4_0")),
 }
+# llama-quantize's Q4_K_M of each family's bf16 file (on these narrow rows it falls back to Q5_0,
+# Q5_1 and Q8_0, and keeps F16 / BF16 where a row is not even one 32-weight block: realistic for
+# small models): c392e5094's tool where it knows the architecture, the fork's otherwise. Three are
+# left out for size (Q4_K_M_LEFT_OUT: gemma4 alone is 0.5 MB); tests/test_gguf_q4_k_m.py makes
+# those itself where the tool is installed.
+Q4_K_M_FAMILIES = ["gemma", "gemma2", "gemma3", "gemma4", "gemma4-moe", "llama3", "mistral", "mixtral", "phi3",
+                   "phi4mini", "qwen3", "qwen3moe", "smollm3"]
+Q4_K_M_LEFT_OUT = {"gemma4", "qwen3moe", "mistral"}
+FORK_ONLY_ARCHS = {"gemma3", "gemma4", "gemma4-moe", "qwen3", "qwen3moe", "smollm3"}  # unknown to c392e5094
+
+
+def q4_k_m_entry(family):
+    """GGUF_FILES' entry of family's Q4_K_M file, made from its bf16 file."""
+    source = GGUF_FILES[f"{family}-bf16.gguf"][0]
+    tool = QUANTIZE2026 if family in FORK_ONLY_ARCHS else QUANTIZE
+    return source, tool, (f"{family}-bf16.gguf", "Q4_K_M")
+
+
+GGUF_FILES.update({f"{f}-Q4_K_M.gguf": q4_k_m_entry(f) for f in Q4_K_M_FAMILIES if f not in Q4_K_M_LEFT_OUT})
+NOT_KEPT = {f"{f}-Q4_K_M.gguf": q4_k_m_entry(f) for f in sorted(Q4_K_M_LEFT_OUT)}
+
 # intermediate files the quantized ones are made from, not kept (too big or kept under another name)
 INTERMEDIATE = {"llama256-f32.gguf": ("llama256", CONVERT, "f32"),
                 "gemma4-31b-bf16.gguf": ("gemma4-31b", CONVERT2026, "bf16")}
