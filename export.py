@@ -3139,12 +3139,29 @@ def gguf_gemma4_config(g, config):
     return config
 
 
+def gguf_explicit_values(c):
+    """Give each layer whose values are its keys (attention_k_eq_v: the layer spec's values 1) an
+    explicit wv instead: its values field set to 0 in c.layers; returns those layers. A GGUF's
+    attn_k is the key projection in the checkpoint's own row order (llama.cpp's converter does
+    not permute Gemma's rows), so it is that wv as stored, and wo is then read as stored too:
+    with values 1, run's values would arrive in wk's permuted order and wo's columns would have
+    to be permuted to match, which a block type cannot be (its blocks run along a row). Done for
+    every such GGUF, float or blocks, so that a block file and the float32 file of its
+    dequantized weights convert to the same layout; the layers that share such a layer's cache
+    (kv_source) then read values in the stored order as well."""
+    keyed = {l for l, s in enumerate(layer_shapes(c)) if s.values}
+    c.layers = [tuple(r[:6]) + (0,) + tuple(r[7:]) if l in keyed else r for l, r in enumerate(c.layers)]
+    return keyed
+
+
 def read_gguf_gemma4(g, config):
     """A gemma4 GGUF's Config and tensors, through gemma4_config and gemma4_tensors as read_gemma4
-    reads a Hugging Face checkpoint; its kinds of matrices."""
+    reads a Hugging Face checkpoint (but with explicit values: gguf_explicit_values); its kinds of
+    matrices."""
     c, kinds, orders = gemma4_config(gguf_gemma4_config(g, config))
     c.shared_classifier = config["tie_word_embeddings"]
     c.check()
+    keyed = gguf_explicit_values(c)
     names = {**GGUF_TENSORS, **GGUF_GEMMA4_TENSORS}
     found = set()
 
@@ -3152,14 +3169,20 @@ def read_gguf_gemma4(g, config):
         """Where gemma4_tensors' pieces are: this GGUF file."""
         @staticmethod
         def piece(ours, name, shape, heads=None, order=None, column_order=None):
-            piece = gguf_piece(g, name, shape, None, heads, order, column_order)
+            """One piece, checked (gguf_piece). column_order is never asked for here: no layer of a
+            GGUF's file has values that are its keys (gguf_explicit_values)."""
+            if column_order is not None:
+                raise ExportError(f"{g.path}: tensor {name}: its columns would be permuted (a layer whose values "
+                                  "are its keys), which export.py never does for a GGUF file")
+            piece = gguf_piece(g, name, shape, None, heads, order)
             if ours in MATRIX_TENSORS:
                 found.add(piece.kind if isinstance(piece, Blocks) else weight_type_of(piece))
             return piece
 
         @staticmethod
         def name(ours, layer=None):
-            return names[ours].format(i=layer)
+            """Our tensor's GGUF name; the wv of a layer whose values are its keys is its attn_k."""
+            return names["wk" if ours == "wv" and layer in keyed else ours].format(i=layer)
 
         @staticmethod
         def own(layer, name):
@@ -3217,9 +3240,10 @@ def check_block_scales(g, name, kind, blocks):
                               f"{int(np.argmax(bad))} is {values[np.argmax(bad)]}; scales must be finite")
 
 
-def gguf_piece(g, name, expected, rows=None, heads=None, order=None, column_order=None):
+def gguf_piece(g, name, expected, rows=None, heads=None, order=None):
     """One piece of a ROPE tensor: GGUF tensor `name` (rows: a band of it), checked against the
-    shape the metadata gives (`expected`), its rows permuted per head if asked."""
+    shape the metadata gives (`expected`), its rows permuted per head if asked (whole rows: a
+    block type's blocks run along a row, so they are never split)."""
     t = gguf_tensor(g, name)
     shape = list(t.shape)
     if rows is not None:
@@ -3232,11 +3256,6 @@ def gguf_piece(g, name, expected, rows=None, heads=None, order=None, column_orde
         array = array[rows[0]:rows[1]]
     if order is not None:
         array = permute_heads(array, heads, order)
-    if column_order is not None:  # Gemma 4 31B's wo: whole columns, not within a block
-        if kind in BLOCK_KINDS:
-            raise ExportError(f"{g.path}: tensor {name}: its columns must be permuted (attention_k_eq_v), which "
-                              f"{BLOCK_KINDS[kind].ggml} blocks cannot be; convert an F16, BF16 or F32 file")
-        array = permute_head_columns(array, *column_order)
     if kind in BLOCK_KINDS:
         check_block_scales(g, name, kind, array)
         return Blocks(kind, tuple(expected), np.ascontiguousarray(array).view(np.uint8).reshape(-1), name)

@@ -331,10 +331,19 @@ SOURCES["gemma4-moe"] = ('moe_fixtures.write_checkpoint_gemma4(d, "gemma-4-26B-A
                                                               config=MF.shrink_gemma4("gemma-4-26B-A4B", dtype="BF16",
                                                                                       **GEMMA4_MOE)))
 
+# Gemma 4 31B narrowed: one period of 5 sliding + 1 full layer (p-RoPE, k = v, one global kv head),
+# hidden 32 and intermediate 32 (rows of 32: whole Q4_0 blocks) to keep its Q4_0 file small
+GEMMA4_31B = dict(periods=1, hidden=32, intermediate=32)
+SOURCES["gemma4-31b"] = ('gemma4_fixtures.write_checkpoint(d, "gemma-4-31B", "BF16", seed=3, '
+                         'config=gemma4_fixtures.shrink("gemma-4-31B", dtype="BF16", periods=1, hidden=32, '
+                         'intermediate=32))',
+                         lambda d: G4F.write_checkpoint(d, "gemma-4-31B", "BF16", seed=3,
+                                                        config=G4F.shrink("gemma-4-31B", dtype="BF16", **GEMMA4_31B)))
+
 # the sources whose converter reads only tokenizer.json: tok512 as byte-level BPE (BPE_JSON) or
 # in Hugging Face's SentencePiece-BPE layout (HF_JSON)
 BPE_JSON_SOURCES = {"qwen3moe"}
-HF_JSON_SOURCES = {"gemma4", "gemma4-moe"}
+HF_JSON_SOURCES = {"gemma4", "gemma4-moe", "gemma4-31b"}
 
 
 def hf_dir(source, out_dir):
@@ -370,9 +379,11 @@ CONVERT = "convert"        # llama.cpp c392e5094 (2025-02-20) convert_hf_to_gguf
 CONVERT2026 = "convert2026"  # ngxson/llama.cpp 3f545bec (2026-08-22): only what the 2025 one cannot convert
 CONVERT2026_PRE = "convert2026_pre"  # the same, tokenizer.ggml.pre forced (tokenizer.json fixtures)
 QUANTIZE = "quantize"      # llama.cpp c392e5094 llama-quantize --allow-requantize
+QUANTIZE2026 = "quantize2026"  # the fork's llama-quantize: only for what c392e5094's does not know (gemma4)
+QUANTIZERS = (QUANTIZE, QUANTIZE2026)
 
 # file: (source, tool, argument): convert*: the --outtype; convert2026_pre: (pre, outtype);
-# quantize: (input file, type)
+# quantize*: (input file, type)
 GGUF_FILES = {
     "llama2-f32.gguf": ("llama2-f32", CONVERT, "f32"),
     "llama2-f16.gguf": ("llama2-f16", CONVERT, "f16"),
@@ -401,23 +412,47 @@ GGUF_FILES = {
     "qwen3moe-bf16.gguf": ("qwen3moe", CONVERT2026_PRE, ("qwen2", "bf16")),
     "gemma4-bf16.gguf": ("gemma4", CONVERT2026, "bf16"),
     "gemma4-moe-bf16.gguf": ("gemma4-moe", CONVERT2026, "bf16"),
+    "gemma4-31b-Q4_0.gguf": ("gemma4-31b", QUANTIZE2026, ("gemma4-31b-bf16.gguf", "Q4_0")),
 }
+# llama-quantize's Q4_K_M of each family's bf16 file (on these narrow rows it falls back to Q5_0,
+# Q5_1 and Q8_0, and keeps F16 / BF16 where a row is not even one 32-weight block: realistic for
+# small models): c392e5094's tool where it knows the architecture, the fork's otherwise. Three are
+# left out for size (Q4_K_M_LEFT_OUT: gemma4 alone is 0.5 MB); tests/test_gguf_q4_k_m.py makes
+# those itself where the tool is installed.
+Q4_K_M_FAMILIES = ["gemma", "gemma2", "gemma3", "gemma4", "gemma4-moe", "llama3", "mistral", "mixtral", "phi3",
+                   "phi4mini", "qwen3", "qwen3moe", "smollm3"]
+Q4_K_M_LEFT_OUT = {"gemma4", "qwen3moe", "mistral"}
+FORK_ONLY_ARCHS = {"gemma3", "gemma4", "gemma4-moe", "qwen3", "qwen3moe", "smollm3"}  # unknown to c392e5094
+
+
+def q4_k_m_entry(family):
+    """GGUF_FILES' entry of family's Q4_K_M file, made from its bf16 file."""
+    source = GGUF_FILES[f"{family}-bf16.gguf"][0]
+    tool = QUANTIZE2026 if family in FORK_ONLY_ARCHS else QUANTIZE
+    return source, tool, (f"{family}-bf16.gguf", "Q4_K_M")
+
+
+GGUF_FILES.update({f"{f}-Q4_K_M.gguf": q4_k_m_entry(f) for f in Q4_K_M_FAMILIES if f not in Q4_K_M_LEFT_OUT})
+NOT_KEPT = {f"{f}-Q4_K_M.gguf": q4_k_m_entry(f) for f in sorted(Q4_K_M_LEFT_OUT)}
+
 # intermediate files the quantized ones are made from, not kept (too big or kept under another name)
-INTERMEDIATE = {"llama256-f32.gguf": ("llama256", CONVERT, "f32")}
+INTERMEDIATE = {"llama256-f32.gguf": ("llama256", CONVERT, "f32"),
+                "gemma4-31b-bf16.gguf": ("gemma4-31b", CONVERT2026, "bf16")}
 
 TOOLS = {  # defaults: where they were on the machine that made the files
     CONVERT: os.environ.get("CONVERT", "/work/peers/tools/convert.sh"),
     CONVERT2026: os.environ.get("CONVERT2026", "/work/peers/tools/convert2026.sh"),
     CONVERT2026_PRE: os.environ.get("CONVERT2026_PRE", "/work/peers/tools/convert2026_pre.sh"),
     QUANTIZE: os.environ.get("QUANTIZE", "/work/peers/llama.cpp/build/bin/llama-quantize"),
+    QUANTIZE2026: os.environ.get("QUANTIZE2026", "/work/peers/llama.cpp-2026/build/bin/llama-quantize"),
 }
 
 
 def command(file, out_dir, hf_root):
     """The command line making `file` in out_dir (HF directories under hf_root)."""
     source, tool, arg = {**GGUF_FILES, **INTERMEDIATE}[file]
-    if tool == QUANTIZE:
-        return [TOOLS[QUANTIZE], "--allow-requantize", str(Path(out_dir) / arg[0]), str(Path(out_dir) / file), arg[1]]
+    if tool in QUANTIZERS:
+        return [TOOLS[tool], "--allow-requantize", str(Path(out_dir) / arg[0]), str(Path(out_dir) / file), arg[1]]
     if tool == CONVERT2026_PRE:
         return [TOOLS[tool], arg[0], str(Path(hf_root) / source), arg[1], str(Path(out_dir) / file)]
     return [TOOLS[tool], str(Path(hf_root) / source), arg, str(Path(out_dir) / file)]
@@ -430,7 +465,7 @@ def make(out_dir, files=None, hf_root=None):
     files = list(files or GGUF_FILES)
     todo = []
     for f in files:
-        if GGUF_FILES[f][1] == QUANTIZE and GGUF_FILES[f][2][0] not in todo:
+        if GGUF_FILES[f][1] in QUANTIZERS and GGUF_FILES[f][2][0] not in todo:
             todo.append(GGUF_FILES[f][2][0])
         if f not in todo:
             todo.append(f)
@@ -443,7 +478,16 @@ def make(out_dir, files=None, hf_root=None):
         cmd = command(f, out_dir, hf_root)
         print("+", " ".join(cmd), flush=True)
         with open(out_dir / (f + ".log"), "w") as log:
-            subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
+            subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT, env=tool_env(cmd[0]))
+
+
+def tool_env(tool):
+    """The environment a tool runs in: a llama-quantize build loads the shared libraries beside
+    it first (LD_LIBRARY_PATH), not another build's (the two quantize tools are two builds)."""
+    env = dict(os.environ)
+    if Path(tool).name == "llama-quantize":
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(Path(tool).parent), env.get("LD_LIBRARY_PATH")) if p)
+    return env
 
 
 # ---------------------------------------------------------------------------

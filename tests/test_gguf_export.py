@@ -9,7 +9,9 @@ tests/data/gguf/README.md gives the commands). Each is checked three ways:
      and computes the same outputs. Where llama.cpp reads a model otherwise than transformers
      (keys its converter does not write, which llama.cpp's code hard-codes), the directory's
      config.json is first given llama.cpp's reading (LLAMA_CPP_READING), and the difference is
-     pinned by a test of its own.
+     pinned by a test of its own. A layer whose values are its keys (Gemma 4 26B-A4B's full
+     layer) is laid out otherwise from a GGUF (an explicit wv, wo as stored): the two files are
+     compared once laid out alike (explicit_values), and their outputs within float32's sums.
   2. Against the references: the float32 file's perplexity equals tests/family_reference.py's
      (the families' NumPy forward pass, written from the modeling code) within 1e-4.
   3. F16, BF16 and Q8_0 files against the float32 GGUF of their widened weights (written here
@@ -49,7 +51,12 @@ CONVERTED = {
     "mixtral-bf16.gguf": None, "mixtral-q8_0.gguf": None, "qwen3moe-bf16.gguf": None, "gemma4-moe-bf16.gguf": None,
 }
 # the 4-bit, 5-bit and K-quant files (llama256-Q4_0, -Q4_K_M, -Q5_K_S, llama2-Q4_1, -Q5_0, -Q5_1):
-# tests/test_gguf_blocks.py, against llama.cpp's own dequantization
+# tests/test_gguf_blocks.py, against llama.cpp's own dequantization; gemma4-31b-Q4_0:
+# tests/test_gguf_k_eq_v.py
+# the files with layers whose values are their keys (Gemma 4 26B-A4B's full layer, no attn_v): from
+# a GGUF such a layer gets an explicit wv (attn_k as stored) and wo as stored, from the directory
+# the layout values-are-the-keys with wo's columns permuted (explicit_values relates the two)
+KEYS_AS_VALUES = {"gemma4-moe-bf16.gguf"}
 
 
 def gemma_query_scale(config):
@@ -142,8 +149,70 @@ def test_gguf_converts_to_what_its_hugging_face_directory_exports(name, tmp_path
         assert header_and_tensors(gguf_bin) == header_and_tensors(hf_bin)
     if kind is None and "q8_0" in name:
         return  # its router is F32 beside Q8_0 experts: test 3 compares it with its widened weights
+    if name in KEYS_AS_VALUES:  # the same weights, wo's columns in another order: float32's sums
+        assert outputs(gguf_bin, "generate-greedy", tmp_path) == outputs(hf_bin, "generate-greedy", tmp_path)
+        got, expect = (nll_of(model, conftest.LONG_TEXT) for model in (gguf_bin, hf_bin))
+        assert abs(got - expect) <= 1e-6 * abs(expect), (got, expect)
+        return
     for mode in ("generate-greedy", "ppl"):
         assert outputs(gguf_bin, mode, tmp_path) == outputs(hf_bin, mode, tmp_path), mode
+
+
+def nll_of(model, text):
+    r = run(model, "-z", TOK512, "-m", "ppl", "-p", text)
+    assert r.returncode == 0, r.stderr
+    return float(re.search(rb"^nll: (\S+)", r.stdout, re.M).group(1))
+
+
+def explicit_values(path):
+    """A ROPE file as export.py reads it back (read_flat_checkpoint), every tensor widened to a
+    flat float32 array, with each layer whose values are its keys (values 1: the Hugging Face
+    route's layout) laid out as a GGUF file's conversion lays it out (docs/gguf.md): an explicit
+    wv, wk's rows with the adjacent pairs undone (Gemma 4's pairs are (i, i + hd/2) over the whole
+    head), wo's columns likewise on the layers reading its cache, values 0. Returns (the header
+    less the places of its three sections, the layer records, {tensor: float32 array})."""
+    export = conftest.load_export()
+    c, tensors, _, _ = export.read_flat_checkpoint(str(path))
+    data = path.read_bytes()
+    header = data[:96] + data[112:136] + data[152:216] + data[232:256]
+    flat = {name: np.concatenate([p.widened().reshape(-1) for p in t]) if isinstance(t, list)
+            else export.widen(np.asarray(t)).reshape(-1) for name, t in tensors.items()}
+    shapes = export.layer_shapes(c)
+    own = [l for l, s in enumerate(shapes) if s.source == l]
+
+    def split(name, layers, rows):
+        cuts = np.cumsum([rows(l) * c.dim for l in layers])[:-1]
+        return dict(zip(layers, np.split(flat[name], cuts)))
+
+    kv_rows = lambda l: shapes[l].n_kv_heads * shapes[l].head_size  # noqa: E731
+    wk = split("wk", own, kv_rows)
+    wv = split("wv", [l for l in own if not shapes[l].values], kv_rows)
+    wo = split("wo", range(c.n_layers), lambda l: c.n_heads * shapes[l].head_size)
+    for l, s in enumerate(shapes):
+        undo = np.argsort(adjacent_pairs(s.head_size))
+        if l in own and s.values:
+            wv[l] = wk[l].reshape(-1, s.head_size, c.dim)[:, undo].reshape(-1)
+        if shapes[s.source].values:
+            wo[l] = wo[l].reshape(c.dim, -1, s.head_size)[:, :, undo].reshape(-1)
+    flat["wv"] = np.concatenate([wv[l] for l in own])
+    flat["wo"] = np.concatenate([wo[l] for l in range(c.n_layers)])
+    records = [tuple(r[:6]) + (0,) + tuple(r[7:]) for r in c.layers]
+    return header, records, flat
+
+
+def adjacent_pairs(hd):
+    """Row order per head: Hugging Face's pair (i, i + hd/2) -> adjacent rows (2i, 2i + 1)."""
+    order = np.empty(hd, dtype=int)
+    order[0::2], order[1::2] = np.arange(hd // 2), np.arange(hd // 2) + hd // 2
+    return order
+
+
+def assert_same_model(a, b):
+    """Two ROPE files hold the same model once laid out alike (explicit_values)."""
+    (ha, ra, ta), (hb, rb, tb) = explicit_values(a), explicit_values(b)
+    assert ha == hb and ra == rb and sorted(ta) == sorted(tb)
+    for name in ta:
+        assert ta[name].shape == tb[name].shape and np.array_equal(ta[name], tb[name]), name
 
 
 @pytest.mark.parametrize("name, differs", [("gemma2-bf16.gguf", "attention_scale"),
@@ -157,8 +226,14 @@ def test_llama_cpps_hard_coded_readings_are_what_a_gguf_converts_to(name, differ
     gguf_bin, hf_bin, read = tmp_path / "gguf.bin", tmp_path / "hf.bin", tmp_path / "read.bin"
     convert(DATA / name, gguf_bin, "--dtype", "bf16")  # (gemma4-moe's F32 router as the directory's bf16)
     convert(source_dir(name, tmp_path, llama_cpp_reading=False), hf_bin, "--dtype", "bf16")
-    assert header_and_tensors(gguf_bin) != header_and_tensors(hf_bin), differs
     convert(source_dir(name, tmp_path / "read"), read, "--dtype", "bf16")
+    if name in KEYS_AS_VALUES:  # laid out otherwise: compared once laid out alike
+        assert_same_model(gguf_bin, read)
+        with pytest.raises(AssertionError):
+            assert_same_model(gguf_bin, hf_bin)
+        assert explicit_values(gguf_bin)[0] != explicit_values(hf_bin)[0], differs  # the header's scale
+        return
+    assert header_and_tensors(gguf_bin) != header_and_tensors(hf_bin), differs
     assert header_and_tensors(gguf_bin) == header_and_tensors(read)
 
 
