@@ -5647,42 +5647,19 @@ static inline Lanes lanes_load_f16(const uint16_t *p) {
 }
 #endif
 
-// Q8_0: a block's scale d, widened from f16 and copied into every lane
-// (lanes_q8_0_scale); then eight of its int8 values, sign-extended to 32 bits,
-// converted to float32 (exact), each multiplied by d (lanes_q8_0_values): d * q
-// exactly, as q8_0_weight computes it.
+// Q8_0: eight of a block's int8 values, sign-extended to 32 bits, converted to
+// float32 (exact), each multiplied by the block's scale d, widened and copied into
+// every lane (run_factors): d * q exactly, as q8_0_weight computes it.
 #if defined(USE_AVX2)
-static inline Lanes lanes_q8_0_scale(const unsigned char *block) {
-    uint16_t h;
-    memcpy(&h, block, sizeof(h));
-#if defined(__F16C__)
-    return _mm256_set1_ps(_cvtsh_ss(h));
-#else
-    return _mm256_set1_ps(f16_to_f32(h));
-#endif
-}
 static inline Lanes lanes_q8_0_values(const unsigned char *q, Lanes d) {
     __m256i wide = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q));
     return _mm256_mul_ps(_mm256_cvtepi32_ps(wide), d);
 }
 #elif defined(USE_NEON)
-static inline Lanes lanes_q8_0_scale(const unsigned char *block) {
-    uint16_t h;
-    memcpy(&h, block, sizeof(h));
-    float32x4_t d = vdupq_n_f32(vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0));
-    return (Lanes){d, d};
-}
 static inline Lanes lanes_q8_0_values(const unsigned char *q, Lanes d) {
     int16x8_t wide = vmovl_s8(vld1_s8((const int8_t *)q));
     return (Lanes){vmulq_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(wide))), d.lo),
                    vmulq_f32(vcvtq_f32_s32(vmovl_high_s16(wide)), d.hi)};
-}
-#endif
-#ifdef USE_SIMD
-// The eight weights from element i on (a multiple of 8, so they lie in one block).
-static inline Lanes lanes_load_q8_0(const void *data, size_t i) {
-    const unsigned char *block = (const unsigned char *)data + i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
-    return lanes_q8_0_values(block + 2 + i % Q8_0_BLOCK, lanes_q8_0_scale(block));
 }
 #endif
 
@@ -6032,7 +6009,6 @@ static inline __attribute__((always_inline)) Lanes lanes_block_values(const unsi
 static inline __attribute__((always_inline)) Lanes lanes_load_weights(const void *data, size_t i, WeightType type) {
     if (type == WEIGHT_BF16) return lanes_load_bf16((const uint16_t *)data + i);
     if (type == WEIGHT_F16) return lanes_load_f16((const uint16_t *)data + i);
-    if (type == WEIGHT_Q8_0) return lanes_load_q8_0(data, i);
     if (type == WEIGHT_F32) return lanes_load((const float *)data + i);
     BlockShape b = block_shapes[type];
     const unsigned char *block = (const unsigned char *)data + i / b.weights * b.bytes;
@@ -6616,21 +6592,6 @@ static inline __attribute__((always_inline)) void widen_blocks(float *out, const
 // time as the kernels load them.
 static void widen_rows(float *out, Matrix w, int n, int rows) {
     size_t count = (size_t)rows * n, i = 0;
-#ifdef USE_AVX512
-    // Q8_0 sixteen at a time (no dot product here, so no lanes to keep): half the
-    // instructions, and the same values (d * q, exact)
-    if (w.type == WEIGHT_Q8_0) {
-        for (; i < count; i += Q8_0_BLOCK) {
-            const unsigned char *block = (const unsigned char *)w.data + i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
-            __m512 d = _mm512_broadcastss_ps(_mm256_castps256_ps128(lanes_q8_0_scale(block)));
-            for (int h = 0; h < Q8_0_BLOCK; h += 16) {
-                __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(block + 2 + h)));
-                _mm512_storeu_ps(out + i + h, _mm512_mul_ps(_mm512_cvtepi32_ps(q), d));
-            }
-        }
-        return;
-    }
-#endif
 #ifdef USE_SIMD
     switch (w.type) { // one copy per type
     case WEIGHT_BF16: widen_lanes(out, w.data, WEIGHT_BF16, count); return;
