@@ -5647,42 +5647,19 @@ static inline Lanes lanes_load_f16(const uint16_t *p) {
 }
 #endif
 
-// Q8_0: a block's scale d, widened from f16 and copied into every lane
-// (lanes_q8_0_scale); then eight of its int8 values, sign-extended to 32 bits,
-// converted to float32 (exact), each multiplied by d (lanes_q8_0_values): d * q
-// exactly, as q8_0_weight computes it.
+// Q8_0: eight of a block's int8 values, sign-extended to 32 bits, converted to
+// float32 (exact), each multiplied by the block's scale d, widened and copied into
+// every lane (run_factors): d * q exactly, as q8_0_weight computes it.
 #if defined(USE_AVX2)
-static inline Lanes lanes_q8_0_scale(const unsigned char *block) {
-    uint16_t h;
-    memcpy(&h, block, sizeof(h));
-#if defined(__F16C__)
-    return _mm256_set1_ps(_cvtsh_ss(h));
-#else
-    return _mm256_set1_ps(f16_to_f32(h));
-#endif
-}
 static inline Lanes lanes_q8_0_values(const unsigned char *q, Lanes d) {
     __m256i wide = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)q));
     return _mm256_mul_ps(_mm256_cvtepi32_ps(wide), d);
 }
 #elif defined(USE_NEON)
-static inline Lanes lanes_q8_0_scale(const unsigned char *block) {
-    uint16_t h;
-    memcpy(&h, block, sizeof(h));
-    float32x4_t d = vdupq_n_f32(vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0));
-    return (Lanes){d, d};
-}
 static inline Lanes lanes_q8_0_values(const unsigned char *q, Lanes d) {
     int16x8_t wide = vmovl_s8(vld1_s8((const int8_t *)q));
     return (Lanes){vmulq_f32(vcvtq_f32_s32(vmovl_s16(vget_low_s16(wide))), d.lo),
                    vmulq_f32(vcvtq_f32_s32(vmovl_high_s16(wide)), d.hi)};
-}
-#endif
-#ifdef USE_SIMD
-// The eight weights from element i on (a multiple of 8, so they lie in one block).
-static inline Lanes lanes_load_q8_0(const void *data, size_t i) {
-    const unsigned char *block = (const unsigned char *)data + i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
-    return lanes_q8_0_values(block + 2 + i % Q8_0_BLOCK, lanes_q8_0_scale(block));
 }
 #endif
 
@@ -5692,14 +5669,22 @@ static inline Lanes lanes_load_q8_0(const void *data, size_t i) {
 // (q4_0_weight ...): the same bits. Ints are one AVX register or two NEON registers.
 #if defined(USE_AVX2)
 typedef __m256i Ints;
-static inline Ints ints_of_bytes(const unsigned char *p) { // eight bytes, zero-extended
-    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+// Bytes h .. h+7 of the sixteen at p (h = 0 or 8), zero-extended: the sixteen are copied
+// into both halves of the register (a load), and one byte shuffle within each half puts
+// byte h + l at the bottom of lane l. Ice Lake and later run that shuffle on two ports,
+// where a widening across the halves (vpmovzxbd) has one, the port the nibble tables'
+// permutes need.
+static inline Ints ints_of_bytes(const unsigned char *p, int h) {
+    const __m256i pick = _mm256_setr_epi8(h, -1, -1, -1, h + 1, -1, -1, -1, h + 2, -1, -1, -1, h + 3, -1, -1, -1,
+                                          h + 4, -1, -1, -1, h + 5, -1, -1, -1, h + 6, -1, -1, -1, h + 7, -1, -1, -1);
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p)), pick);
 }
 static inline Ints ints_and(Ints v, int mask) { return _mm256_and_si256(v, _mm256_set1_epi32(mask)); }
 static inline Ints ints_add(Ints v, int c) { return _mm256_add_epi32(v, _mm256_set1_epi32(c)); }
 static inline Ints ints_shift_right(Ints v, int n) { return _mm256_srl_epi32(v, _mm_cvtsi32_si128(n)); }
 static inline Lanes lanes_of_ints(Ints v) { return _mm256_cvtepi32_ps(v); }
 static inline Lanes lanes_set(float f) { return _mm256_set1_ps(f); }
+static inline Lanes lanes_broadcast(const float *p) { return _mm256_broadcast_ss(p); }
 static inline Lanes lanes_mul(Lanes a, Lanes b) { return _mm256_mul_ps(a, b); }
 static inline Lanes lanes_mul_sub(Lanes a, Lanes b, Lanes c) { return _mm256_fmsub_ps(a, b, c); } // a * b - c
 static inline float scale_at(const unsigned char *p) { // an f16 scale, by the conversion instruction
@@ -5715,8 +5700,8 @@ static inline float scale_at(const unsigned char *p) { // an f16 scale, by the c
 typedef struct {
     uint32x4_t lo, hi;
 } Ints;
-static inline Ints ints_of_bytes(const unsigned char *p) {
-    uint16x8_t v = vmovl_u8(vld1_u8(p));
+static inline Ints ints_of_bytes(const unsigned char *p, int h) { // bytes h .. h+7 of the sixteen at p
+    uint16x8_t v = vmovl_u8(vld1_u8(p + h));
     return (Ints){vmovl_u16(vget_low_u16(v)), vmovl_high_u16(v)};
 }
 static inline Ints ints_and(Ints v, int mask) {
@@ -5732,6 +5717,7 @@ static inline Lanes lanes_of_ints(Ints v) {
     return (Lanes){vcvtq_f32_s32(vreinterpretq_s32_u32(v.lo)), vcvtq_f32_s32(vreinterpretq_s32_u32(v.hi))};
 }
 static inline Lanes lanes_set(float f) { return (Lanes){vdupq_n_f32(f), vdupq_n_f32(f)}; }
+static inline Lanes lanes_broadcast(const float *p) { return lanes_set(*p); }
 static inline Lanes lanes_mul(Lanes a, Lanes b) { return (Lanes){vmulq_f32(a.lo, b.lo), vmulq_f32(a.hi, b.hi)}; }
 static inline Lanes lanes_mul_sub(Lanes a, Lanes b, Lanes c) { // a * b - c, rounded once
     return (Lanes){vfmaq_f32(vnegq_f32(c.lo), a.lo, b.lo), vfmaq_f32(vnegq_f32(c.hi), a.hi, b.hi)};
@@ -5822,14 +5808,18 @@ static inline Ints ints_of_run_bytes(Bytes v, int h) {
 #endif
 
 #ifdef USE_SIMD
-// low_nibble_of_32 for weights k .. k+7 (k a multiple of 8)
-static inline Ints ints_low_nibbles_of_32(const unsigned char *qs, int k) {
-    return k < 16 ? ints_and(ints_of_bytes(qs + k), 15) : ints_shift_right(ints_of_bytes(qs + k - 16), 4);
+// low_nibble_of_32 for weights k .. k+7 (k a multiple of 8). With `unmasked`, a low
+// nibble keeps its byte's high one above it: for the nibble tables' permute, which
+// reads a lane's low four bits only.
+static inline Ints ints_low_nibbles_of_32(const unsigned char *qs, int k, int unmasked) {
+    if (k >= 16) return ints_shift_right(ints_of_bytes(qs, k - 16), 4);
+    return unmasked ? ints_of_bytes(qs, k) : ints_and(ints_of_bytes(qs, k), 15);
 }
-// k_nibble for weights k .. k+7 of a Q4_K/Q5_K block
-static inline Ints ints_k_nibbles(const unsigned char *qs, int k) {
-    Ints bytes = ints_of_bytes(qs + k / 64 * 32 + k % 32);
-    return k / 32 % 2 ? ints_shift_right(bytes, 4) : ints_and(bytes, 15);
+// k_nibble for weights k .. k+7 of a Q4_K/Q5_K block (`unmasked` as above)
+static inline Ints ints_k_nibbles(const unsigned char *qs, int k, int unmasked) {
+    Ints bytes = ints_of_bytes(qs + k / 64 * 32 + k % 32 / 16 * 16, k % 16);
+    if (k / 32 % 2) return ints_shift_right(bytes, 4);
+    return unmasked ? bytes : ints_and(bytes, 15);
 }
 
 // The factors of a run of 32 weights of a block (weights k .. k+31, k a multiple of
@@ -5917,8 +5907,49 @@ static inline __attribute__((always_inline)) void run_scale_factors(BlockFactors
         bf->b[0] = type == WEIGHT_Q4_1 || type == WEIGHT_Q5_1 ? scale_at(block + 2) : 0.0f;
     }
 }
+#if defined(USE_AVX2)
+// k_scale_min of all eight sub-blocks at once: sc and m of sub-block s in lane s. Each
+// lane picks its bytes of the twelve with a byte shuffle (scales, copied into both halves
+// of the register), then masks and shifts them as k_scale_min does:
+//   s < 4:  sc = q[s] & 63,       m = q[s + 4] & 63
+//   s >= 4: sc = (q[s + 4] & 15) | (q[s - 4] >> 6) << 4,  m = (q[s + 4] >> 4) | (q[s] >> 6) << 4
+static inline void ints_k_scales_mins(const unsigned char *scales, Ints *sc, Ints *m) {
+    __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)scales)); // 12 bytes and 4 past
+    const __m256i sc_low = _mm256_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11), m_low = _mm256_setr_epi32(4, 5, 6, 7, 8, 9, 10, 11);
+    const __m256i sc_high = _mm256_setr_epi32(-1, -1, -1, -1, 0, 1, 2, 3), m_high = _mm256_setr_epi32(-1, -1, -1, -1, 4, 5, 6, 7);
+    const __m256i low_bits = _mm256_setr_epi32(63, 63, 63, 63, 15, 15, 15, 15), m_shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+    // (-1: a zero byte; the picks' other three bytes of a lane are -1 too: byte k of lane s picks byte k of pick s)
+    const __m256i one_byte = _mm256_set1_epi32((int)0xffffff00);
+    __m256i low = _mm256_shuffle_epi8(q, _mm256_or_si256(sc_low, one_byte));
+    __m256i high = _mm256_shuffle_epi8(q, _mm256_or_si256(sc_high, one_byte));
+    *sc = _mm256_or_si256(_mm256_and_si256(low, low_bits), _mm256_and_si256(_mm256_srli_epi32(high, 2), _mm256_set1_epi32(0x30)));
+    low = _mm256_shuffle_epi8(q, _mm256_or_si256(m_low, one_byte));
+    high = _mm256_shuffle_epi8(q, _mm256_or_si256(m_high, one_byte));
+    *m = _mm256_or_si256(_mm256_and_si256(_mm256_srlv_epi32(low, m_shift), low_bits),
+                         _mm256_and_si256(_mm256_srli_epi32(high, 2), _mm256_set1_epi32(0x30)));
+}
+#endif
 static inline __attribute__((always_inline)) void block_factors(BlockFactors *bf, const unsigned char *block,
                                                                  WeightType type) {
+#if defined(USE_AVX2)
+    // The K-quants' factors eight at a time (the same exact products): the scalar
+    // loop's sixteen or twenty-four conversions and multiplies were most of a
+    // block's work outside the weights.
+    if (type == WEIGHT_Q4_K || type == WEIGHT_Q5_K) {
+        Ints sc, m;
+        ints_k_scales_mins(block + 4, &sc, &m);
+        lanes_store(bf->a, lanes_mul(lanes_set(scale_at(block)), lanes_of_ints(sc)));
+        lanes_store(bf->b, lanes_mul(lanes_set(scale_at(block + 2)), lanes_of_ints(m)));
+        return;
+    }
+    if (type == WEIGHT_Q6_K) { // the sixteen signed 8-bit scales
+        Bytes sc = bytes_load16_twice(block + 192);
+        Lanes d = lanes_set(scale_at(block + 208));
+        lanes_store(bf->a, lanes_mul(d, lanes_of_ints(ints_of_run_bytes(sc, 0))));
+        lanes_store(bf->a + 8, lanes_mul(d, lanes_of_ints(ints_of_run_bytes(sc, 8))));
+        return;
+    }
+#endif
     for (int k = 0; k < block_shapes[type].weights; k += 32) run_scale_factors(bf, block, k, type);
 }
 
@@ -5928,8 +5959,8 @@ static inline __attribute__((always_inline)) RunFactors run_factors(const unsign
     RunFactors f;
     switch (type) {
     case WEIGHT_Q4_K:
-    case WEIGHT_Q5_K: f = (RunFactors){.a = lanes_set(bf->a[k / 32]), .b = lanes_set(bf->b[k / 32])}; break;
-    case WEIGHT_Q6_K: f = (RunFactors){.a = lanes_set(bf->a[k / 16]), .b = lanes_set(bf->a[k / 16 + 1])}; break;
+    case WEIGHT_Q5_K: f = (RunFactors){.a = lanes_broadcast(&bf->a[k / 32]), .b = lanes_broadcast(&bf->b[k / 32])}; break;
+    case WEIGHT_Q6_K: f = (RunFactors){.a = lanes_broadcast(&bf->a[k / 16]), .b = lanes_broadcast(&bf->a[k / 16 + 1])}; break;
     default: f = (RunFactors){.a = lanes_set(bf->a[0]), .b = lanes_set(bf->b[0])}; break;
     }
 #if defined(NIBBLE_TABLES)
@@ -5949,21 +5980,21 @@ static inline __attribute__((always_inline)) Lanes lanes_block_values(const unsi
     switch (type) {
     case WEIGHT_Q4_0: // d * (q - 8)
 #if defined(NIBBLE_TABLES)
-        return lanes_by_nibble(&f, ints_low_nibbles_of_32(block + 2, k));
+        return lanes_by_nibble(&f, ints_low_nibbles_of_32(block + 2, k, 1));
 #else
-        return lanes_mul(lanes_of_ints(ints_add(ints_low_nibbles_of_32(block + 2, k), -8)), f.a);
+        return lanes_mul(lanes_of_ints(ints_add(ints_low_nibbles_of_32(block + 2, k, 0), -8)), f.a);
 #endif
     case WEIGHT_Q4_1: // d * q + m
-        return lanes_fma(lanes_of_ints(ints_low_nibbles_of_32(block + 4, k)), f.a, f.b);
+        return lanes_fma(lanes_of_ints(ints_low_nibbles_of_32(block + 4, k, 0)), f.a, f.b);
     case WEIGHT_Q5_0: // d * (q - 16), q - 16 from the run's bytes
         return lanes_mul(lanes_of_ints(ints_of_run_bytes(f.q, k % 32)), f.a);
     case WEIGHT_Q5_1: // d * q + m
         return lanes_fma(lanes_of_ints(ints_of_run_bytes(f.q, k % 32)), f.a, f.b);
     case WEIGHT_Q4_K: // (d * sc) * q - dmin * m
 #if defined(NIBBLE_TABLES)
-        return lanes_by_nibble(&f, ints_k_nibbles(block + 16, k));
+        return lanes_by_nibble(&f, ints_k_nibbles(block + 16, k, 1));
 #else
-        return lanes_mul_sub(f.a, lanes_of_ints(ints_k_nibbles(block + 16, k)), f.b);
+        return lanes_mul_sub(f.a, lanes_of_ints(ints_k_nibbles(block + 16, k, 0)), f.b);
 #endif
     case WEIGHT_Q5_K: // as Q4_K, q from the run's bytes
         return lanes_mul_sub(f.a, lanes_of_ints(ints_of_run_bytes(f.q, k % 32)), f.b);
@@ -5978,7 +6009,6 @@ static inline __attribute__((always_inline)) Lanes lanes_block_values(const unsi
 static inline __attribute__((always_inline)) Lanes lanes_load_weights(const void *data, size_t i, WeightType type) {
     if (type == WEIGHT_BF16) return lanes_load_bf16((const uint16_t *)data + i);
     if (type == WEIGHT_F16) return lanes_load_f16((const uint16_t *)data + i);
-    if (type == WEIGHT_Q8_0) return lanes_load_q8_0(data, i);
     if (type == WEIGHT_F32) return lanes_load((const float *)data + i);
     BlockShape b = block_shapes[type];
     const unsigned char *block = (const unsigned char *)data + i / b.weights * b.bytes;
@@ -6562,21 +6592,6 @@ static inline __attribute__((always_inline)) void widen_blocks(float *out, const
 // time as the kernels load them.
 static void widen_rows(float *out, Matrix w, int n, int rows) {
     size_t count = (size_t)rows * n, i = 0;
-#ifdef USE_AVX512
-    // Q8_0 sixteen at a time (no dot product here, so no lanes to keep): half the
-    // instructions, and the same values (d * q, exact)
-    if (w.type == WEIGHT_Q8_0) {
-        for (; i < count; i += Q8_0_BLOCK) {
-            const unsigned char *block = (const unsigned char *)w.data + i / Q8_0_BLOCK * Q8_0_BLOCK_BYTES;
-            __m512 d = _mm512_broadcastss_ps(_mm256_castps256_ps128(lanes_q8_0_scale(block)));
-            for (int h = 0; h < Q8_0_BLOCK; h += 16) {
-                __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(block + 2 + h)));
-                _mm512_storeu_ps(out + i + h, _mm512_mul_ps(_mm512_cvtepi32_ps(q), d));
-            }
-        }
-        return;
-    }
-#endif
 #ifdef USE_SIMD
     switch (w.type) { // one copy per type
     case WEIGHT_BF16: widen_lanes(out, w.data, WEIGHT_BF16, count); return;
