@@ -416,12 +416,12 @@ GGUF_FILES = {
 }
 # llama-quantize's Q4_K_M of each family's bf16 file (on these narrow rows it falls back to Q5_0,
 # Q5_1 and Q8_0, and keeps F16 / BF16 where a row is not even one 32-weight block: realistic for
-# small models): c392e5094's tool where it knows the architecture, the fork's otherwise. Three are
-# left out for size (Q4_K_M_LEFT_OUT: gemma4 alone is 0.5 MB); tests/test_gguf_q4_k_m.py makes
+# small models): c392e5094's tool where it knows the architecture, the fork's otherwise. Two are
+# left out for size (Q4_K_M_LEFT_OUT: mistral is llama3's architecture); tests/test_gguf_q4_k_m.py makes
 # those itself where the tool is installed.
 Q4_K_M_FAMILIES = ["gemma", "gemma2", "gemma3", "gemma4", "gemma4-moe", "llama3", "mistral", "mixtral", "phi3",
                    "phi4mini", "qwen3", "qwen3moe", "smollm3"]
-Q4_K_M_LEFT_OUT = {"gemma4", "qwen3moe", "mistral"}
+Q4_K_M_LEFT_OUT = {"qwen3moe", "mistral"}
 FORK_ONLY_ARCHS = {"gemma3", "gemma4", "gemma4-moe", "qwen3", "qwen3moe", "smollm3"}  # unknown to c392e5094
 
 

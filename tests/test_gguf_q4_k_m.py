@@ -8,7 +8,7 @@ in its stored type, a type table), must compute what the float32 GGUF of its wei
 by tests/block_reference.py computes (the same metadata, written by the tests' GGUF writer),
 byte for byte in generate and ppl: the blocks are read exactly, whatever the family's layout.
 
-Three families' files are not stored (gguf_fixtures.Q4_K_M_LEFT_OUT, for size): they are made here
+Two families' files are not stored (gguf_fixtures.Q4_K_M_LEFT_OUT, for size): they are made here
 from the stored bf16 file when llama-quantize is installed where gguf_fixtures.TOOLS says, and
 skipped otherwise (CI has no llama.cpp).
 """
