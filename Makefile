@@ -101,7 +101,27 @@ demo: run
 debug: run-debug
 	@echo "gdb --args ./run-debug $(MODELS)/stories260K.bin -z $(MODELS)/tok512.bin -n 16 -p \"Once upon a time\""
 
-test: test-unit test-py test-asan test-asan-omp fuzz-short valgrind $(TEST_ARM)
+# make test first builds every binary its stages run, a compiler per CPU (make -j), then runs
+# the stages one after another, each using every CPU: the pytest stages through pytest-xdist
+# (below), fuzz-short two harnesses at a time. (make -j test would also run stages side by side.)
+TEST_BINS = $(UNIT_TESTS) run run-debug run-asan tests/test_rope-asan run-valgrind $(FUZZ_BINS) \
+    $(if $(filter -fopenmp,$(OPENMP)),run-asan-omp tests/test_rope-asan-omp) \
+    $(if $(ARM_MISSING),,run-aarch64 tests/test_rope-aarch64)
+test: xdist-check
+	@$(MAKE) --no-print-directory -j$$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2) $(TEST_BINS)
+	@$(MAKE) --no-print-directory test-unit test-py test-asan test-asan-omp fuzz-short valgrind $(TEST_ARM)
+
+# pytest-xdist (Debian: python3-pytest-xdist), when $(PYTHON) has it: the pytest stages spread
+# their test files over PYTEST_JOBS worker processes (auto: one per CPU). A file's tests stay
+# together, in their order, on one worker (--dist loadfile), so its module fixtures are made
+# once; tests/conftest.py starts the longest files first. Without xdist the stages run serially
+# (a note says so), and under CI=true, as .ci/run sets it, make test fails instead.
+PYTEST_JOBS ?= auto
+XDIST := $(shell $(PYTHON) -c "import xdist" 2>/dev/null && echo yes)
+PYTEST_PARALLEL = $(if $(XDIST),-n $(PYTEST_JOBS) --dist loadfile)
+.PHONY: xdist-check
+xdist-check:
+	@$(if $(XDIST),:,$(if $(filter true,$(CI)),echo "pytest-xdist is missing (apt-get install python3-pytest-xdist): CI=true needs it"; exit 1,echo "note: pytest-xdist is missing, the pytest stages run serially (apt-get install python3-pytest-xdist)"))
 
 # test_rope also runs built for the AVX2 kernels (no AVX-512; on x86-64 only) and
 # for the plain C loops (no AVX, no FMA): each build's block and token paths must
@@ -116,18 +136,21 @@ tests/test_rope-avx2: tests/test_rope.c run.c
 tests/test_rope-plain: tests/test_rope.c run.c
 	$(CC) -O2 -ffp-contract=off $(TEST_WARN) $(OPENMP) -o $@ tests/test_rope.c -lm
 
-test-py: run
-	MODELS=$(MODELS) $(PYTHON) -m pytest -q tests
+test-py: run xdist-check
+	MODELS=$(MODELS) $(PYTHON) -m pytest -q $(PYTEST_PARALLEL) tests
 
 # the whole suite again with AddressSanitizer + UndefinedBehaviorSanitizer, less the files
 # that never start run (export.py's own checks, the NumPy references' self-checks, the
-# shipped data's checksums): repeated with run-asan they would check nothing new
+# shipped data's checksums): repeated with run-asan they would check nothing new. run-asan has
+# no OpenMP, so a test's two-thread case would run the code and input of its one-thread case:
+# RUN_NO_OPENMP=1 leaves those out (tests/conftest.py; test-asan-omp runs them under ASan with
+# two threads, test-py in ./run)
 PYTHON_ONLY_PYTESTS = tests/test_export_tokenizer.py tests/test_gemma4_reference.py tests/test_gguf_blocks.py tests/test_gguf_container.py \
     tests/test_gguf_fixtures.py tests/test_moe_reference.py tests/test_reference_selfcheck.py tests/test_shipped_data.py
-test-asan: run-asan tests/test_rope-asan
+test-asan: run-asan tests/test_rope-asan xdist-check
 	ASAN_OPTIONS=detect_leaks=1 tests/test_rope-asan $(MODELS)/stories260K.bin
-	ASAN_OPTIONS=detect_leaks=1 RUN_BIN=run-asan MODELS=$(MODELS) $(PYTHON) -m pytest -q tests \
-	    $(PYTHON_ONLY_PYTESTS:%=--ignore=%)
+	ASAN_OPTIONS=detect_leaks=1 RUN_BIN=run-asan RUN_NO_OPENMP=1 MODELS=$(MODELS) $(PYTHON) -m pytest -q \
+	    $(PYTEST_PARALLEL) tests $(PYTHON_ONLY_PYTESTS:%=--ignore=%)
 
 # the parallel paths under ASan + UBSan: decode's row bands, prefill's tiles, the grouped
 # experts and attention over heads at two threads (OMP_NUM_THREADS=2 where a test sets no
@@ -141,10 +164,10 @@ ASAN_OMP_PYTESTS = tests/test_weight_types.py tests/test_plain_run.py tests/test
         sliding_layers_past_their_ring_match_the_reference,tests/test_gemma4_export.py::test_$(t))
 .PHONY: test-asan-omp
 ifeq ($(OPENMP),-fopenmp)
-test-asan-omp: run-asan-omp tests/test_rope-asan-omp
+test-asan-omp: run-asan-omp tests/test_rope-asan-omp xdist-check
 	ASAN_OPTIONS=detect_leaks=1 OMP_NUM_THREADS=2 tests/test_rope-asan-omp $(MODELS)/stories260K.bin
 	ASAN_OPTIONS=detect_leaks=1 OMP_NUM_THREADS=2 RUN_BIN=run-asan-omp MODELS=$(MODELS) $(PYTHON) -m pytest -q \
-	    $(ASAN_OMP_PYTESTS)
+	    $(PYTEST_PARALLEL) $(ASAN_OMP_PYTESTS)
 else
 test-asan-omp:
 	@echo "test-asan-omp: skipped, $(CC) has no OpenMP (or NO_OPENMP is set)"
@@ -173,10 +196,10 @@ tests/test_rope-aarch64: tests/test_rope.c run.c
 arm-tools:
 	@$(if $(ARM_MISSING),echo "test-arm: $(ARM_MISSING) not on PATH (apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)"; exit 1)
 
-test-arm: arm-tools run-aarch64 tests/test_rope-aarch64
+test-arm: arm-tools run-aarch64 tests/test_rope-aarch64 xdist-check
 	$(ARM_QEMU) tests/test_rope-aarch64 $(MODELS)/stories260K.bin
-	RUN_BIN=run-aarch64 RUN_PREFIX=$(ARM_QEMU) MODELS=$(MODELS) $(PYTHON) -m pytest -q $(ARM_PYTESTS) \
-	    $(ARM_DESELECT:%=--deselect %)
+	RUN_BIN=run-aarch64 RUN_PREFIX=$(ARM_QEMU) MODELS=$(MODELS) $(PYTHON) -m pytest -q $(PYTEST_PARALLEL) \
+	    $(ARM_PYTESTS) $(ARM_DESELECT:%=--deselect %)
 
 test-arm-skipped:
 	@echo "test-arm: skipped, $(ARM_MISSING) not on PATH (apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user)"

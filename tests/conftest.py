@@ -1,8 +1,12 @@
 """Shared paths and helpers for the tests. Models and goldens are the copies the repository ships
 (models/, tests/data/); MODELS= and GOLDEN= point elsewhere."""
+import contextlib
+import fcntl
 import importlib.util
 import os
+import platform
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -60,6 +64,75 @@ def run(*args, input=None, timeout=120, binary=None, env=None):
     return subprocess.run(cmd, input=input, capture_output=True, timeout=timeout,
                           stdin=None if input is not None else subprocess.DEVNULL,
                           env=None if env is None else {**os.environ, **env})
+
+
+# make test runs the pytest stages through pytest-xdist (the Makefile's PYTEST_PARALLEL: -n auto
+# --dist loadfile): each worker takes the next whole file when it nears the end of one, in the
+# order collected. The files that take longest (a minute or more in test-py or test-asan on two
+# CPUs) go first, so that none of them starts last while the other workers run out of files. Only
+# the order in which files start changes, and only under xdist; each file's tests keep theirs.
+LONGEST_FIRST = ["test_readme.py", "test_chat_templates.py", "test_chat.py", "test_block_types.py",
+                 "test_plain_run.py", "test_gemma4_export.py", "test_train.py", "test_tokenizers.py",
+                 "test_weight_types.py", "test_families.py", "test_gguf_export.py", "test_gguf_tokenizer.py"]
+
+
+def pytest_collection_modifyitems(config, items):
+    # RUN_NO_OPENMP=1 (make test-asan: run-asan is built without OpenMP, where -T 2 and
+    # OMP_NUM_THREADS=2 run one thread): a test's threads=2 case would run the very code and input
+    # of its threads=1 case, so it is deselected. test-asan-omp runs those cases under ASan with two
+    # threads, test-py in ./run.
+    if os.environ.get("RUN_NO_OPENMP") == "1":
+        one_thread = [item for item in items if int(getattr(item, "callspec", None) and
+                                                    item.callspec.params.get("threads") or 1) > 1]
+        if one_thread:
+            config.hook.pytest_deselected(items=one_thread)
+            items[:] = [item for item in items if item not in set(one_thread)]
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker
+        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: in-file order kept
+
+
+@contextlib.contextmanager
+def made_once(tmp_path_factory, name):
+    """For a session fixture whose files every pytest-xdist worker may share: yields (directory,
+    made), holding a lock that the other workers wait on. The directory is under the base temporary
+    directory of the whole run (every worker's is a subdirectory of it); made is False for the first
+    to ask, which makes the files and then calls made_once.done(directory) before it returns."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    directory = root / name
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield directory, (directory / ".made").exists()
+
+
+made_once.done = lambda directory: (directory / ".made").touch()
+
+
+@pytest.fixture(scope="session")
+def builds(tmp_path_factory):
+    """{name: binary}: the build under test, and (x86-64, not emulated, not a sanitizer run, which
+    has its own build) an AVX2 build and a plain C build of run.c, compiled in parallel, once for the
+    session (test_weight_types and test_block_types, on any worker)."""
+    binaries = {"under-test": None}
+    if RUN_PREFIX or "asan" in os.path.basename(RUN_BIN) or shutil.which(os.environ.get("CC", "cc")) is None:
+        return binaries
+    cc = os.environ.get("CC", "cc")
+    wanted = {"plain": ["-O2"]}
+    if platform.machine() == "x86_64":
+        wanted["avx2"] = ["-O3", "-march=native", "-mno-avx512f"]
+    with made_once(tmp_path_factory, "builds") as (d, made):
+        if not made:
+            d.mkdir(exist_ok=True)
+            jobs = {name: subprocess.Popen([cc, *flags, "-ffp-contract=off", "-fopenmp", "-o", str(d / f"run-{name}"),
+                                            str(ROOT / "run.c"), "-lm"], stderr=subprocess.PIPE, text=True)
+                    for name, flags in wanted.items()}
+            for name, job in jobs.items():
+                _, err = job.communicate(timeout=300)
+                assert job.returncode == 0, err
+            made_once.done(d)
+    return dict(binaries, **{name: str(d / f"run-{name}") for name in wanted})
 
 
 @pytest.fixture(scope="session")

@@ -36,7 +36,7 @@ import block_reference as R
 import gguf_writer as W
 import ropefile
 from conftest import ROOT, TOK512, assert_run_refused, export, load_export, run
-from test_weight_types import build_or_skip, builds, stored_as  # noqa: F401  (builds: a fixture)
+from test_weight_types import build_or_skip, stored_as
 
 DATA = ROOT / "tests" / "data" / "gguf"
 DIGESTS = json.loads((DATA / "block_reference_sha256.json").read_text())

@@ -4,7 +4,7 @@ run computes in float32 from the widened weights, so a bf16 (or f16) file must g
 bit, what the float32 file holding the same widened values gives: in every mode (generate
 greedy and seeded, ppl, inspect's CSV, chat), with 1 and 2 threads, in the build under test
 (RUN_BIN: native, ASan, or aarch64 under qemu) and, on x86-64, in an AVX2 build (no AVX-512)
-and a plain C build (no SIMD) compiled here. The files are written by tests/ropefile.py from
+and a plain C build (no SIMD) compiled for the session (conftest.py's builds). The files are written by tests/ropefile.py from
 the format's description, the 16-bit values rounded by NumPy. Then export.py's round trips
 (the 16-bit values kept, --dtype f32 their widened values, narrowing only when asked) and
 the files run must refuse.
@@ -12,15 +12,13 @@ the files run must refuse.
 import io
 import json
 import os
-import platform
-import shutil
 import struct
 import subprocess
 
 import numpy as np
 import pytest
 
-from conftest import LLAMA_TOKENIZER, ROOT, RUN_BIN, RUN_PREFIX, TOK512, assert_run_refused, export, run
+from conftest import LLAMA_TOKENIZER, RUN_BIN, RUN_PREFIX, TOK512, assert_run_refused, export, run
 import hf_fixture
 import ropefile
 
@@ -31,7 +29,6 @@ DIMS = dict(dim=76, hidden_dim=100, n_layers=2, n_heads=2, n_kv_heads=1, vocab_s
 PROMPT = "Once upon a time, a little fox found a shiny stone by the river"
 TEXT = ("The girl ran to the park. She saw a big dog and a small cat. They played all day, and at night "
         "they went home happy. The next morning the sun was warm and the birds sang.")
-SANITIZED = "asan" in os.path.basename(RUN_BIN)
 
 
 @pytest.fixture(scope="module")
@@ -50,28 +47,6 @@ def files(tmp_path_factory):
         out[f"{weight_type}-as-f32-v2"] = ropefile.write_checkpoint(d / f"{weight_type}-f32-v2.bin", widened, dims,
                                                                      version=2)
     return out
-
-
-@pytest.fixture(scope="module")
-def builds(tmp_path_factory):
-    """{name: binary}: the build under test, and (x86-64, not emulated, not the sanitizer run,
-    which has its own build) an AVX2 build and a plain C build, compiled in parallel."""
-    binaries = {"under-test": None}
-    if RUN_PREFIX or SANITIZED or shutil.which(os.environ.get("CC", "cc")) is None:
-        return binaries
-    d = tmp_path_factory.mktemp("builds")
-    cc = os.environ.get("CC", "cc")
-    wanted = {"plain": ["-O2"]}
-    if platform.machine() == "x86_64":
-        wanted["avx2"] = ["-O3", "-march=native", "-mno-avx512f"]
-    jobs = {name: subprocess.Popen([cc, *flags, "-ffp-contract=off", "-fopenmp", "-o", str(d / f"run-{name}"),
-                                    str(ROOT / "run.c"), "-lm"], stderr=subprocess.PIPE, text=True)
-            for name, flags in wanted.items()}
-    for name, job in jobs.items():
-        _, err = job.communicate(timeout=300)
-        assert job.returncode == 0, err
-        binaries[name] = str(d / f"run-{name}")
-    return binaries
 
 
 def outputs(binary, model, threads, mode, tmp_path):
