@@ -5687,13 +5687,24 @@ static inline Lanes lanes_set(float f) { return _mm256_set1_ps(f); }
 static inline Lanes lanes_broadcast(const float *p) { return _mm256_broadcast_ss(p); }
 static inline Lanes lanes_mul(Lanes a, Lanes b) { return _mm256_mul_ps(a, b); }
 static inline Lanes lanes_mul_sub(Lanes a, Lanes b, Lanes c) { return _mm256_fmsub_ps(a, b, c); } // a * b - c
-static inline float scale_at(const unsigned char *p) { // an f16 scale, by the conversion instruction
+// An f16 scale of a block, by the conversion instruction. Its memory form converts the
+// eight f16s at p with a load and no shuffle, where the register form and the scalar
+// load into a register take two uops on the port the nibble tables' permutes use: so it
+// reads sixteen bytes, the scale and the fourteen after it, all inside the block for
+// every type's scales but q6_k's, two bytes from its block's end (scale_ending_at).
+static inline float scale_at(const unsigned char *p) {
 #if defined(__F16C__)
-    uint16_t h;
-    memcpy(&h, p, sizeof(h));
-    return _cvtsh_ss(h);
+    return _mm256_cvtss_f32(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)));
 #else
     return f16_at(p);
+#endif
+}
+static inline float scale_ending_at(const unsigned char *end) { // the f16 at end - 2
+#if defined(__F16C__)
+    __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(end - 16)));
+    return _mm_cvtss_f32(_mm_permute_ps(_mm256_extractf128_ps(v, 1), 3));
+#else
+    return f16_at(end - 2);
 #endif
 }
 #elif defined(USE_NEON)
@@ -5727,6 +5738,7 @@ static inline float scale_at(const unsigned char *p) {
     memcpy(&h, p, sizeof(h));
     return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0);
 }
+static inline float scale_ending_at(const unsigned char *end) { return scale_at(end - 2); } // the f16 at end - 2
 #endif
 
 // Runs of 32 small integers assembled a byte each (Bytes: one AVX register, two NEON
@@ -5901,7 +5913,8 @@ static inline __attribute__((always_inline)) void run_scale_factors(BlockFactors
         k_scale_min(block + 4, k / 32, &sc, &m);
         bf->a[k / 32] = scale_at(block) * (float)sc, bf->b[k / 32] = scale_at(block + 2) * (float)m;
     } else if (type == WEIGHT_Q6_K) {
-        for (int sb = k / 16; sb < k / 16 + 2; sb++) bf->a[sb] = scale_at(block + 208) * (float)(int8_t)block[192 + sb];
+        for (int sb = k / 16; sb < k / 16 + 2; sb++)
+            bf->a[sb] = scale_ending_at(block + 210) * (float)(int8_t)block[192 + sb];
     } else {
         bf->a[0] = scale_at(block);
         bf->b[0] = type == WEIGHT_Q4_1 || type == WEIGHT_Q5_1 ? scale_at(block + 2) : 0.0f;
@@ -5944,7 +5957,7 @@ static inline __attribute__((always_inline)) void block_factors(BlockFactors *bf
     }
     if (type == WEIGHT_Q6_K) { // the sixteen signed 8-bit scales
         Bytes sc = bytes_load16_twice(block + 192);
-        Lanes d = lanes_set(scale_at(block + 208));
+        Lanes d = lanes_set(scale_ending_at(block + 210));
         lanes_store(bf->a, lanes_mul(d, lanes_of_ints(ints_of_run_bytes(sc, 0))));
         lanes_store(bf->a + 8, lanes_mul(d, lanes_of_ints(ints_of_run_bytes(sc, 8))));
         return;
@@ -5961,7 +5974,7 @@ static inline __attribute__((always_inline)) RunFactors run_factors(const unsign
     case WEIGHT_Q4_K:
     case WEIGHT_Q5_K: f = (RunFactors){.a = lanes_broadcast(&bf->a[k / 32]), .b = lanes_broadcast(&bf->b[k / 32])}; break;
     case WEIGHT_Q6_K: f = (RunFactors){.a = lanes_broadcast(&bf->a[k / 16]), .b = lanes_broadcast(&bf->a[k / 16 + 1])}; break;
-    default: f = (RunFactors){.a = lanes_set(bf->a[0]), .b = lanes_set(bf->b[0])}; break;
+    default: f = (RunFactors){.a = lanes_broadcast(&bf->a[0]), .b = lanes_broadcast(&bf->b[0])}; break;
     }
 #if defined(NIBBLE_TABLES)
     if (type == WEIGHT_Q4_0 || type == WEIGHT_Q4_K) run_table(&f, type);
