@@ -5671,9 +5671,9 @@ static inline Lanes lanes_q8_0_values(const unsigned char *q, Lanes d) {
 typedef __m256i Ints;
 // Bytes h .. h+7 of the sixteen at p (h = 0 or 8), zero-extended: the sixteen are copied
 // into both halves of the register (a load), and one byte shuffle within each half puts
-// byte h + l at the bottom of lane l. Ice Lake and later run that shuffle on two ports,
-// where a widening across the halves (vpmovzxbd) has one, the port the nibble tables'
-// permutes need.
+// byte h + l at the bottom of lane l. An in-half shuffle can issue on more ports than a
+// widening across the halves (vpmovzxbd), which competes with the nibble tables' permutes
+// for one (the measurement: docs/performance.md, "4-, 5- and 6-bit blocks").
 static inline Ints ints_of_bytes(const unsigned char *p, int h) {
     const __m256i pick = _mm256_setr_epi8(h, -1, -1, -1, h + 1, -1, -1, -1, h + 2, -1, -1, -1, h + 3, -1, -1, -1,
                                           h + 4, -1, -1, -1, h + 5, -1, -1, -1, h + 6, -1, -1, -1, h + 7, -1, -1, -1);
