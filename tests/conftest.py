@@ -22,6 +22,7 @@ RUN_BIN = str((ROOT / os.environ.get("RUN_BIN", "run")).resolve())
 # RUN_PREFIX, words put before the binary in run(): an emulator for a build of another
 # architecture (make test-arm: RUN_BIN=run-aarch64 RUN_PREFIX=qemu-aarch64)
 RUN_PREFIX = shlex.split(os.environ.get("RUN_PREFIX", ""))
+SANITIZED = "san" in Path(RUN_BIN).name  # run-asan, run-asan-omp: slower, no RLIMIT_AS, a build of their own
 STORIES = MODELS / "stories260K.bin"
 STORIES_V1 = MODELS / "stories260K_v1.bin"
 TOK512 = MODELS / "tok512.bin"
@@ -82,11 +83,13 @@ def pytest_collection_modifyitems(config, items):
     # of its threads=1 case, so it is deselected. test-asan-omp runs those cases under ASan with two
     # threads, test-py in ./run.
     if os.environ.get("RUN_NO_OPENMP") == "1":
-        one_thread = [item for item in items if int(getattr(item, "callspec", None) and
-                                                    item.callspec.params.get("threads") or 1) > 1]
-        if one_thread:
-            config.hook.pytest_deselected(items=one_thread)
-            items[:] = [item for item in items if item not in set(one_thread)]
+        def threads(item):
+            callspec = getattr(item, "callspec", None)
+            return int(callspec.params.get("threads") or 1) if callspec else 1
+        two_threads = [item for item in items if threads(item) > 1]
+        if two_threads:
+            config.hook.pytest_deselected(items=two_threads)
+            items[:] = [item for item in items if threads(item) == 1]
     if hasattr(config, "workerinput"):  # a pytest-xdist worker
         rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
         items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: in-file order kept
@@ -97,17 +100,18 @@ def made_once(tmp_path_factory, name):
     """For a session fixture whose files every pytest-xdist worker may share: yields (directory,
     made), holding a lock that the other workers wait on. The directory is under the base temporary
     directory of the whole run (every worker's is a subdirectory of it); made is False for the first
-    to ask, which makes the files and then calls made_once.done(directory) before it returns."""
+    to ask, which makes the files in it; the directory is marked made when that block ends without
+    an exception."""
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent
     directory = root / name
     with open(root / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        yield directory, (directory / ".made").exists()
-
-
-made_once.done = lambda directory: (directory / ".made").touch()
+        made = (directory / ".made").exists()
+        directory.mkdir(exist_ok=True)
+        yield directory, made
+        (directory / ".made").touch()
 
 
 @pytest.fixture(scope="session")
@@ -116,7 +120,7 @@ def builds(tmp_path_factory):
     has its own build) an AVX2 build and a plain C build of run.c, compiled in parallel, once for the
     session (test_weight_types and test_block_types, on any worker)."""
     binaries = {"under-test": None}
-    if RUN_PREFIX or "asan" in os.path.basename(RUN_BIN) or shutil.which(os.environ.get("CC", "cc")) is None:
+    if RUN_PREFIX or SANITIZED or shutil.which(os.environ.get("CC", "cc")) is None:
         return binaries
     cc = os.environ.get("CC", "cc")
     wanted = {"plain": ["-O2"]}
@@ -124,14 +128,12 @@ def builds(tmp_path_factory):
         wanted["avx2"] = ["-O3", "-march=native", "-mno-avx512f"]
     with made_once(tmp_path_factory, "builds") as (d, made):
         if not made:
-            d.mkdir(exist_ok=True)
             jobs = {name: subprocess.Popen([cc, *flags, "-ffp-contract=off", "-fopenmp", "-o", str(d / f"run-{name}"),
                                             str(ROOT / "run.c"), "-lm"], stderr=subprocess.PIPE, text=True)
                     for name, flags in wanted.items()}
             for name, job in jobs.items():
                 _, err = job.communicate(timeout=300)
                 assert job.returncode == 0, err
-            made_once.done(d)
     return dict(binaries, **{name: str(d / f"run-{name}") for name in wanted})
 
 

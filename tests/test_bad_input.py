@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LLAMA_TOKENIZER, MODELS, RUN_BIN, RUN_PREFIX, STORIES, STORIES_V1, TOK512, run
+from conftest import (LLAMA_TOKENIZER, MODELS, RUN_BIN, RUN_PREFIX, SANITIZED, STORIES, STORIES_V1, TOK512,
+                      run)
 from ropefile import header_bytes, write_random_checkpoint
 
 STARTUP = re.compile(r"^run: .+ \((llama2\.c legacy|llama2\.c v1|ROPE v1|ROPE v2 (f32|bf16|f16))\): dim \d+")
-SANITIZED = "san" in Path(RUN_BIN).name  # run-asan, run-ubsan: slower, and no RLIMIT_AS
 HANG_TIMEOUT = 1.0  # seconds (x3 under sanitizers) for the rows that used to hang
 HANG_ROWS = {"checkpoint-is-fifo", "tokenizer-is-fifo", "text-file-is-fifo",
              "prompt-3000-english-words-rejected-quickly"}

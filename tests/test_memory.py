@@ -16,15 +16,13 @@ import re
 import shutil
 import subprocess
 import tempfile
-from pathlib import Path
 
 import pytest
 
 import family_fixtures
-from conftest import LONG_TEXT, RUN_BIN, RUN_PREFIX, TOK512, export, run, tokens_of
+from conftest import LONG_TEXT, RUN_BIN, RUN_PREFIX, SANITIZED, TOK512, export, run, tokens_of
 from ropefile import write_random_checkpoint
 
-SANITIZED = "san" in Path(RUN_BIN).name  # sanitizers reserve terabytes of address space: no RLIMIT_AS
 ERROR = "run: error:"
 STARTUP = re.compile(r"^run: .+ \(ROPE v\d+\): dim \d+")
 PREFILL_BLOCK = 128  # run.c's block of tokens: the scores hold PREFILL_BLOCK rows of n_heads x context

@@ -4,8 +4,9 @@ run computes in float32 from the widened weights, so a bf16 (or f16) file must g
 bit, what the float32 file holding the same widened values gives: in every mode (generate
 greedy and seeded, ppl, inspect's CSV, chat), with 1 and 2 threads, in the build under test
 (RUN_BIN: native, ASan, or aarch64 under qemu) and, on x86-64, in an AVX2 build (no AVX-512)
-and a plain C build (no SIMD) compiled for the session (conftest.py's builds). The files are written by tests/ropefile.py from
-the format's description, the 16-bit values rounded by NumPy. Then export.py's round trips
+and a plain C build (no SIMD) compiled once for the session (conftest.py's builds). The files
+are written by tests/ropefile.py from the format's description, the 16-bit values rounded by
+NumPy. Then export.py's round trips
 (the 16-bit values kept, --dtype f32 their widened values, narrowing only when asked) and
 the files run must refuse.
 """
