@@ -5541,7 +5541,8 @@ static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOpti
 // kernels': the same bits from half the bytes.
 //   1. dot() in SIMD registers
 //   2. decode: rows in groups of four, in the reading order that decode's first
-//      tokens timed fastest, the rows split across threads
+//      tokens timed fastest, the rows split across threads (with AVX-512, the 4-bit
+//      and Q6_K blocks' rows two to a register)
 //   3. prefill: tiles of rows x tokens
 //   4. attention: a block's scores as a matrix product, the heads across threads;
 //      SwiGLU across threads; greedy decoding's argmax
@@ -6129,6 +6130,148 @@ static inline __attribute__((always_inline)) void dot_rows4_blocks(float *out, c
     for (int r = 0; r < 4; r++) out[r * gap] = lanes_sum(lanes[r]);
 }
 
+#if defined(NIBBLE_TABLES) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VBMI__)
+// Two rows to a register: with 512-bit registers, rows r and r+1 of a group share one,
+// row r's eight lanes in lanes 0-7 and row r+1's in lanes 8-15, x's eight floats copied
+// into both halves, so that one instruction takes a step of both rows: each row's lanes
+// still form dot()'s chain, in its order (the same roundings), in half the instructions.
+// For Q4_K and Q6_K, whose runs carry a scale each (and Q6_K's a run's bits from three
+// places), where this pays most. A run's integers are gathered from both rows' bytes by
+// one byte permute across the register (vpermb: any byte to any place).
+#define ROW_PAIRS 1
+typedef __m512i PairBytes;
+// The 32 bytes at p (row r's) in bytes 0-31 and the 32 at q (row r+1's) in bytes 32-63
+static inline PairBytes pair_bytes_load(const unsigned char *p, const unsigned char *q) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)),
+                              _mm256_loadu_si256((const __m256i *)q), 1);
+}
+// Bitwise (a & mask) | b and (a & mask) ^ b (vpternlogd: a function of three registers'
+// bits; its immediate is the function's truth table over a = 0xF0, mask = 0xCC, b = 0xAA)
+static inline PairBytes pair_bytes_and_or(PairBytes a, int mask, PairBytes b) {
+    return _mm512_ternarylogic_epi32(a, _mm512_set1_epi8((char)mask), b, 0xEA);
+}
+static inline PairBytes pair_bytes_and_xor(PairBytes a, int mask, int b) {
+    return _mm512_ternarylogic_epi32(a, _mm512_set1_epi8((char)mask), _mm512_set1_epi8((char)b), 0x6A);
+}
+// Bits `mask` from a, the others from b
+static inline PairBytes pair_bytes_select(int mask, PairBytes a, PairBytes b) {
+    return _mm512_ternarylogic_epi32(_mm512_set1_epi8((char)mask), a, b, 0xCA);
+}
+// The run's 32 bytes of both rows (bytes 0-31 row r's, 32-63 row r+1's) permuted so that
+// byte s of lane l (l < 8) is row r's byte 8s + l, and of lane 8 + l row r+1's: step s's
+// integers, one in each lane, for the four steps of eight. With `top`, step s's alone, in
+// the top byte of each lane and the bytes below it zero (the lane is the byte * 2^24).
+static inline __m512i pair_steps(PairBytes v, int top, int s) {
+    static const unsigned char all_steps[64] = {
+        0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27, 4, 12, 20, 28, 5, 13, 21, 29,
+        6, 14, 22, 30, 7, 15, 23, 31, 32, 40, 48, 56, 33, 41, 49, 57, 34, 42, 50, 58, 35, 43, 51, 59,
+        36, 44, 52, 60, 37, 45, 53, 61, 38, 46, 54, 62, 39, 47, 55, 63};
+    __m512i pick = _mm512_loadu_si512(all_steps);
+    if (!top) return _mm512_permutexvar_epi8(pick, v);
+    // step s's byte of each lane moved to the top: pick's bytes rotated by one lane byte
+    // per step (byte 3 of lane l picks what byte s picked), the rest zeroed by the mask
+    pick = _mm512_slli_epi32(_mm512_srli_epi32(pick, 8 * s), 24);
+    return _mm512_maskz_permutexvar_epi8(0x8888888888888888ull, pick, v);
+}
+static inline float pair_lanes_sum(__m512 v, int half) { // lanes_sum of row r's (0) or r+1's (1) lanes
+    return lanes_sum(half ? _mm512_extractf32x8_ps(v, 1) : _mm512_castps512_ps256(v));
+}
+
+// Two rows' run of 32 weights (from weight k of blocks b0 and b1, whose factors are f0
+// and f1) multiplied by x's (xv[t]: its eight floats from k + 8t, in both halves) and
+// added to acc, four steps, each as dot_rows4_blocks takes it for each row.
+//   Q4_0, Q4_K: the run's sixteen possible weights, by its type's equation, are a table
+// in one register per row; a step's nibbles, row r+1's with 16 added, permute the two
+// tables (vpermt2ps over their 32 entries) into both rows' weights. The run's nibbles are
+// masked (and row r+1's marked) once, in bytes, and permuted once for all four steps:
+// step t's index is byte t of each lane, and vpermt2ps reads a lane's low 5 bits only,
+// so each further step costs a shift.
+//   Q6_K: the run's 6-bit q is assembled in bytes, once, as (q - 32) * 4: ql's nibble in
+// bits 2-5 and qh's two bits in 6-7, bit 7 inverted (subtracting 32 from a 6-bit number
+// is inverting its top bit, the result read as signed). A step's bytes go to the top of
+// each lane: (q - 32) * 2^26 exactly, converted to float32 and times (d * sc) * 2^-26,
+// which is the plain widening's (d * sc) * (q - 32) (the scale only moves exponents:
+// |d * sc| >= 2^-24 when not 0, so no bit is lost).
+static inline __attribute__((always_inline)) __m512 pair_run(__m512 acc, const unsigned char *b0,
+                                                              const unsigned char *b1, const BlockFactors *f0,
+                                                              const BlockFactors *f1, int k, WeightType type,
+                                                              const __m512 xv[4]) {
+    const __m512 q_values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const PairBytes second_row = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi8(16), 1);
+    if (type == WEIGHT_Q6_K) {
+        int half = k / 128, g = k % 128 / 32;
+        int ql = 64 * half + 32 * (g % 2), qh = 128 + 32 * half;
+        PairBytes nibbles = pair_bytes_load(b0 + ql, b1 + ql), bits = pair_bytes_load(b0 + qh, b1 + qh);
+        nibbles = g / 2 ? _mm512_srli_epi16(nibbles, 2) : _mm512_slli_epi16(nibbles, 2); // to bits 2-5
+        if (g < 3) bits = _mm512_slli_epi16(bits, 6 - 2 * g); // bits 2g, 2g+1 to bits 6-7
+        PairBytes q = pair_bytes_select(0x3c, nibbles, pair_bytes_and_xor(bits, 0xc0, 0x80));
+        for (int t = 0; t < 4; t++) {
+            int sb = k / 16 + t / 2; // the scale of weights k + 8t ..
+            __m512 scale = _mm512_mask_broadcastss_ps(_mm512_set1_ps(f0->a[sb]), 0xff00, _mm_load_ss(&f1->a[sb]));
+            acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(pair_steps(q, 1, t)), scale), xv[t], acc);
+        }
+        return acc;
+    }
+    PairBytes v;
+    __m512 table0, table1;
+    if (type == WEIGHT_Q4_0) { // the block's sixteen bytes twice a row: weights 0-15 the
+        // low nibbles of the first copy, 16-31 the high ones of the second
+        v = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(b0 + 2))), 0xff00,
+                                        _mm_loadu_si128((const __m128i *)(b1 + 2)));
+        v = _mm512_mask_srli_epi16(v, 0xff00ff00, v, 4);
+        table0 = _mm512_mul_ps(_mm512_sub_ps(q_values, _mm512_set1_ps(8.0f)), _mm512_set1_ps(f0->a[0]));
+        table1 = _mm512_mul_ps(_mm512_sub_ps(q_values, _mm512_set1_ps(8.0f)), _mm512_set1_ps(f1->a[0]));
+    } else { // Q4_K: sub-block s's 32 bytes are its run's, the low nibbles if s is even
+        int s = k / 32;
+        v = pair_bytes_load(b0 + 16 + s / 2 * 32, b1 + 16 + s / 2 * 32);
+        if (s % 2) v = _mm512_srli_epi16(v, 4);
+        table0 = _mm512_fmsub_ps(_mm512_set1_ps(f0->a[s]), q_values, _mm512_set1_ps(f0->b[s]));
+        table1 = _mm512_fmsub_ps(_mm512_set1_ps(f1->a[s]), q_values, _mm512_set1_ps(f1->b[s]));
+    }
+    __m512i steps = pair_steps(pair_bytes_and_or(v, 15, second_row), 0, 0); // bit 4 picks row r+1's table
+    for (int t = 0; t < 4; t++) {
+        __m512i index = t ? _mm512_srli_epi32(steps, 8 * t) : steps;
+        acc = _mm512_fmadd_ps(_mm512_permutex2var_ps(table0, index, table1), xv[t], acc);
+    }
+    return acc;
+}
+
+// Four rows of Q4_0, Q4_K or Q6_K blocks, as dot_rows4_blocks computes them (the same
+// lanes and roundings): rows 0 and 1 in one register, 2 and 3 in another.
+static inline __attribute__((always_inline)) void dot_rows4_pairs(float *out, const void *w, WeightType type,
+                                                                   const float *x, int n, size_t gap, int prefetch) {
+    BlockShape b = block_shapes[type];
+    const unsigned char *row[4];
+    for (int r = 0; r < 4; r++) row[r] = (const unsigned char *)w + weight_bytes(type, r * gap * n);
+    __m512 rows01 = _mm512_setzero_ps(), rows23 = _mm512_setzero_ps();
+    for (int j = 0; j < n; j += b.weights) {
+        size_t at = (size_t)j / b.weights * b.bytes; // the block of weight j
+        BlockFactors bf[4];
+        for (int r = 0; r < 4; r++) {
+            block_factors(&bf[r], row[r] + at, type);
+            if (type == WEIGHT_Q6_K) // d * sc * 2^-26, for the lanes' (q - 32) * 2^26
+                for (int s = 0; s < 16; s += DOT_LANES)
+                    lanes_store(bf[r].a + s, lanes_mul(lanes_load(bf[r].a + s), lanes_set(0x1p-26f)));
+        }
+        // bf left in memory (the empty asm may have changed it): a factor is then broadcast
+        // from memory, a load, where the compiler's own moves between registers (keeping
+        // block_factors' results there) take the port the permutes need
+        __asm__("" : "+m"(bf));
+#pragma GCC unroll 8
+        for (int k = 0; k < b.weights; k += 32) {
+            if (prefetch)
+                for (int r = 0; r < 4; r++) prefetch_ahead(row[r] + at + k * b.bytes / b.weights, PREFETCH_AHEAD_BYTES);
+            __m512 xv[4];
+            for (int t = 0; t < 4; t++) xv[t] = _mm512_broadcast_f32x8(_mm256_loadu_ps(x + j + k + 8 * t));
+            rows01 = pair_run(rows01, row[0] + at, row[1] + at, &bf[0], &bf[1], k, type, xv);
+            rows23 = pair_run(rows23, row[2] + at, row[3] + at, &bf[2], &bf[3], k, type, xv);
+        }
+    }
+    out[0] = pair_lanes_sum(rows01, 0), out[gap] = pair_lanes_sum(rows01, 1);
+    out[2 * gap] = pair_lanes_sum(rows23, 0), out[3 * gap] = pair_lanes_sum(rows23, 1);
+}
+#endif
+
 static inline __attribute__((always_inline)) void dot_rows4_lanes(float *out, const void *w, WeightType type,
                                                                    const float *x, int n, size_t gap, int prefetch) {
     size_t wr[4] = {0, gap * n, 2 * gap * n, 3 * gap * n}; // where each row starts, in weights
@@ -6166,13 +6309,19 @@ static void dot_rows4(float *out, Matrix w, const float *x, int n, size_t gap, i
     case WEIGHT_BF16: dot_rows4_lanes(out, w.data, WEIGHT_BF16, x, n, gap, prefetch); break;
     case WEIGHT_F16: dot_rows4_lanes(out, w.data, WEIGHT_F16, x, n, gap, prefetch); break;
     case WEIGHT_Q8_0: dot_rows4_blocks(out, w.data, WEIGHT_Q8_0, x, n, gap, prefetch); break;
-    case WEIGHT_Q4_0: dot_rows4_blocks(out, w.data, WEIGHT_Q4_0, x, n, gap, prefetch); break;
     case WEIGHT_Q4_1: dot_rows4_blocks(out, w.data, WEIGHT_Q4_1, x, n, gap, prefetch); break;
     case WEIGHT_Q5_0: dot_rows4_blocks(out, w.data, WEIGHT_Q5_0, x, n, gap, prefetch); break;
     case WEIGHT_Q5_1: dot_rows4_blocks(out, w.data, WEIGHT_Q5_1, x, n, gap, prefetch); break;
+#if defined(ROW_PAIRS)
+    case WEIGHT_Q4_0: dot_rows4_pairs(out, w.data, WEIGHT_Q4_0, x, n, gap, prefetch); break;
+    case WEIGHT_Q4_K: dot_rows4_pairs(out, w.data, WEIGHT_Q4_K, x, n, gap, prefetch); break;
+    case WEIGHT_Q6_K: dot_rows4_pairs(out, w.data, WEIGHT_Q6_K, x, n, gap, prefetch); break;
+#else
+    case WEIGHT_Q4_0: dot_rows4_blocks(out, w.data, WEIGHT_Q4_0, x, n, gap, prefetch); break;
     case WEIGHT_Q4_K: dot_rows4_blocks(out, w.data, WEIGHT_Q4_K, x, n, gap, prefetch); break;
-    case WEIGHT_Q5_K: dot_rows4_blocks(out, w.data, WEIGHT_Q5_K, x, n, gap, prefetch); break;
     case WEIGHT_Q6_K: dot_rows4_blocks(out, w.data, WEIGHT_Q6_K, x, n, gap, prefetch); break;
+#endif
+    case WEIGHT_Q5_K: dot_rows4_blocks(out, w.data, WEIGHT_Q5_K, x, n, gap, prefetch); break;
     default: dot_rows4_lanes(out, w.data, WEIGHT_F32, x, n, gap, prefetch); break;
     }
 #else
