@@ -5681,6 +5681,7 @@ static inline Ints ints_of_bytes(const unsigned char *p, int h) {
     return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p)), pick);
 }
 static inline Ints ints_and(Ints v, int mask) { return _mm256_and_si256(v, _mm256_set1_epi32(mask)); }
+__attribute__((unused)) // (the AVX2 build's Q4_0 widens without it)
 static inline Ints ints_add(Ints v, int c) { return _mm256_add_epi32(v, _mm256_set1_epi32(c)); }
 static inline Ints ints_shift_right(Ints v, int n) { return _mm256_srl_epi32(v, _mm_cvtsi32_si128(n)); }
 static inline Lanes lanes_of_ints(Ints v) { return _mm256_cvtepi32_ps(v); }
@@ -5835,6 +5836,32 @@ static inline Ints ints_k_nibbles(const unsigned char *qs, int k, int unmasked) 
     return unmasked ? bytes : ints_and(bytes, 15);
 }
 
+#if defined(USE_AVX2) && !defined(USE_AVX512)
+// Q4_0 without the nibble tables (AVX2): eight nibbles moved into 32-bit lanes by byte
+// shuffles alone, with no shift, mask or offset a lane, so that the conversion, the
+// factor's multiply and the multiply-add are all a weight costs after the shuffle, as for
+// Q8_0. The sixteen bytes at p, copied into both halves, are made bytes of 16 * (q - 8),
+// signed, first (the compiler shares them between the run's vectors): the high nibbles
+// masked in place and their top bit inverted (subtracting 8 from a 4-bit number held in a
+// byte's top half), the low ones looked up by a shuffle. A second shuffle puts byte h + l
+// in the top byte of lane l, the bytes below it zero: the lane is (q - 8) * 2^28 as a
+// signed integer, exact in float32, and the factor is d * 2^-28 (integer_unit: exact,
+// |d| >= 2^-24 when not 0), so that their product is the plain widening's d * (q - 8).
+#define NIBBLES_MOVED 1
+static inline Ints ints_of_q4_0_nibbles_moved(const unsigned char *p, int h, int high) {
+    const __m256i minus_8_times_16 = _mm256_setr_epi8(-128, -112, -96, -80, -64, -48, -32, -16, 0, 16, 32, 48, 64, 80,
+                                                      96, 112, -128, -112, -96, -80, -64, -48, -32, -16, 0, 16, 32,
+                                                      48, 64, 80, 96, 112);
+    Bytes v = bytes_load16_twice(p);
+    Bytes b = high ? _mm256_xor_si256(bytes_and(v, 0xf0), _mm256_set1_epi8((char)0x80))
+                   : _mm256_shuffle_epi8(minus_8_times_16, bytes_and(v, 15));
+    const int fill = 0x808080; // bytes 0-2 of each lane zeroed (a shuffle index with its top bit set)
+    return _mm256_shuffle_epi8(b, _mm256_setr_epi32(fill | h << 24, fill | (h + 1) << 24, fill | (h + 2) << 24,
+                                                    fill | (h + 3) << 24, fill | (h + 4) << 24, fill | (h + 5) << 24,
+                                                    fill | (h + 6) << 24, fill | (h + 7) << 24));
+}
+#endif
+
 // The factors of a run of 32 weights of a block (weights k .. k+31, k a multiple of
 // 32), each copied into every lane, so that a kernel widens them once a run:
 //   q8_0, q4_0, q5_0: a = d;  q4_1, q5_1: a = d, b = m;
@@ -5906,7 +5933,15 @@ static inline __attribute__((always_inline)) Bytes run_bytes(const unsigned char
 typedef struct {
     float a[16], b[8];
 } BlockFactors;
+// With NIBBLES_MOVED, Q4_0's a is d * 2^-28, for its lanes' (q - 8) * 2^28 (integer_unit).
 // (run_scale_factors: the entries run k / 32 reads; block_factors: all of them)
+static inline float integer_unit(WeightType type) {
+#if defined(NIBBLES_MOVED)
+    if (type == WEIGHT_Q4_0) return 0x1p-28f;
+#endif
+    (void)type;
+    return 1.0f;
+}
 static inline __attribute__((always_inline)) void run_scale_factors(BlockFactors *bf, const unsigned char *block,
                                                                      int k, WeightType type) {
     if (type == WEIGHT_Q4_K || type == WEIGHT_Q5_K) {
@@ -5917,7 +5952,7 @@ static inline __attribute__((always_inline)) void run_scale_factors(BlockFactors
         for (int sb = k / 16; sb < k / 16 + 2; sb++)
             bf->a[sb] = scale_ending_at(block + 210) * (float)(int8_t)block[192 + sb];
     } else {
-        bf->a[0] = scale_at(block);
+        bf->a[0] = scale_at(block) * integer_unit(type);
         bf->b[0] = type == WEIGHT_Q4_1 || type == WEIGHT_Q5_1 ? scale_at(block + 2) : 0.0f;
     }
 }
@@ -5995,6 +6030,8 @@ static inline __attribute__((always_inline)) Lanes lanes_block_values(const unsi
     case WEIGHT_Q4_0: // d * (q - 8)
 #if defined(NIBBLE_TABLES)
         return lanes_by_nibble(&f, ints_low_nibbles_of_32(block + 2, k, 1));
+#elif defined(NIBBLES_MOVED)
+        return lanes_mul(lanes_of_ints(ints_of_q4_0_nibbles_moved(block + 2, k % 16, k >= 16)), f.a);
 #else
         return lanes_mul(lanes_of_ints(ints_add(ints_low_nibbles_of_32(block + 2, k, 0), -8)), f.a);
 #endif
