@@ -6172,9 +6172,10 @@ static inline __attribute__((always_inline)) void dot_rows4_blocks(float *out, c
 // row r's eight lanes in lanes 0-7 and row r+1's in lanes 8-15, x's eight floats copied
 // into both halves, so that one instruction takes a step of both rows: each row's lanes
 // still form dot()'s chain, in its order (the same roundings), in half the instructions.
-// For Q4_K and Q6_K, whose runs carry a scale each (and Q6_K's a run's bits from three
-// places), where this pays most. A run's integers are gathered from both rows' bytes by
-// one byte permute across the register (vpermb: any byte to any place).
+// For Q4_0, Q4_K and Q6_K, the blocks of the files most users have (Q4_0 and Q4_K_M),
+// whose work once a run (a table, a scale, Q6_K's bits from two places) is then done once
+// for two rows. A run's integers are gathered from both rows' bytes by one byte permute
+// across the register (vpermb: any byte to any place).
 #define ROW_PAIRS 1
 typedef __m512i PairBytes;
 // The 32 bytes at p (row r's) in bytes 0-31 and the 32 at q (row r+1's) in bytes 32-63
@@ -6195,19 +6196,18 @@ static inline PairBytes pair_bytes_select(int mask, PairBytes a, PairBytes b) {
     return _mm512_ternarylogic_epi32(_mm512_set1_epi8((char)mask), a, b, 0xCA);
 }
 // The run's 32 bytes of both rows (bytes 0-31 row r's, 32-63 row r+1's) permuted so that
-// byte s of lane l (l < 8) is row r's byte 8s + l, and of lane 8 + l row r+1's: step s's
-// integers, one in each lane, for the four steps of eight. With `top`, step s's alone, in
+// byte t of lane l (l < 8) is row r's byte 8t + l, and of lane 8 + l row r+1's: step t's
+// integers, one in each lane, for the four steps of eight. With `top`, step t's alone, in
 // the top byte of each lane and the bytes below it zero (the lane is the byte * 2^24).
-static inline __m512i pair_steps(PairBytes v, int top, int s) {
+static inline __m512i pair_steps(PairBytes v, int top, int t) {
     static const unsigned char all_steps[64] = {
         0, 8, 16, 24, 1, 9, 17, 25, 2, 10, 18, 26, 3, 11, 19, 27, 4, 12, 20, 28, 5, 13, 21, 29,
         6, 14, 22, 30, 7, 15, 23, 31, 32, 40, 48, 56, 33, 41, 49, 57, 34, 42, 50, 58, 35, 43, 51, 59,
         36, 44, 52, 60, 37, 45, 53, 61, 38, 46, 54, 62, 39, 47, 55, 63};
     __m512i pick = _mm512_loadu_si512(all_steps);
     if (!top) return _mm512_permutexvar_epi8(pick, v);
-    // step s's byte of each lane moved to the top: pick's bytes rotated by one lane byte
-    // per step (byte 3 of lane l picks what byte s picked), the rest zeroed by the mask
-    pick = _mm512_slli_epi32(_mm512_srli_epi32(pick, 8 * s), 24);
+    // byte 3 of each lane picks what byte t picked, and the mask zeroes the bytes below it
+    pick = _mm512_slli_epi32(_mm512_srli_epi32(pick, 8 * t), 24);
     return _mm512_maskz_permutexvar_epi8(0x8888888888888888ull, pick, v);
 }
 static inline float pair_lanes_sum(__m512 v, int half) { // lanes_sum of row r's (0) or r+1's (1) lanes
