@@ -5541,8 +5541,8 @@ static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOpti
 // kernels': the same bits from half the bytes.
 //   1. dot() in SIMD registers
 //   2. decode: rows in groups of four, in the reading order that decode's first
-//      tokens timed fastest, the rows split across threads (with AVX-512, the 4-bit
-//      and Q6_K blocks' rows two to a register)
+//      tokens timed fastest, the rows split across threads (with AVX-512, Q4_0, Q4_K
+//      and Q6_K rows two to a register)
 //   3. prefill: tiles of rows x tokens
 //   4. attention: a block's scores as a matrix product, the heads across threads;
 //      SwiGLU across threads; greedy decoding's argmax
