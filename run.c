@@ -5541,8 +5541,8 @@ static int chat(Transformer *t, const Tokenizer *tok, Sampler *sampler, ChatOpti
 // kernels': the same bits from half the bytes.
 //   1. dot() in SIMD registers
 //   2. decode: rows in groups of four, in the reading order that decode's first
-//      tokens timed fastest, the rows split across threads (with AVX-512, Q4_0, Q4_K
-//      and Q6_K rows two to a register)
+//      tokens timed fastest, the rows split across threads (with AVX-512, the rows of
+//      every block type two to a register)
 //   3. prefill: tiles of rows x tokens
 //   4. attention: a block's scores as a matrix product, the heads across threads;
 //      SwiGLU across threads; greedy decoding's argmax
@@ -6138,7 +6138,8 @@ static inline void prefetch_ahead(const void *p, size_t ahead) {
 // multiply-adds are dot()'s, in its order (a run's vectors are j, j + 8, j + 16,
 // j + 24). With `prefetch`, each run first asks for each row's line
 // PREFETCH_AHEAD_BYTES further on.
-static inline __attribute__((always_inline)) void dot_rows4_blocks(float *out, const void *w, WeightType type,
+// (Not called where ROW_PAIRS takes every block type: dot_rows4_of_blocks.)
+static inline __attribute__((always_inline, unused)) void dot_rows4_blocks(float *out, const void *w, WeightType type,
                                                                     const float *x, int n, size_t gap, int prefetch) {
     BlockShape b = block_shapes[type];
     const unsigned char *row[4];
@@ -6172,10 +6173,9 @@ static inline __attribute__((always_inline)) void dot_rows4_blocks(float *out, c
 // row r's eight lanes in lanes 0-7 and row r+1's in lanes 8-15, x's eight floats copied
 // into both halves, so that one instruction takes a step of both rows: each row's lanes
 // still form dot()'s chain, in its order (the same roundings), in half the instructions.
-// For Q4_0, Q4_K and Q6_K, the blocks of the files most users have (Q4_0 and Q4_K_M),
-// whose work once a run (a table, a scale, Q6_K's bits from two places) is then done once
-// for two rows. A run's integers are gathered from both rows' bytes by one byte permute
-// across the register (vpermb: any byte to any place).
+// Every block type, whose work once a run (a table, a scale, bits from two places) is
+// then done once for two rows. A run's integers are gathered from both rows' bytes by one
+// byte permute across the register (vpermb: any byte to any place).
 #define ROW_PAIRS 1
 typedef __m512i PairBytes;
 // The 32 bytes at p (row r's) in bytes 0-31 and the 32 at q (row r+1's) in bytes 32-63
@@ -6210,6 +6210,22 @@ static inline __m512i pair_steps(PairBytes v, int top, int t) {
     pick = _mm512_slli_epi32(_mm512_srli_epi32(pick, 8 * t), 24);
     return _mm512_maskz_permutexvar_epi8(0x8888888888888888ull, pick, v);
 }
+// A legacy block's 32 nibbles of two rows (qs at p and q, sixteen bytes each: weight k < 16
+// the low nibble of byte k, k + 16 its high one), each row's sixteen bytes twice: weights
+// 0-15 are the low nibbles of the first copy, 16-31 the high ones of the second (moved
+// down; the bits above them are not yet masked).
+static inline PairBytes pair_nibbles_of_32(const unsigned char *p, const unsigned char *q) {
+    PairBytes v = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)p)), 0xff00,
+                                              _mm_loadu_si128((const __m128i *)q));
+    return _mm512_mask_srli_epi16(v, 0xff00ff00, v, 4);
+}
+// Q5_0's and Q5_1's fifth bits of two rows (qh at p and q): bit j of the mask, weight j of
+// row r (j < 32) or weight j - 32 of row r+1
+static inline __mmask64 pair_fifth_bits(const unsigned char *p, const unsigned char *q) {
+    uint32_t h0, h1;
+    memcpy(&h0, p, 4), memcpy(&h1, q, 4);
+    return _cvtu64_mask64((uint64_t)h0 | (uint64_t)h1 << 32);
+}
 static inline float pair_lanes_sum(__m512 v, int half) { // lanes_sum of row r's (0) or r+1's (1) lanes
     return lanes_sum(half ? _mm512_extractf32x8_ps(v, 1) : _mm512_castps512_ps256(v));
 }
@@ -6217,7 +6233,7 @@ static inline float pair_lanes_sum(__m512 v, int half) { // lanes_sum of row r's
 // Two rows' run of 32 weights (from weight k of blocks b0 and b1, whose factors are f0
 // and f1) multiplied by x's (xv[t]: its eight floats from k + 8t, in both halves) and
 // added to acc, four steps, each as dot_rows4_blocks takes it for each row.
-//   Q4_0, Q4_K: the run's sixteen possible weights, by its type's equation, are a table
+//   Q4_0, Q4_1, Q4_K: the run's sixteen possible weights, by its type's equation, are a table
 // in one register per row; a step's nibbles, row r+1's with 16 added, permute the two
 // tables (vpermt2ps over their 32 entries) into both rows' weights. The run's nibbles are
 // masked (and row r+1's marked) once, in bytes, and permuted once for all four steps:
@@ -6229,6 +6245,10 @@ static inline float pair_lanes_sum(__m512 v, int half) { // lanes_sum of row r's
 // each lane: (q - 32) * 2^26 exactly, converted to float32 and times (d * sc) * 2^-26,
 // which is the plain widening's (d * sc) * (q - 32) (the scale only moves exponents:
 // |d * sc| >= 2^-24 when not 0, so no bit is lost).
+//   Q8_0, Q5_0, Q5_1, Q5_K the same way: the bytes q * 2^24 (Q8_0's int8), (q - 16) * 8
+// (Q5_0: the top bit inverted), q * 4 (Q5_1, Q5_K), the fifth bits added by a masked byte
+// add, and the factor d * 2^-24, d * 2^-27 or (d * sc) * 2^-26; Q5_1's m and Q5_K's
+// dmin * m are the fused multiply-add's, rounded once as in the plain widening.
 static inline __attribute__((always_inline)) __m512 pair_run(__m512 acc, const unsigned char *b0,
                                                               const unsigned char *b1, const BlockFactors *f0,
                                                               const BlockFactors *f1, int k, WeightType type,
@@ -6249,15 +6269,55 @@ static inline __attribute__((always_inline)) __m512 pair_run(__m512 acc, const u
         }
         return acc;
     }
+    if (type == WEIGHT_Q8_0) { // a step's bytes in the top byte of each lane: q * 2^24, times d * 2^-24
+        PairBytes q = pair_bytes_load(b0 + 2, b1 + 2);
+        __m512 scale = _mm512_mask_broadcastss_ps(_mm512_set1_ps(f0->a[0]), 0xff00, _mm_load_ss(&f1->a[0]));
+        for (int t = 0; t < 4; t++)
+            acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(pair_steps(q, 1, t)), scale), xv[t], acc);
+        return acc;
+    }
+    if (type == WEIGHT_Q5_0 || type == WEIGHT_Q5_1) {
+        int qh = type == WEIGHT_Q5_0 ? 2 : 4; // qs follows qh's four bytes
+        PairBytes n = pair_nibbles_of_32(b0 + qh + 4, b1 + qh + 4), q;
+        __mmask64 fifth = pair_fifth_bits(b0 + qh, b1 + qh);
+        if (type == WEIGHT_Q5_0) { // n * 8 + 128 is (q - 16) * 8 when the fifth bit is 0; add 128 when it is 1
+            q = pair_bytes_and_or(_mm512_slli_epi16(n, 3), 0x78, _mm512_set1_epi8((char)0x80));
+            q = _mm512_mask_add_epi8(q, fifth, q, _mm512_set1_epi8((char)0x80));
+        } else { // n * 4, plus 64 when the fifth bit is 1: q * 4
+            q = _mm512_and_si512(_mm512_slli_epi16(n, 2), _mm512_set1_epi8(0x3c));
+            q = _mm512_mask_add_epi8(q, fifth, q, _mm512_set1_epi8(64));
+        }
+        __m512 scale = _mm512_mask_broadcastss_ps(_mm512_set1_ps(f0->a[0]), 0xff00, _mm_load_ss(&f1->a[0]));
+        __m512 m = _mm512_mask_broadcastss_ps(_mm512_set1_ps(f0->b[0]), 0xff00, _mm_load_ss(&f1->b[0]));
+        for (int t = 0; t < 4; t++) {
+            __m512 ints = _mm512_cvtepi32_ps(pair_steps(q, 1, t));
+            __m512 w = type == WEIGHT_Q5_0 ? _mm512_mul_ps(ints, scale) : _mm512_fmadd_ps(ints, scale, m);
+            acc = _mm512_fmadd_ps(w, xv[t], acc);
+        }
+        return acc;
+    }
+    if (type == WEIGHT_Q5_K) { // sub-block s: Q4_K's nibbles and bit s of each of qh's 32 bytes, as q * 4
+        int s = k / 32;
+        PairBytes v = pair_bytes_load(b0 + 48 + s / 2 * 32, b1 + 48 + s / 2 * 32);
+        PairBytes q = _mm512_and_si512(s % 2 ? _mm512_srli_epi16(v, 2) : _mm512_slli_epi16(v, 2), _mm512_set1_epi8(0x3c));
+        __mmask64 fifth = _mm512_test_epi8_mask(pair_bytes_load(b0 + 16, b1 + 16), _mm512_set1_epi8((char)(1 << s)));
+        q = _mm512_mask_add_epi8(q, fifth, q, _mm512_set1_epi8(64));
+        __m512 scale = _mm512_mask_broadcastss_ps(_mm512_set1_ps(f0->a[s]), 0xff00, _mm_load_ss(&f1->a[s]));
+        __m512 m = _mm512_mask_broadcastss_ps(_mm512_set1_ps(f0->b[s]), 0xff00, _mm_load_ss(&f1->b[s]));
+        for (int t = 0; t < 4; t++) // (d * sc * 2^-26) * (q * 2^26) - dmin * m, rounded once
+            acc = _mm512_fmadd_ps(_mm512_fmsub_ps(_mm512_cvtepi32_ps(pair_steps(q, 1, t)), scale, m), xv[t], acc);
+        return acc;
+    }
     PairBytes v;
     __m512 table0, table1;
-    if (type == WEIGHT_Q4_0) { // the block's sixteen bytes twice a row: weights 0-15 the
-        // low nibbles of the first copy, 16-31 the high ones of the second
-        v = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(b0 + 2))), 0xff00,
-                                        _mm_loadu_si128((const __m128i *)(b1 + 2)));
-        v = _mm512_mask_srli_epi16(v, 0xff00ff00, v, 4);
+    if (type == WEIGHT_Q4_0) {
+        v = pair_nibbles_of_32(b0 + 2, b1 + 2);
         table0 = _mm512_mul_ps(_mm512_sub_ps(q_values, _mm512_set1_ps(8.0f)), _mm512_set1_ps(f0->a[0]));
         table1 = _mm512_mul_ps(_mm512_sub_ps(q_values, _mm512_set1_ps(8.0f)), _mm512_set1_ps(f1->a[0]));
+    } else if (type == WEIGHT_Q4_1) { // d * q + m, rounded once
+        v = pair_nibbles_of_32(b0 + 4, b1 + 4);
+        table0 = _mm512_fmadd_ps(q_values, _mm512_set1_ps(f0->a[0]), _mm512_set1_ps(f0->b[0]));
+        table1 = _mm512_fmadd_ps(q_values, _mm512_set1_ps(f1->a[0]), _mm512_set1_ps(f1->b[0]));
     } else { // Q4_K: sub-block s's 32 bytes are its run's, the low nibbles if s is even
         int s = k / 32;
         v = pair_bytes_load(b0 + 16 + s / 2 * 32, b1 + 16 + s / 2 * 32);
@@ -6273,7 +6333,7 @@ static inline __attribute__((always_inline)) __m512 pair_run(__m512 acc, const u
     return acc;
 }
 
-// Four rows of Q4_0, Q4_K or Q6_K blocks, as dot_rows4_blocks computes them (the same
+// Four rows of blocks, as dot_rows4_blocks computes them (the same
 // lanes and roundings): rows 0 and 1 in one register, 2 and 3 in another.
 static inline __attribute__((always_inline)) void dot_rows4_pairs(float *out, const void *w, WeightType type,
                                                                    const float *x, int n, size_t gap, int prefetch) {
@@ -6289,6 +6349,10 @@ static inline __attribute__((always_inline)) void dot_rows4_pairs(float *out, co
             if (type == WEIGHT_Q6_K) // d * sc * 2^-26, for the lanes' (q - 32) * 2^26
                 for (int s = 0; s < 16; s += DOT_LANES)
                     lanes_store(bf[r].a + s, lanes_mul(lanes_load(bf[r].a + s), lanes_set(0x1p-26f)));
+            if (type == WEIGHT_Q8_0) bf[r].a[0] *= 0x1p-24f; // d * 2^-24, for the lanes' q * 2^24
+            if (type == WEIGHT_Q5_0) bf[r].a[0] *= 0x1p-27f; // for (q - 16) * 2^27
+            if (type == WEIGHT_Q5_1) bf[r].a[0] *= 0x1p-26f; // for q * 2^26
+            if (type == WEIGHT_Q5_K) lanes_store(bf[r].a, lanes_mul(lanes_load(bf[r].a), lanes_set(0x1p-26f)));
         }
         // bf left in memory (the empty asm may have changed it): a factor is then broadcast
         // from memory, a load, where the compiler's own moves between registers (keeping
@@ -6308,6 +6372,17 @@ static inline __attribute__((always_inline)) void dot_rows4_pairs(float *out, co
     out[2 * gap] = pair_lanes_sum(rows23, 0), out[3 * gap] = pair_lanes_sum(rows23, 1);
 }
 #endif
+
+// Four rows of blocks: two rows a register where the build can (ROW_PAIRS: AVX-512 with
+// VBMI), else a register a row. The bits are the same.
+static inline __attribute__((always_inline)) void dot_rows4_of_blocks(float *out, const void *w, WeightType type,
+                                                                       const float *x, int n, size_t gap, int prefetch) {
+#if defined(ROW_PAIRS)
+    dot_rows4_pairs(out, w, type, x, n, gap, prefetch);
+#else
+    dot_rows4_blocks(out, w, type, x, n, gap, prefetch);
+#endif
+}
 
 static inline __attribute__((always_inline)) void dot_rows4_lanes(float *out, const void *w, WeightType type,
                                                                    const float *x, int n, size_t gap, int prefetch) {
@@ -6345,20 +6420,14 @@ static void dot_rows4(float *out, Matrix w, const float *x, int n, size_t gap, i
     switch (w.type) { // one copy of the kernel per type
     case WEIGHT_BF16: dot_rows4_lanes(out, w.data, WEIGHT_BF16, x, n, gap, prefetch); break;
     case WEIGHT_F16: dot_rows4_lanes(out, w.data, WEIGHT_F16, x, n, gap, prefetch); break;
-    case WEIGHT_Q8_0: dot_rows4_blocks(out, w.data, WEIGHT_Q8_0, x, n, gap, prefetch); break;
-    case WEIGHT_Q4_1: dot_rows4_blocks(out, w.data, WEIGHT_Q4_1, x, n, gap, prefetch); break;
-    case WEIGHT_Q5_0: dot_rows4_blocks(out, w.data, WEIGHT_Q5_0, x, n, gap, prefetch); break;
-    case WEIGHT_Q5_1: dot_rows4_blocks(out, w.data, WEIGHT_Q5_1, x, n, gap, prefetch); break;
-#if defined(ROW_PAIRS)
-    case WEIGHT_Q4_0: dot_rows4_pairs(out, w.data, WEIGHT_Q4_0, x, n, gap, prefetch); break;
-    case WEIGHT_Q4_K: dot_rows4_pairs(out, w.data, WEIGHT_Q4_K, x, n, gap, prefetch); break;
-    case WEIGHT_Q6_K: dot_rows4_pairs(out, w.data, WEIGHT_Q6_K, x, n, gap, prefetch); break;
-#else
-    case WEIGHT_Q4_0: dot_rows4_blocks(out, w.data, WEIGHT_Q4_0, x, n, gap, prefetch); break;
-    case WEIGHT_Q4_K: dot_rows4_blocks(out, w.data, WEIGHT_Q4_K, x, n, gap, prefetch); break;
-    case WEIGHT_Q6_K: dot_rows4_blocks(out, w.data, WEIGHT_Q6_K, x, n, gap, prefetch); break;
-#endif
-    case WEIGHT_Q5_K: dot_rows4_blocks(out, w.data, WEIGHT_Q5_K, x, n, gap, prefetch); break;
+    case WEIGHT_Q8_0: dot_rows4_of_blocks(out, w.data, WEIGHT_Q8_0, x, n, gap, prefetch); break;
+    case WEIGHT_Q4_0: dot_rows4_of_blocks(out, w.data, WEIGHT_Q4_0, x, n, gap, prefetch); break;
+    case WEIGHT_Q4_1: dot_rows4_of_blocks(out, w.data, WEIGHT_Q4_1, x, n, gap, prefetch); break;
+    case WEIGHT_Q5_0: dot_rows4_of_blocks(out, w.data, WEIGHT_Q5_0, x, n, gap, prefetch); break;
+    case WEIGHT_Q5_1: dot_rows4_of_blocks(out, w.data, WEIGHT_Q5_1, x, n, gap, prefetch); break;
+    case WEIGHT_Q4_K: dot_rows4_of_blocks(out, w.data, WEIGHT_Q4_K, x, n, gap, prefetch); break;
+    case WEIGHT_Q5_K: dot_rows4_of_blocks(out, w.data, WEIGHT_Q5_K, x, n, gap, prefetch); break;
+    case WEIGHT_Q6_K: dot_rows4_of_blocks(out, w.data, WEIGHT_Q6_K, x, n, gap, prefetch); break;
     default: dot_rows4_lanes(out, w.data, WEIGHT_F32, x, n, gap, prefetch); break;
     }
 #else
