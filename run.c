@@ -6110,7 +6110,7 @@ static inline __attribute__((always_inline)) float dot_blocks(const void *a, Wei
 static float dot_simd(const float *a, const float *b, int n) { return dot_lanes(a, WEIGHT_F32, b, n); }
 
 static float dot_weights_simd(Matrix w, const float *x, int n) {
-    switch (w.type) { // one copy of dot_lanes per type
+    switch (w.type) { // one copy of dot_lanes or dot_blocks per type
     case WEIGHT_BF16: return dot_lanes(w.data, WEIGHT_BF16, x, n);
     case WEIGHT_F16: return dot_lanes(w.data, WEIGHT_F16, x, n);
     case WEIGHT_Q8_0: return dot_blocks(w.data, WEIGHT_Q8_0, x, n);
@@ -6245,6 +6245,10 @@ static inline __mmask64 pair_fifth_bits(const unsigned char *p, const unsigned c
     memcpy(&h0, p, 4), memcpy(&h1, q, 4);
     return _cvtu64_mask64((uint64_t)h0 | (uint64_t)h1 << 32);
 }
+// Row r's factor *a in lanes 0-7 and row r+1's *b in lanes 8-15
+static inline __m512 pair_factor(const float *a, const float *b) {
+    return _mm512_mask_broadcastss_ps(_mm512_set1_ps(*a), 0xff00, _mm_load_ss(b));
+}
 static inline float pair_lanes_sum(__m512 v, int half) { // lanes_sum of row r's (0) or r+1's (1) lanes
     return lanes_sum(half ? _mm512_extractf32x8_ps(v, 1) : _mm512_castps512_ps256(v));
 }
@@ -6266,7 +6270,7 @@ static inline float pair_lanes_sum(__m512 v, int half) { // lanes_sum of row r's
 // |d * sc| >= 2^-24 when not 0, so no bit is lost).
 //   Q8_0, Q5_0, Q5_1, Q5_K the same way: the bytes q * 2^24 (Q8_0's int8), (q - 16) * 8
 // (Q5_0: the top bit inverted), q * 4 (Q5_1, Q5_K), the fifth bits added by a masked byte
-// add, and the factor d * 2^-24, d * 2^-27 or (d * sc) * 2^-26; Q5_1's m and Q5_K's
+// add, and the factor d * 2^-24, d * 2^-27, d * 2^-26 or (d * sc) * 2^-26; Q5_1's m and Q5_K's
 // dmin * m are the fused multiply-add's, rounded once as in the plain widening.
 static inline __attribute__((always_inline)) __m512 pair_run(__m512 acc, const unsigned char *b0,
                                                               const unsigned char *b1, const BlockFactors *f0,
@@ -6283,14 +6287,14 @@ static inline __attribute__((always_inline)) __m512 pair_run(__m512 acc, const u
         PairBytes q = pair_bytes_select(0x3c, nibbles, pair_bytes_and_xor(bits, 0xc0, 0x80));
         for (int t = 0; t < 4; t++) {
             int sb = k / 16 + t / 2; // the scale of weights k + 8t ..
-            __m512 scale = _mm512_mask_broadcastss_ps(_mm512_set1_ps(f0->a[sb]), 0xff00, _mm_load_ss(&f1->a[sb]));
+            __m512 scale = pair_factor(&f0->a[sb], &f1->a[sb]);
             acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(pair_steps(q, 1, t)), scale), xv[t], acc);
         }
         return acc;
     }
     if (type == WEIGHT_Q8_0) { // a step's bytes in the top byte of each lane: q * 2^24, times d * 2^-24
         PairBytes q = pair_bytes_load(b0 + 2, b1 + 2);
-        __m512 scale = _mm512_mask_broadcastss_ps(_mm512_set1_ps(f0->a[0]), 0xff00, _mm_load_ss(&f1->a[0]));
+        __m512 scale = pair_factor(&f0->a[0], &f1->a[0]);
         for (int t = 0; t < 4; t++)
             acc = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(pair_steps(q, 1, t)), scale), xv[t], acc);
         return acc;
@@ -6306,8 +6310,8 @@ static inline __attribute__((always_inline)) __m512 pair_run(__m512 acc, const u
             q = _mm512_and_si512(_mm512_slli_epi16(n, 2), _mm512_set1_epi8(0x3c));
             q = _mm512_mask_add_epi8(q, fifth, q, _mm512_set1_epi8(64));
         }
-        __m512 scale = _mm512_mask_broadcastss_ps(_mm512_set1_ps(f0->a[0]), 0xff00, _mm_load_ss(&f1->a[0]));
-        __m512 m = _mm512_mask_broadcastss_ps(_mm512_set1_ps(f0->b[0]), 0xff00, _mm_load_ss(&f1->b[0]));
+        __m512 scale = pair_factor(&f0->a[0], &f1->a[0]);
+        __m512 m = pair_factor(&f0->b[0], &f1->b[0]);
         for (int t = 0; t < 4; t++) {
             __m512 ints = _mm512_cvtepi32_ps(pair_steps(q, 1, t));
             __m512 w = type == WEIGHT_Q5_0 ? _mm512_mul_ps(ints, scale) : _mm512_fmadd_ps(ints, scale, m);
@@ -6321,8 +6325,8 @@ static inline __attribute__((always_inline)) __m512 pair_run(__m512 acc, const u
         PairBytes q = _mm512_and_si512(s % 2 ? _mm512_srli_epi16(v, 2) : _mm512_slli_epi16(v, 2), _mm512_set1_epi8(0x3c));
         __mmask64 fifth = _mm512_test_epi8_mask(pair_bytes_load(b0 + 16, b1 + 16), _mm512_set1_epi8((char)(1 << s)));
         q = _mm512_mask_add_epi8(q, fifth, q, _mm512_set1_epi8(64));
-        __m512 scale = _mm512_mask_broadcastss_ps(_mm512_set1_ps(f0->a[s]), 0xff00, _mm_load_ss(&f1->a[s]));
-        __m512 m = _mm512_mask_broadcastss_ps(_mm512_set1_ps(f0->b[s]), 0xff00, _mm_load_ss(&f1->b[s]));
+        __m512 scale = pair_factor(&f0->a[s], &f1->a[s]);
+        __m512 m = pair_factor(&f0->b[s], &f1->b[s]);
         for (int t = 0; t < 4; t++) // (d * sc * 2^-26) * (q * 2^26) - dmin * m, rounded once
             acc = _mm512_fmadd_ps(_mm512_fmsub_ps(_mm512_cvtepi32_ps(pair_steps(q, 1, t)), scale, m), xv[t], acc);
         return acc;
