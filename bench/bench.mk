@@ -5,7 +5,7 @@
 # prefill's GFLOP/s against the measured peak (bench/peak).
 #   make bench                          both models, 1 and 2 threads (about 4 min on idle cores;
 #                                       it waits, within limits, while other work holds them)
-#   make bench BENCH_ARGS=--quick       15M only, one run each (a smoke test)
+#   make bench BENCH_ARGS=--quick       15M only, one run each, no waiting for free cores (a smoke test)
 #   make bench BENCH_ARGS="--models 110M --threads 1"
 #   make bench PEER=/path/to/llama2.c/run LLAMA_BENCH=/path/to/llama-bench
 #                                       side by side with llama2.c and llama.cpp on the same

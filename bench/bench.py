@@ -535,6 +535,8 @@ class Contention:
 
     def wait_for_cores(self, threads):
         """Waits until others leave our run its cores, within WAIT_PER_RUN and WAIT_BUDGET."""
+        if self.budget <= 0:  # (--quick: no waiting, and no sampling either)
+            return
         t0, said = time.time(), False
         while True:
             busy = others_cores()
@@ -634,7 +636,7 @@ class Runner:
                 return self.timed(model, threads, prompt, steps, stoppable)
         while True:
             self.contention.wait_for_cores(threads)
-            last_try = retries[0] <= 0
+            last_try = retries[0] <= 0 or self.contention.budget <= 0  # (--quick redoes nothing)
             r = run(not last_try)
             if r is None:
                 log(f"bench: other processes took the cores of a {threads}-thread run; stopped it, will run it again")
@@ -822,9 +824,12 @@ def run_probe(probe, args, what, cpu=None, check=True):
     return ((float(m[1]), float(m[2])) if m else None), out
 
 
+STREAM_MIB = 1024  # what bench/stream reads; --quick reads 256 MiB
+
+
 def run_stream(threads, reps, cpu=None, check=True):
-    """run_probe's answer for bench/stream over 1 GiB with this many threads: read GB/s."""
-    return run_probe(STREAM, ["-m", "1024", "-r", str(reps), str(threads)], "read GB/s", cpu, check)
+    """run_probe's answer for bench/stream over STREAM_MIB with this many threads: read GB/s."""
+    return run_probe(STREAM, ["-m", str(STREAM_MIB), "-r", str(reps), str(threads)], "read GB/s", cpu, check)
 
 
 def run_peak(threads, reps, cpu=None, check=True):
@@ -856,7 +861,7 @@ def probe_reading(contention, threads, run, name, cpu=None):
         if not reading:
             raise SystemExit(f"bench: cannot read {name}'s output:\n{out}")
         disturbed = others > contention.allowed(threads)
-        if not disturbed:
+        if not disturbed or contention.budget <= 0:
             break
         log(f"bench: other processes used {others:.1f} core(s) while {name} ran; again")
     return reading[0], reading[1], disturbed
@@ -1136,7 +1141,7 @@ def bench_tokenizer(run_bin):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="smoke test: 15M only, one run each")
+    ap.add_argument("--quick", action="store_true", help="smoke test: 15M only, one run each, no waiting for free cores or runs redone")
     ap.add_argument("--models", default=None, help="comma-separated, from 15M,110M (default: both)")
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
     ap.add_argument("--runs", type=int, default=None, help="runs per figure (default 5 for 15M, 3 for 110M)")
@@ -1169,7 +1174,7 @@ def main():
     tokenizer = os.path.normpath(os.path.join(models_dir, "tokenizer.bin"))
     if not os.path.exists(tokenizer):
         raise SystemExit(f"bench: no tokenizer at {tokenizer} (set MODELS to the folder holding tokenizer.bin)")
-    runner = Runner(run_bin, tokenizer, 20.0 if args.quick else WAIT_BUDGET)
+    runner = Runner(run_bin, tokenizer, 0.0 if args.quick else WAIT_BUDGET)  # --quick times nothing it keeps: no waiting
     peer = os.environ.get("PEER") or None
     lbench = os.environ.get("LLAMA_BENCH") or None
     for what, exe in (("PEER", peer), ("LLAMA_BENCH", lbench)):
@@ -1192,6 +1197,9 @@ def main():
     busy = others_cores(1.0)
     log(f"bench: other processes use {busy:.1f} of {NCPU} cores"
         + (" -- runs will wait for free cores, or be redone, within limits" if busy > SPARE else ""))
+    if args.quick:
+        global STREAM_MIB
+        STREAM_MIB = 256
     stream_reps = 4 if args.quick else STREAM_REPS
     peak_reps = 4 if args.quick else PEAK_REPS
     peak_by_threads = {}  # thread count: every round's peak reading (best pass), all models
