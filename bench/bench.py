@@ -529,13 +529,18 @@ class Contention:
         self.waited = 0.0
         self.budget = budget
 
+    def patient(self):
+        """Whether runs wait for free cores and are redone when disturbed: not with no budget
+        (--quick, a smoke test that keeps no figure)."""
+        return self.budget > 0
+
     def allowed(self, threads):
         """Cores others may use while a run with this many threads goes on undisturbed."""
         return max(0, NCPU - threads) + SPARE
 
     def wait_for_cores(self, threads):
         """Waits until others leave our run its cores, within WAIT_PER_RUN and WAIT_BUDGET."""
-        if self.budget <= 0:  # (--quick: no waiting, and no sampling either)
+        if not self.patient():  # (no sampling either)
             return
         t0, said = time.time(), False
         while True:
@@ -636,7 +641,7 @@ class Runner:
                 return self.timed(model, threads, prompt, steps, stoppable)
         while True:
             self.contention.wait_for_cores(threads)
-            last_try = retries[0] <= 0 or self.contention.budget <= 0  # (--quick redoes nothing)
+            last_try = retries[0] <= 0 or not self.contention.patient()
             r = run(not last_try)
             if r is None:
                 log(f"bench: other processes took the cores of a {threads}-thread run; stopped it, will run it again")
@@ -861,7 +866,7 @@ def probe_reading(contention, threads, run, name, cpu=None):
         if not reading:
             raise SystemExit(f"bench: cannot read {name}'s output:\n{out}")
         disturbed = others > contention.allowed(threads)
-        if not disturbed or contention.budget <= 0:
+        if not disturbed or not contention.patient():
             break
         log(f"bench: other processes used {others:.1f} core(s) while {name} ran; again")
     return reading[0], reading[1], disturbed
@@ -1141,7 +1146,8 @@ def bench_tokenizer(run_bin):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="smoke test: 15M only, one run each, no waiting for free cores or runs redone")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke test: 15M only, one run each, no waiting for free cores or runs redone")
     ap.add_argument("--models", default=None, help="comma-separated, from 15M,110M (default: both)")
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
     ap.add_argument("--runs", type=int, default=None, help="runs per figure (default 5 for 15M, 3 for 110M)")
@@ -1174,7 +1180,7 @@ def main():
     tokenizer = os.path.normpath(os.path.join(models_dir, "tokenizer.bin"))
     if not os.path.exists(tokenizer):
         raise SystemExit(f"bench: no tokenizer at {tokenizer} (set MODELS to the folder holding tokenizer.bin)")
-    runner = Runner(run_bin, tokenizer, 0.0 if args.quick else WAIT_BUDGET)  # --quick times nothing it keeps: no waiting
+    runner = Runner(run_bin, tokenizer, 0.0 if args.quick else WAIT_BUDGET)  # 0: Contention.patient()
     peer = os.environ.get("PEER") or None
     lbench = os.environ.get("LLAMA_BENCH") or None
     for what, exe in (("PEER", peer), ("LLAMA_BENCH", lbench)):

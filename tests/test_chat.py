@@ -110,7 +110,7 @@ FORTY_TURNS = "".join(f"Tell me about thing number {i}.\n" for i in range(1, 41)
 @pytest.mark.parametrize("shift", ["recompute", "rotate"])
 def test_forty_turn_session_survives_its_context(shift):
     # replies of at most 60 tokens (-n): forty turns still fill the 512-token context many times
-    # over (some 35 shifts), in a third of the tokens unlimited replies take (ASan: 37 s -> 12 s)
+    # over (some 35 shifts), in a third of the tokens that unlimited replies take
     r = run(STORIES, "-z", TOK512, "-m", "chat", "-s", 7, "-n", 60, "-y", "You tell short stories.",
             "--shift", shift, input=FORTY_TURNS, timeout=300)
     assert r.returncode == 0, r.stderr[-500:]
