@@ -6157,7 +6157,8 @@ static inline void prefetch_ahead(const void *p, size_t ahead) {
 // multiply-adds are dot()'s, in its order (a run's vectors are j, j + 8, j + 16,
 // j + 24). With `prefetch`, each run first asks for each row's line
 // PREFETCH_AHEAD_BYTES further on.
-// (Not called where ROW_PAIRS takes every block type: dot_rows4_of_blocks.)
+// (Not called where ROW_PAIRS takes every block type, nor for the types ROW_RUNS takes:
+// dot_rows4_of_blocks.)
 static inline __attribute__((always_inline, unused)) void dot_rows4_blocks(float *out, const void *w, WeightType type,
                                                                     const float *x, int n, size_t gap, int prefetch) {
     BlockShape b = block_shapes[type];
@@ -6186,6 +6187,111 @@ static inline __attribute__((always_inline, unused)) void dot_rows4_blocks(float
     }
     for (int r = 0; r < 4; r++) out[r * gap] = lanes_sum(lanes[r]);
 }
+
+#if defined(USE_AVX2) && !defined(USE_AVX512)
+// Q4_0, Q4_K and Q6_K rows in the AVX2 build (all but the norms of a Q4_0 or Q4_K_M
+// file): as dot_rows4_blocks, a run of 32 weights of each row per step, but a row's
+// whole run at a time (row_run) rather than a vector of each row at a time, so that
+// what its four vectors share (the run's bytes, loaded and masked once, and its
+// factors) stays in registers: across four rows at once they outnumbered AVX2's
+// sixteen, and the spills and the reloads cost more than the widening. The four rows'
+// chains stay independent, and the core overlaps them. Each vector's integers are
+// moved into its lanes by one byte shuffle within each half of the register (no
+// widening across the halves, vpmovsxbd, which is slow on some CPUs), to a byte of
+// the lane where each is exact: q at byte b of a lane, the other bytes zero, is the
+// integer q * 2^(8b), and the run's factor carries 2^(-8b) (a power of two: exact, far
+// from float32's smallest numbers for every f16 scale). Each row's multiply-adds are
+// dot()'s, in its order: the same bits.
+#define ROW_RUNS 1
+// The shuffle's control: lane l gets byte `from` + l of the sixteen in its half (lanes
+// 0-3 from the low half, 4-7 from the high one, which holds the same sixteen) at byte
+// `place`; the other bytes of the control have their top bit set, which writes zero.
+static inline __m256i lane_bytes_at(int from, int place) {
+    int pick[DOT_LANES];
+    for (int l = 0; l < DOT_LANES; l++)
+        pick[l] = (int)(0x80808080u & ~(0xffu << 8 * place)) | (from + l) << 8 * place;
+    return _mm256_setr_epi32(pick[0], pick[1], pick[2], pick[3], pick[4], pick[5], pick[6], pick[7]);
+}
+static inline Lanes lanes_of_lane_bytes(Bytes v, __m256i control) {
+    return lanes_of_ints(_mm256_shuffle_epi8(v, control));
+}
+// The K-quants' factors of a row's block for row_run, eight at a time as block_factors
+// computes them, with each run's power of two (the products stay exact):
+//   q4_k: a[s] = d * sc * 2^-16 for an even sub-block s (its low nibbles, masked, at
+//         byte 2 of the lanes: q * 2^16), 2^-20 for an odd one (its high nibbles masked
+//         in place, 16 q, at byte 2: q * 2^20); b[s] = dmin * m
+//   q6_k: a[t] = d * sc * 2^-24 for each sixteen weights t (q - 32 at byte 3)
+static inline __attribute__((always_inline)) void row_run_factors(BlockFactors *bf, const unsigned char *block,
+                                                                   WeightType type) {
+    if (type == WEIGHT_Q4_K) {
+        const Lanes unit = _mm256_setr_ps(0x1p-16f, 0x1p-20f, 0x1p-16f, 0x1p-20f, 0x1p-16f, 0x1p-20f, 0x1p-16f, 0x1p-20f);
+        Ints sc, m;
+        ints_k_scales_mins(block + 4, &sc, &m);
+        lanes_store(bf->a, lanes_mul(lanes_mul(lanes_set(scale_at(block)), lanes_of_ints(sc)), unit));
+        lanes_store(bf->b, lanes_mul(lanes_set(scale_at(block + 2)), lanes_of_ints(m)));
+    } else if (type == WEIGHT_Q6_K) {
+        Bytes sc = bytes_load16_twice(block + 192);
+        Lanes d = lanes_set(scale_ending_at(block + 210));
+        for (int t = 0; t < 16; t += DOT_LANES)
+            lanes_store(bf->a + t, lanes_mul(lanes_mul(d, lanes_of_ints(ints_of_run_bytes(sc, t))), lanes_set(0x1p-24f)));
+    }
+}
+// acc plus run k (weights k .. k+31) of one row's block times x[0..31], in dot()'s
+// order: the equations of q4_0_weight, q4_k_weight and q6_k_weight, a vector at a time.
+static inline __attribute__((always_inline)) Lanes row_run(const unsigned char *block, int k, WeightType type,
+                                                          const BlockFactors *bf, const float *x, Lanes acc) {
+    if (type == WEIGHT_Q4_0) { // d * (q - 8): bytes of 16 * (q - 8) at byte 3, times d * 2^-28
+        Lanes d = lanes_set(scale_at(block) * integer_unit(WEIGHT_Q4_0));
+        for (int h = 0; h < 32; h += DOT_LANES)
+            acc = lanes_fma(lanes_mul(lanes_of_ints(ints_of_q4_0_nibbles_moved(block + 2, h % 16, h >= 16)), d),
+                            lanes_load(x + h), acc);
+    } else if (type == WEIGHT_Q4_K) { // (d * sc) * q - dmin * m: sub-block s's nibbles of 32 bytes
+        int s = k / 32, nibbles = s % 2 ? 0xf0 : 15;
+        const unsigned char *qs = block + 16 + s / 2 * 32;
+        const __m256i first = lane_bytes_at(0, 2), next = lane_bytes_at(8, 2);
+        Bytes q0 = bytes_and(bytes_load16_twice(qs), nibbles), q16 = bytes_and(bytes_load16_twice(qs + 16), nibbles);
+        Lanes a = lanes_broadcast(&bf->a[s]), b = lanes_broadcast(&bf->b[s]);
+        acc = lanes_fma(lanes_mul_sub(a, lanes_of_lane_bytes(q0, first), b), lanes_load(x), acc);
+        acc = lanes_fma(lanes_mul_sub(a, lanes_of_lane_bytes(q0, next), b), lanes_load(x + 8), acc);
+        acc = lanes_fma(lanes_mul_sub(a, lanes_of_lane_bytes(q16, first), b), lanes_load(x + 16), acc);
+        acc = lanes_fma(lanes_mul_sub(a, lanes_of_lane_bytes(q16, next), b), lanes_load(x + 24), acc);
+    } else { // Q6_K, (d * sc) * (q - 32): each sixteen's q assembled from ql and qh as q6_k_weight reads them
+        int half = k / 128, g = k % 128 / 32;
+        const __m256i first = lane_bytes_at(0, 3), next = lane_bytes_at(8, 3);
+        for (int l = 0; l < 32; l += 16) {
+            Bytes ql = bytes_load16_twice(block + 64 * half + 32 * (g % 2) + l);
+            Bytes qh = bytes_load16_twice(block + 128 + 32 * half + l);
+            Bytes low = g < 2 ? bytes_and(ql, 15) : bytes_shift_right(ql, 4);
+            // bits 2g and 2g+1 of qh at bits 4 and 5 (a 16-bit shift: the mask drops what crossed bytes)
+            Bytes high = g < 2 ? _mm256_slli_epi16(qh, 4 - 2 * g) : g == 2 ? qh : _mm256_srli_epi16(qh, 2);
+            Bytes q = bytes_add(bytes_or(low, bytes_and(high, 0x30)), -32);
+            Lanes a = lanes_broadcast(&bf->a[k / 16 + l / 16]);
+            acc = lanes_fma(lanes_mul(lanes_of_lane_bytes(q, first), a), lanes_load(x + l), acc);
+            acc = lanes_fma(lanes_mul(lanes_of_lane_bytes(q, next), a), lanes_load(x + l + 8), acc);
+        }
+    }
+    return acc;
+}
+static inline __attribute__((always_inline)) void dot_rows4_runs(float *out, const void *w, WeightType type,
+                                                                  const float *x, int n, size_t gap, int prefetch) {
+    BlockShape b = block_shapes[type];
+    const unsigned char *row[4];
+    for (int r = 0; r < 4; r++) row[r] = (const unsigned char *)w + weight_bytes(type, r * gap * n);
+    Lanes lanes[4] = {lanes_zero(), lanes_zero(), lanes_zero(), lanes_zero()};
+    for (int j = 0; j < n; j += b.weights) {
+        size_t at = (size_t)j / b.weights * b.bytes; // the block of weight j
+        BlockFactors bf[4];
+        for (int r = 0; r < 4; r++) row_run_factors(&bf[r], row[r] + at, type);
+#pragma GCC unroll 8
+        for (int k = 0; k < b.weights; k += 32) {
+            if (prefetch)
+                for (int r = 0; r < 4; r++) prefetch_ahead(row[r] + at + k * b.bytes / b.weights, PREFETCH_AHEAD_BYTES);
+            for (int r = 0; r < 4; r++) lanes[r] = row_run(row[r] + at, k, type, &bf[r], x + j + k, lanes[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++) out[r * gap] = lanes_sum(lanes[r]);
+}
+#endif
 
 #if defined(NIBBLE_TABLES) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VBMI__)
 // Two rows to a register: with 512-bit registers, rows r and r+1 of a group share one,
@@ -6397,11 +6503,17 @@ static inline __attribute__((always_inline)) void dot_rows4_pairs(float *out, co
 #endif
 
 // Four rows of blocks: two rows a register where the build can (ROW_PAIRS: AVX-512 with
-// VBMI), else a register a row. The bits are the same.
+// VBMI), a row's run at a time for Q4_0, Q4_K and Q6_K with AVX2 alone (ROW_RUNS), else
+// a vector of each row at a time. The bits are the same.
 static inline __attribute__((always_inline)) void dot_rows4_of_blocks(float *out, const void *w, WeightType type,
                                                                        const float *x, int n, size_t gap, int prefetch) {
 #if defined(ROW_PAIRS)
     dot_rows4_pairs(out, w, type, x, n, gap, prefetch);
+#elif defined(ROW_RUNS)
+    if (type == WEIGHT_Q4_0 || type == WEIGHT_Q4_K || type == WEIGHT_Q6_K)
+        dot_rows4_runs(out, w, type, x, n, gap, prefetch);
+    else
+        dot_rows4_blocks(out, w, type, x, n, gap, prefetch);
 #else
     dot_rows4_blocks(out, w, type, x, n, gap, prefetch);
 #endif
