@@ -6151,47 +6151,10 @@ static inline void prefetch_ahead(const void *p, size_t ahead) {
 // more reads in flight than the hardware prefetchers do (a 16-bit row's line holds
 // two steps, and is asked for twice: a hint for a line already coming costs little).
 #ifdef USE_SIMD
-// Rows of blocks (n a multiple of 32, and of the block): a run of 32 weights of each
-// row per step, four vectors; each row's factors (run_factors: its scales, widened
-// and copied into the lanes) once a run rather than once a vector. Each row's
-// multiply-adds are dot()'s, in its order (a run's vectors are j, j + 8, j + 16,
-// j + 24). With `prefetch`, each run first asks for each row's line
-// PREFETCH_AHEAD_BYTES further on.
-// (Not called where ROW_PAIRS takes every block type, nor for the types ROW_RUNS takes:
-// dot_rows4_of_blocks.)
-static inline __attribute__((always_inline, unused)) void dot_rows4_blocks(float *out, const void *w, WeightType type,
-                                                                    const float *x, int n, size_t gap, int prefetch) {
-    BlockShape b = block_shapes[type];
-    const unsigned char *row[4];
-    for (int r = 0; r < 4; r++) row[r] = (const unsigned char *)w + weight_bytes(type, r * gap * n);
-    Lanes lanes[4] = {lanes_zero(), lanes_zero(), lanes_zero(), lanes_zero()};
-    for (int j = 0; j < n; j += b.weights) {
-        size_t at = (size_t)j / b.weights * b.bytes; // the block of weight j
-        BlockFactors bf[4];
-        for (int r = 0; r < 4; r++) block_factors(&bf[r], row[r] + at, type);
-        // the block's runs and each run's vectors unrolled: their places in the block
-        // (which nibble, which bits of qh, which scale) become constants
-#pragma GCC unroll 8
-        for (int k = 0; k < b.weights; k += 32) {
-            if (prefetch)
-                for (int r = 0; r < 4; r++) prefetch_ahead(row[r] + at + k * b.bytes / b.weights, PREFETCH_AHEAD_BYTES);
-            RunFactors f[4];
-            for (int r = 0; r < 4; r++) f[r] = run_factors(row[r] + at, k, type, &bf[r]);
-#pragma GCC unroll 4
-            for (int h = 0; h < 32; h += DOT_LANES) {
-                Lanes xv = lanes_load(x + j + k + h);
-                for (int r = 0; r < 4; r++)
-                    lanes[r] = lanes_fma(lanes_block_values(row[r] + at, k + h, type, f[r]), xv, lanes[r]);
-            }
-        }
-    }
-    for (int r = 0; r < 4; r++) out[r * gap] = lanes_sum(lanes[r]);
-}
-
 #if defined(USE_AVX2) && !defined(USE_AVX512)
 // Q4_0, Q4_K and Q6_K rows in the AVX2 build (all but the norms of a Q4_0 or Q4_K_M
-// file): as dot_rows4_blocks, a run of 32 weights of each row per step, but a row's
-// whole run at a time (row_run) rather than a vector of each row at a time, so that
+// file), for dot_rows4_blocks below: a run of 32 weights of each row per step, taken a
+// row's whole run at a time (row_run) rather than a vector of each row at a time, so that
 // what its four vectors share (the run's bytes, loaded and masked once, and its
 // factors) stays in registers: across four rows at once they outnumbered AVX2's
 // sixteen, and the spills and the reloads cost more than the widening. The four rows'
@@ -6272,8 +6235,23 @@ static inline __attribute__((always_inline)) Lanes row_run(const unsigned char *
     }
     return acc;
 }
-static inline __attribute__((always_inline)) void dot_rows4_runs(float *out, const void *w, WeightType type,
-                                                                  const float *x, int n, size_t gap, int prefetch) {
+// The types row_run takes
+static inline int by_row_runs(WeightType type) {
+    return type == WEIGHT_Q4_0 || type == WEIGHT_Q4_K || type == WEIGHT_Q6_K;
+}
+#endif
+
+
+// Rows of blocks (n a multiple of 32, and of the block): a run of 32 weights of each
+// row per step, four vectors; each row's factors (run_factors: its scales, widened
+// and copied into the lanes) once a run rather than once a vector. Each row's
+// multiply-adds are dot()'s, in its order (a run's vectors are j, j + 8, j + 16,
+// j + 24). With `prefetch`, each run first asks for each row's line
+// PREFETCH_AHEAD_BYTES further on. With ROW_RUNS (above), the types it takes go a row's
+// whole run at a time instead (row_run), the rest as here.
+// (Not called where ROW_PAIRS takes every block type: dot_rows4_of_blocks.)
+static inline __attribute__((always_inline, unused)) void dot_rows4_blocks(float *out, const void *w, WeightType type,
+                                                                    const float *x, int n, size_t gap, int prefetch) {
     BlockShape b = block_shapes[type];
     const unsigned char *row[4];
     for (int r = 0; r < 4; r++) row[r] = (const unsigned char *)w + weight_bytes(type, r * gap * n);
@@ -6281,17 +6259,39 @@ static inline __attribute__((always_inline)) void dot_rows4_runs(float *out, con
     for (int j = 0; j < n; j += b.weights) {
         size_t at = (size_t)j / b.weights * b.bytes; // the block of weight j
         BlockFactors bf[4];
-        for (int r = 0; r < 4; r++) row_run_factors(&bf[r], row[r] + at, type);
+        for (int r = 0; r < 4; r++) {
+#if defined(ROW_RUNS)
+            if (by_row_runs(type)) {
+                row_run_factors(&bf[r], row[r] + at, type);
+                continue;
+            }
+#endif
+            block_factors(&bf[r], row[r] + at, type);
+        }
+        // the block's runs and each run's vectors unrolled: their places in the block
+        // (which nibble, which bits of qh, which scale) become constants
 #pragma GCC unroll 8
         for (int k = 0; k < b.weights; k += 32) {
             if (prefetch)
                 for (int r = 0; r < 4; r++) prefetch_ahead(row[r] + at + k * b.bytes / b.weights, PREFETCH_AHEAD_BYTES);
-            for (int r = 0; r < 4; r++) lanes[r] = row_run(row[r] + at, k, type, &bf[r], x + j + k, lanes[r]);
+#if defined(ROW_RUNS)
+            if (by_row_runs(type)) {
+                for (int r = 0; r < 4; r++) lanes[r] = row_run(row[r] + at, k, type, &bf[r], x + j + k, lanes[r]);
+                continue;
+            }
+#endif
+            RunFactors f[4];
+            for (int r = 0; r < 4; r++) f[r] = run_factors(row[r] + at, k, type, &bf[r]);
+#pragma GCC unroll 4
+            for (int h = 0; h < 32; h += DOT_LANES) {
+                Lanes xv = lanes_load(x + j + k + h);
+                for (int r = 0; r < 4; r++)
+                    lanes[r] = lanes_fma(lanes_block_values(row[r] + at, k + h, type, f[r]), xv, lanes[r]);
+            }
         }
     }
     for (int r = 0; r < 4; r++) out[r * gap] = lanes_sum(lanes[r]);
 }
-#endif
 
 #if defined(NIBBLE_TABLES) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VBMI__)
 // Two rows to a register: with 512-bit registers, rows r and r+1 of a group share one,
@@ -6503,17 +6503,11 @@ static inline __attribute__((always_inline)) void dot_rows4_pairs(float *out, co
 #endif
 
 // Four rows of blocks: two rows a register where the build can (ROW_PAIRS: AVX-512 with
-// VBMI), a row's run at a time for Q4_0, Q4_K and Q6_K with AVX2 alone (ROW_RUNS), else
-// a vector of each row at a time. The bits are the same.
+// VBMI), else a register a row. The bits are the same.
 static inline __attribute__((always_inline)) void dot_rows4_of_blocks(float *out, const void *w, WeightType type,
                                                                        const float *x, int n, size_t gap, int prefetch) {
 #if defined(ROW_PAIRS)
     dot_rows4_pairs(out, w, type, x, n, gap, prefetch);
-#elif defined(ROW_RUNS)
-    if (type == WEIGHT_Q4_0 || type == WEIGHT_Q4_K || type == WEIGHT_Q6_K)
-        dot_rows4_runs(out, w, type, x, n, gap, prefetch);
-    else
-        dot_rows4_blocks(out, w, type, x, n, gap, prefetch);
 #else
     dot_rows4_blocks(out, w, type, x, n, gap, prefetch);
 #endif
