@@ -6178,26 +6178,22 @@ static inline __m256i lane_bytes_at(int from, int place) {
 static inline Lanes lanes_of_lane_bytes(Bytes v, __m256i control) {
     return lanes_of_ints(_mm256_shuffle_epi8(v, control));
 }
-// The K-quants' factors of a row's block for row_run, eight at a time as block_factors
-// computes them, with each run's power of two (the products stay exact):
+// The K-quants' factors of a row's block for row_run: block_factors', each d * sc times
+// its run's power of two (exact):
 //   q4_k: a[s] = d * sc * 2^-16 for an even sub-block s (its low nibbles, masked, at
 //         byte 2 of the lanes: q * 2^16), 2^-20 for an odd one (its high nibbles masked
 //         in place, 16 q, at byte 2: q * 2^20); b[s] = dmin * m
 //   q6_k: a[t] = d * sc * 2^-24 for each sixteen weights t (q - 32 at byte 3)
+// (Q4_0's one scale row_run reads itself.)
 static inline __attribute__((always_inline)) void row_run_factors(BlockFactors *bf, const unsigned char *block,
                                                                    WeightType type) {
-    if (type == WEIGHT_Q4_K) {
-        const Lanes unit = _mm256_setr_ps(0x1p-16f, 0x1p-20f, 0x1p-16f, 0x1p-20f, 0x1p-16f, 0x1p-20f, 0x1p-16f, 0x1p-20f);
-        Ints sc, m;
-        ints_k_scales_mins(block + 4, &sc, &m);
-        lanes_store(bf->a, lanes_mul(lanes_mul(lanes_set(scale_at(block)), lanes_of_ints(sc)), unit));
-        lanes_store(bf->b, lanes_mul(lanes_set(scale_at(block + 2)), lanes_of_ints(m)));
-    } else if (type == WEIGHT_Q6_K) {
-        Bytes sc = bytes_load16_twice(block + 192);
-        Lanes d = lanes_set(scale_ending_at(block + 210));
-        for (int t = 0; t < 16; t += DOT_LANES)
-            lanes_store(bf->a + t, lanes_mul(lanes_mul(d, lanes_of_ints(ints_of_run_bytes(sc, t))), lanes_set(0x1p-24f)));
-    }
+    if (type == WEIGHT_Q4_0) return;
+    block_factors(bf, block, type);
+    const Lanes unit = type == WEIGHT_Q4_K ? _mm256_setr_ps(0x1p-16f, 0x1p-20f, 0x1p-16f, 0x1p-20f, 0x1p-16f,
+                                                            0x1p-20f, 0x1p-16f, 0x1p-20f)
+                                           : lanes_set(0x1p-24f);
+    for (int t = 0; t < (type == WEIGHT_Q4_K ? 8 : 16); t += DOT_LANES)
+        lanes_store(bf->a + t, lanes_mul(lanes_load(bf->a + t), unit));
 }
 // acc plus run k (weights k .. k+31) of one row's block times x[0..31], in dot()'s
 // order: the equations of q4_0_weight, q4_k_weight and q6_k_weight, a vector at a time.
@@ -6240,7 +6236,6 @@ static inline int by_row_runs(WeightType type) {
     return type == WEIGHT_Q4_0 || type == WEIGHT_Q4_K || type == WEIGHT_Q6_K;
 }
 #endif
-
 
 // Rows of blocks (n a multiple of 32, and of the block): a run of 32 weights of each
 // row per step, four vectors; each row's factors (run_factors: its scales, widened
